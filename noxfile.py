@@ -1,0 +1,178 @@
+"""The project's only task runner.
+
+CPU sessions (``lint typecheck layers tests build demo docs``) create their own virtual
+environments with ``torch`` pinned by ``testing/constraints.txt`` (a CPU build on our machines).
+GPU sessions (``gpu_tests bench``) run against the machine's already-installed CUDA torch and
+triton without creating a venv, so they work on a GPU box that has no package registry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+
+import nox
+
+ROOT = pathlib.Path(__file__).parent
+PACKAGES = ["cp-common", "cp-dcp", "cp-pcp", "cp-testing"]
+IMPORT_NAMES = {p: "cpattn_" + p.removeprefix("cp-") for p in PACKAGES}
+CONSTRAINTS = str(ROOT / "testing" / "constraints.txt")
+SRC_DIRS = [str(ROOT / "packages" / p / "src") for p in PACKAGES]
+TEST_DIRS = [f"packages/{p}/tests" for p in PACKAGES] + ["tests"]
+TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "import-linter>=2.1"]
+# Multicast must stay off wherever our processes run; children inherit these.
+NO_MULTICAST_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["lint", "typecheck", "layers", "tests", "build"]
+
+
+def _install_packages(session: nox.Session, *extra: str) -> None:
+    """Install torch (pinned), then every package editable, siblings resolved from source."""
+    editables: list[str] = []
+    for package in PACKAGES:
+        editables += ["-e", f"packages/{package}"]
+    session.install("-c", CONSTRAINTS, "torch", *extra, *editables)
+
+
+def _src_pythonpath() -> str:
+    return os.pathsep.join([*SRC_DIRS, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check + ruff format --check over the whole tree."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict, one run per package (configuration in the root pyproject.toml)."""
+    _install_packages(session, "mypy>=1.10", *TEST_DEPS, "numpy")
+    for package in PACKAGES:
+        session.run("mypy", f"packages/{package}/src")
+
+
+@nox.session
+def layers(session: nox.Session) -> None:
+    """import-linter contracts: testing > (dcp | pcp) > common, siblings independent."""
+    session.install("import-linter>=2.1")
+    # grimp reads sources from sys.path; no need to install torch for a static check.
+    session.run("lint-imports", env={"PYTHONPATH": _src_pythonpath()})
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """CPU tests of every package: Triton kernels under TRITON_INTERPRET=1, ranks on gloo."""
+    _install_packages(session, *TEST_DEPS)
+    args = session.posargs or ["-q", "-x", "--durations=15", *TEST_DIRS]
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        *args,
+        env={"TRITON_INTERPRET": "1", "CPATTN_TEST_DEVICE": "cpu", **NO_MULTICAST_ENV},
+    )
+
+
+@nox.session(venv_backend="none")
+def gpu_tests(session: nox.Session) -> None:
+    """Tests on the machine's CUDA torch/triton (no venv): kernels on the GPU, ranks on nccl.
+
+    World sizes larger than the number of visible GPUs are skipped with a reason.
+    Equivalent plain command (for a GPU box without nox): ``bash scripts/gpu_tests.sh``.
+    """
+    session.run("bash", "scripts/gpu_tests.sh", *session.posargs, external=True)
+
+
+def _wheel_for(dist: pathlib.Path, package: str) -> pathlib.Path:
+    stem = "cpattn_" + package.removeprefix("cp-")
+    wheels = sorted(dist.glob(f"{stem}-*.whl"))
+    if len(wheels) != 1:
+        raise RuntimeError(f"expected one wheel for {package} in {dist}, found {wheels}")
+    return wheels[0]
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Build sdist + wheel of each package, then install each wheel ALONE into a fresh venv.
+
+    Each install resolves our own siblings only from the freshly built wheels (checked in pip's
+    install report: a `cpattn-*` distribution that came from anywhere else fails the session),
+    third-party dependencies from the index with torch pinned to the local CPU build.
+    """
+    session.install("build>=1.2")
+    dist = ROOT / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    for package in PACKAGES:
+        session.run("python", "-m", "build", "--outdir", str(dist), f"packages/{package}")
+    for package in PACKAGES:
+        wheel = _wheel_for(dist, package)
+        with tempfile.TemporaryDirectory(prefix=f"cpattn-build-{package}-") as tmp:
+            venv = pathlib.Path(tmp) / "venv"
+            session.run(sys.executable, "-m", "venv", str(venv), external=True)
+            py = str(venv / "bin" / "python")
+            report = pathlib.Path(tmp) / "report.json"
+            session.run(
+                py, "-m", "pip", "install", "-q", "--report", str(report),
+                "--find-links", str(dist), "-c", CONSTRAINTS, str(wheel),
+                external=True,
+            )  # fmt: skip
+            installed = json.loads(report.read_text())["install"]
+            for item in installed:
+                name = item["metadata"]["name"]
+                url = item["download_info"]["url"]
+                if name.startswith("cpattn-") or name.startswith("cpattn_"):
+                    if not url.startswith(dist.as_uri()):
+                        session.error(f"{name} for {package} came from {url}, not from {dist}")
+                    session.log(f"{package}: {name} {item['metadata']['version']} <- {url}")
+                if name in ("cp-common", "cp_common"):
+                    session.error(f"{package} pulled the unrelated index project {name}")
+            module = IMPORT_NAMES[package]
+            session.run(
+                py, "-c", f"import {module}; print({module}.__name__, {module}.__version__)",
+                external=True, env={"TRITON_INTERPRET": "1"},
+            )  # fmt: skip
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job: an end-to-end context-parallel attention check (4 ranks on CPU/gloo)."""
+    _install_packages(session)
+    session.run(
+        "python",
+        "-m",
+        "cpattn_testing.demo",
+        *session.posargs,
+        env={"TRITON_INTERPRET": "1", **NO_MULTICAST_ENV},
+    )
+
+
+@nox.session(venv_backend="none")
+def bench(session: nox.Session) -> None:
+    """Benchmarks on the machine's CUDA torch/triton; writes results JSON + docs/performance.md."""
+    session.run(
+        "python",
+        "benchmarks/run.py",
+        *session.posargs,
+        env={"PYTHONPATH": _src_pythonpath(), **NO_MULTICAST_ENV},
+        external=True,
+    )
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site with mkdocs, warnings as errors."""
+    _install_packages(session, "mkdocs>=1.5")
+    session.run("mkdocs", "build", "--strict", "--site-dir", "build/site")

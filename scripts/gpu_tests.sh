@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# GPU test run against the machine's installed CUDA torch/triton, no virtual environment.
+# Used by `nox -s gpu_tests` and runnable as is on a GPU box without nox:
+#   bash scripts/gpu_tests.sh [pytest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# NVLink multicast stays off here and in every child process.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export CPATTN_TEST_DEVICE=cuda
+unset TRITON_INTERPRET
+export PYTHONPATH="packages/cp-common/src:packages/cp-dcp/src:packages/cp-pcp/src:packages/cp-testing/src${PYTHONPATH:+:$PYTHONPATH}"
+if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    echo "SKIPPED gpu_tests: no CUDA device is visible to torch on this machine"
+    exit 0
+fi
+python3 -c 'import torch, triton; print(f"gpu_tests: {torch.cuda.device_count()} x {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")'
+if [ "$#" -eq 0 ]; then
+    set -- -q -rs packages/cp-common/tests packages/cp-dcp/tests packages/cp-pcp/tests packages/cp-testing/tests
+fi
+exec python3 -m pytest -p no:cacheprovider "$@"
