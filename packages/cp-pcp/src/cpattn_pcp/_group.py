@@ -1,0 +1,55 @@
+"""Group arguments: a torch ``ProcessGroup`` or any ``CPGroupLike`` wrapper.
+
+Every public op takes its groups as keyword arguments (``pcp_group=``, ``tp_group=``,
+``dcp_group=``) and normalises them here; no op reads a group from a global.
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+from torch.distributed import ProcessGroup
+
+from cpattn_common.group import CPGroupLike, as_cp_group
+
+GroupArg: TypeAlias = ProcessGroup | CPGroupLike
+"""A ``torch.distributed.ProcessGroup`` or a ``cpattn_common.group.CPGroupLike``."""
+
+# One wrapper per ProcessGroup: building a CPGroup queries the rank table, and the wrapper
+# remembers which collectives the backend lacks, so per-call wrapping would repeat both.
+_WRAPPERS: dict[int, tuple[ProcessGroup, CPGroupLike]] = {}
+
+
+def _wrap(group: GroupArg) -> CPGroupLike:
+    if isinstance(group, ProcessGroup):
+        hit = _WRAPPERS.get(id(group))
+        if hit is not None and hit[0] is group:
+            return hit[1]
+        wrapped = as_cp_group(group)
+        _WRAPPERS[id(group)] = (group, wrapped)
+        return wrapped
+    return as_cp_group(group)
+
+
+def resolve_group(group: GroupArg | None, name: str, why: str) -> CPGroupLike:
+    """Normalise a required group argument.
+
+    Args:
+        group: the caller's group (``None`` is rejected: we never fall back to the world group).
+        name: the keyword, for the error message (``"pcp_group"``).
+        why: what needs the group, for the error message.
+
+    Returns:
+        The group as a ``CPGroupLike``.
+
+    Raises:
+        ValueError: ``group`` is ``None``.
+    """
+    if group is None:
+        raise ValueError(f"{name}= is required {why}; pass a ProcessGroup or a CPGroupLike")
+    return _wrap(group)
+
+
+def optional_group(group: GroupArg | None) -> CPGroupLike | None:
+    """Normalise an optional group argument (``None`` stays ``None``)."""
+    return None if group is None else _wrap(group)

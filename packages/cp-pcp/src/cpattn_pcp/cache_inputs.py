@@ -1,0 +1,239 @@
+"""Cache-input gathers: every PCP rank writes a complete replica of the KV cache.
+
+PCP splits the new tokens of prefill requests across ranks but keeps the KV cache replicated,
+so before the cache write each rank all-gathers the prefill rows of its cache inputs (MLA
+latent + rope key, GQA/MHA key and value, sparse-attention indexer key). Decode rows are
+replicated already and stay local.
+
+Layout contract (shared by every function here), with ``N`` ranks and ``T`` local rows:
+
+* every cache input has ``T`` rows, the first ``D = num_decode_tokens`` of them decode rows,
+  the rest prefill rows (``T`` is the same on every rank: the padded local length);
+* ``slot_mapping`` is the *expanded* mapping ``[>= N*T]`` laid out rank-major: entry
+  ``r*T + i`` is the cache slot of local row ``i`` of rank ``r`` (``-1`` = do not write,
+  e.g. padding); entries past ``N*T`` (graph padding) are ignored. The decode entries of all
+  ranks are equal (decodes are replicated);
+* an *unexpanded* mapping with at most ``T`` entries (replicated draft decodes, possibly
+  shorter than ``T`` because of DP padding; needs ``N*T > T`` or fewer than ``T`` entries)
+  means the rows past ``D`` are padding: the first ``D`` rows and slots are returned.
+
+The returned tensors and slot mapping line up row for row: writing row ``k`` at slot
+``slots[k]`` (skipping ``-1``) on every rank yields the same cache as a single process writing
+the whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from cpattn_common.group import CPGroupLike
+from cpattn_pcp._group import GroupArg, resolve_group
+
+__all__ = [
+    "maybe_gather_indexer_k",
+    "maybe_gather_kv_cache_inputs",
+    "maybe_gather_mla_latent_cache_inputs",
+]
+
+
+def _all_gather_rows(group: CPGroupLike, x: torch.Tensor) -> torch.Tensor:
+    """``[T, *rest]`` on every rank -> ``[N*T, *rest]`` rank-major (contiguous)."""
+    rows = x.shape[0]
+    width = 1
+    for s in x.shape[1:]:
+        width *= s
+    gathered = group.all_gather(x.reshape(rows, width), dim=0)
+    return gathered.reshape(group.world_size * rows, *x.shape[1:])
+
+
+def _validate(
+    tensors: Sequence[tuple[str, torch.Tensor]],
+    slot_mapping: torch.Tensor,
+    num_decode_tokens: int,
+) -> int:
+    rows = {name: (t.shape[0] if t.dim() > 0 else None) for name, t in tensors}
+    if None in rows.values() or len(set(rows.values())) != 1:
+        raise ValueError(f"cache inputs must all have the same number of rows, got {rows}")
+    num_rows = tensors[0][1].shape[0]
+    if slot_mapping.dim() != 1:
+        raise ValueError(f"slot_mapping must be 1-D, got shape {tuple(slot_mapping.shape)}")
+    if slot_mapping.dtype.is_floating_point or slot_mapping.dtype == torch.bool:
+        raise TypeError(f"slot_mapping must hold integers, got dtype {slot_mapping.dtype}")
+    if isinstance(num_decode_tokens, bool) or not isinstance(num_decode_tokens, int):
+        raise TypeError(
+            f"num_decode_tokens must be an int or None, got {type(num_decode_tokens).__name__}"
+        )
+    if not 0 <= num_decode_tokens <= num_rows:
+        raise ValueError(
+            f"num_decode_tokens must be in [0, {num_rows}] (the local row count), "
+            f"got {num_decode_tokens}"
+        )
+    return num_rows
+
+
+def _gather_prefill_cache_inputs(
+    tensors: Sequence[tuple[str, torch.Tensor]],
+    slot_mapping: torch.Tensor,
+    num_decode_tokens: int,
+    shard_decode_requests: bool,
+    group: CPGroupLike,
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The shared rule behind the three public gathers (see the module docstring)."""
+    num_rows = _validate(tensors, slot_mapping, num_decode_tokens)
+    n = group.world_size
+    num_dec = num_decode_tokens
+    full = n * num_rows
+    num_slots = slot_mapping.shape[0]
+    values = [t for _, t in tensors]
+
+    if num_slots < full:
+        if num_slots > num_rows:
+            raise ValueError(
+                f"slot_mapping has {num_slots} entries: expected the expanded rank-major "
+                f"mapping of pcp_size * local rows = {n} * {num_rows} = {full} entries (or an "
+                f"unexpanded decode-only mapping of at most {num_rows})"
+            )
+        if num_slots < num_dec:
+            raise ValueError(
+                f"unexpanded slot_mapping has {num_slots} entries, fewer than "
+                f"num_decode_tokens = {num_dec}"
+            )
+        return [t[:num_dec] for t in values], slot_mapping[:num_dec]
+
+    expanded = slot_mapping[:full]
+    if shard_decode_requests:
+        return [_all_gather_rows(group, t) for t in values], expanded
+    if num_dec == num_rows:
+        return list(values), slot_mapping[:num_dec]
+    gathered = [_all_gather_rows(group, t[num_dec:]) for t in values]
+    if num_dec == 0:
+        return gathered, expanded
+    out = [torch.cat([t[:num_dec], g], dim=0) for t, g in zip(values, gathered, strict=True)]
+    prefill_slots = expanded.view(n, num_rows)[:, num_dec:].reshape(-1)
+    return out, torch.cat([slot_mapping[:num_dec], prefill_slots])
+
+
+def maybe_gather_mla_latent_cache_inputs(
+    kv_c_normed: torch.Tensor,
+    k_pe: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_decode_tokens: int | None,
+    use_pcp: bool,
+    shard_decode_requests: bool = False,
+    *,
+    pcp_group: GroupArg | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gather the MLA cache inputs (latent and rope key) so every rank writes the full cache.
+
+    Args:
+        kv_c_normed: ``[T, D_latent]`` normalised latent KV of this rank's local rows.
+        k_pe: ``[T, D_rope]`` or ``[T, 1, D_rope]`` rope key (gathered flat, trailing shape kept).
+        slot_mapping: ``[N*T]`` (or longer) rank-major expanded slot mapping, or an unexpanded
+            decode-only one (see the module docstring). Integer dtype, ``-1`` = skip.
+        num_decode_tokens: ``D``, decode rows at the front, ``0 <= D <= T``; ``None`` = not
+            known (inputs returned unchanged).
+        use_pcp: ``False`` returns the inputs unchanged.
+        shard_decode_requests: decodes are sharded across ranks too (gather every row).
+        pcp_group: the PCP group; required when a gather can happen.
+
+    Returns:
+        ``(kv_c_normed, k_pe, slot_mapping)`` lined up row for row: ``[D + N*(T-D), ...]`` rows
+        (``[N*T, ...]`` with ``shard_decode_requests`` or ``D = 0``; ``[T, ...]`` when every
+        row is a decode). Decode rows stay local and first, then every rank's prefill rows in
+        rank order.
+
+    Raises:
+        ValueError: row counts differ, ``D`` out of range, slot mapping too short, or a gather
+            is needed without ``pcp_group``.
+    """
+    if not use_pcp or num_decode_tokens is None:
+        return kv_c_normed, k_pe, slot_mapping
+    group = resolve_group(pcp_group, "pcp_group", "when use_pcp=True")
+    (kv_c, pe), slots = _gather_prefill_cache_inputs(
+        [("kv_c_normed", kv_c_normed), ("k_pe", k_pe)],
+        slot_mapping,
+        num_decode_tokens,
+        shard_decode_requests,
+        group,
+    )
+    return kv_c, pe, slots
+
+
+def maybe_gather_kv_cache_inputs(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_decode_tokens: int | None,
+    use_pcp: bool,
+    shard_decode_requests: bool = False,
+    *,
+    pcp_group: GroupArg | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gather GQA/MHA key and value cache inputs so every rank writes the full cache.
+
+    Key and value travel in separate gathers, so each result stays contiguous with the head
+    stride equal to the head size (what paged-cache writers expect).
+
+    Args:
+        key: ``[T, Hkv, Dk]``.
+        value: ``[T, Hkv, Dv]``.
+        slot_mapping: as in ``maybe_gather_mla_latent_cache_inputs``.
+        num_decode_tokens: ``D`` or ``None`` (unchanged).
+        use_pcp: ``False`` returns the inputs unchanged.
+        shard_decode_requests: gather decode rows too.
+        pcp_group: the PCP group; required when a gather can happen.
+
+    Returns:
+        ``(key, value, slot_mapping)`` lined up row for row (row counts as in
+        ``maybe_gather_mla_latent_cache_inputs``).
+
+    Raises:
+        ValueError: as in ``maybe_gather_mla_latent_cache_inputs``.
+    """
+    if not use_pcp or num_decode_tokens is None:
+        return key, value, slot_mapping
+    group = resolve_group(pcp_group, "pcp_group", "when use_pcp=True")
+    (k, v), slots = _gather_prefill_cache_inputs(
+        [("key", key), ("value", value)],
+        slot_mapping,
+        num_decode_tokens,
+        shard_decode_requests,
+        group,
+    )
+    return k, v, slots
+
+
+def maybe_gather_indexer_k(
+    k: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_decode_tokens: int | None,
+    use_pcp: bool,
+    shard_decode_requests: bool = False,
+    *,
+    pcp_group: GroupArg | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather the sparse-attention indexer key so every rank writes the full indexer cache.
+
+    Args:
+        k: ``[T, D_index]`` (any trailing shape) indexer key of this rank's local rows.
+        slot_mapping: as in ``maybe_gather_mla_latent_cache_inputs``.
+        num_decode_tokens: ``D`` or ``None`` (unchanged).
+        use_pcp: ``False`` returns the inputs unchanged.
+        shard_decode_requests: gather decode rows too.
+        pcp_group: the PCP group; required when a gather can happen.
+
+    Returns:
+        ``(k, slot_mapping)`` lined up row for row.
+
+    Raises:
+        ValueError: as in ``maybe_gather_mla_latent_cache_inputs``.
+    """
+    if not use_pcp or num_decode_tokens is None:
+        return k, slot_mapping
+    group = resolve_group(pcp_group, "pcp_group", "when use_pcp=True")
+    (out,), slots = _gather_prefill_cache_inputs(
+        [("k", k)], slot_mapping, num_decode_tokens, shard_decode_requests, group
+    )
+    return out, slots

@@ -1,0 +1,70 @@
+"""Which DCP output combine a TP x PCP x DCP layout needs, by name.
+
+The combine ops live in ``cpattn_dcp``; this package never imports it, so the choice is
+returned as a name the caller maps to the op:
+
+* ``"a2a"`` -> ``cpattn_dcp.dcp_a2a_lse_reduce`` (output heads split over the DCP group);
+* ``"ag_ar"`` -> ``cpattn_dcp.cp_lse_ag_out_ar`` (every rank keeps every head);
+* ``"ag_rs"`` -> ``cpattn_dcp.cp_lse_ag_out_rs`` (output heads split over the DCP group).
+
+Pair the choice with ``dcp_q_gather_group`` and finish with ``finalize_mla_pcp_decode``: with
+PCP the combine keeps all heads (``"ag_ar"``) unless the all-to-all was asked for, and the
+finalize step gathers or slices heads back to this TP rank's share.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+__all__ = ["DCP_COMM_BACKENDS", "DCPCombineName", "resolve_dcp_combine"]
+
+DCPCombineName = Literal["ag_rs", "ag_ar", "a2a"]
+"""The name of a DCP output combine."""
+
+DCP_COMM_BACKENDS: tuple[str, ...] = ("ag_rs", "a2a")
+"""Accepted ``comm_backend`` values (``None`` means the default, ``"ag_rs"``)."""
+
+
+def resolve_dcp_combine(
+    dcp_world_size: int,
+    pcp_world_size: int,
+    comm_backend: str | None = "ag_rs",
+) -> DCPCombineName:
+    """Name the DCP combine for a layout and the configured DCP communication backend.
+
+    Rules, in order: ``comm_backend == "a2a"`` (needs ``N_dcp > 1``) -> ``"a2a"``;
+    ``N_pcp > 1`` -> ``"ag_ar"``; otherwise ``"ag_rs"``.
+
+    Args:
+        dcp_world_size: ``N_dcp >= 1``.
+        pcp_world_size: ``N_pcp >= 1``.
+        comm_backend: ``"ag_rs"`` (default), ``"a2a"`` or ``None`` (= ``"ag_rs"``).
+
+    Returns:
+        ``"ag_rs"``, ``"ag_ar"`` or ``"a2a"``.
+
+    Raises:
+        ValueError: sizes below 1, an unknown backend, or ``"a2a"`` with ``N_dcp == 1``.
+        TypeError: sizes that are not ints.
+
+    Example:
+        >>> resolve_dcp_combine(4, 2, "ag_rs")
+        'ag_ar'
+    """
+    for name, value in (("dcp_world_size", dcp_world_size), ("pcp_world_size", pcp_world_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    backend = "ag_rs" if comm_backend is None else comm_backend
+    if backend not in DCP_COMM_BACKENDS:
+        raise ValueError(
+            f"unknown DCP comm_backend {comm_backend!r}; expected one of {DCP_COMM_BACKENDS}"
+        )
+    if backend == "a2a":
+        if dcp_world_size == 1:
+            raise ValueError("comm_backend 'a2a' requires dcp_world_size > 1, got 1")
+        return "a2a"
+    if pcp_world_size > 1:
+        return "ag_ar"
+    return "ag_rs"

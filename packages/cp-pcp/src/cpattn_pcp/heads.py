@@ -1,0 +1,240 @@
+"""Query-head bookkeeping when PCP and DCP are combined (TP x PCP x DCP layouts).
+
+DCP shards each request's KV cache across its group, so every DCP rank must see *all* query
+heads its group combines. Which group to all-gather the query over depends on the layout
+(``N_dcp`` = DCP size, ``N_pcp`` = PCP size):
+
+* ``N_pcp == 1``: the DCP group is a subgroup of TP that splits the query heads → gather over
+  the DCP group (nothing to do when ``N_dcp == 1``).
+* ``N_dcp > N_pcp`` (DCP = TP x PCP): the query is head-sharded across TP and replicated across
+  PCP → gather over the TP group (gathering over DCP would duplicate heads).
+* ``N_dcp == N_pcp`` (DCP group = PCP group): every head is already present → no gather.
+
+After the DCP combine the output may hold fewer heads than this TP rank owns (a reduce-scatter
+over the PCP group split them) or more (an all-reduce kept all TP heads);
+``finalize_mla_pcp_decode`` reconciles both.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from cpattn_common.group import CPGroupLike
+from cpattn_pcp._group import GroupArg, optional_group, resolve_group
+
+__all__ = [
+    "dcp_q_gather_group",
+    "dcp_q_gather_size",
+    "finalize_mla_pcp_decode",
+    "maybe_all_gather_q_for_dcp",
+]
+
+_GatherAxis = Literal["dcp", "tp"] | None
+
+
+def _check_size(value: int, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _gather_axis(dcp_world_size: int, pcp_world_size: int) -> _GatherAxis:
+    """Which group the query is gathered over for this layout (validates the layout)."""
+    _check_size(dcp_world_size, "dcp_world_size")
+    _check_size(pcp_world_size, "pcp_world_size")
+    dcp, pcp = dcp_world_size, pcp_world_size
+    if pcp == 1:
+        return "dcp" if dcp > 1 else None
+    if dcp == 1 or dcp == pcp:
+        return None
+    if dcp < pcp or dcp % pcp != 0:
+        raise ValueError(
+            f"unsupported layout dcp_world_size={dcp}, pcp_world_size={pcp}: with PCP the DCP "
+            f"group must equal the PCP group (DCP = PCP) or span TP x PCP (DCP a multiple of "
+            f"PCP)"
+        )
+    return "tp"
+
+
+def _checked(group: CPGroupLike, expected: int, name: str, layout: str) -> CPGroupLike:
+    if group.world_size != expected:
+        raise ValueError(f"{name} has world size {group.world_size}, but {layout} needs {expected}")
+    return group
+
+
+def dcp_q_gather_group(
+    dcp_world_size: int,
+    pcp_world_size: int,
+    *,
+    tp_group: GroupArg | None = None,
+    dcp_group: GroupArg | None = None,
+) -> CPGroupLike | None:
+    """The group to all-gather the query heads over before DCP attention, or ``None``.
+
+    Args:
+        dcp_world_size: ``N_dcp >= 1``.
+        pcp_world_size: ``N_pcp >= 1``.
+        tp_group: the TP group; required when ``N_dcp > N_pcp > 1`` (size ``N_dcp / N_pcp``).
+        dcp_group: the DCP group; required when ``N_pcp == 1 < N_dcp`` (size ``N_dcp``).
+
+    Returns:
+        The selected group as a ``CPGroupLike``, or ``None`` when no gather is needed.
+
+    Raises:
+        ValueError: an unsupported layout (``1 < N_dcp < N_pcp``, or ``N_dcp`` not a multiple
+            of ``N_pcp``), a missing group, or a group whose size does not fit the layout.
+    """
+    axis = _gather_axis(dcp_world_size, pcp_world_size)
+    layout = f"dcp_world_size={dcp_world_size}, pcp_world_size={pcp_world_size}"
+    if axis == "dcp":
+        group = resolve_group(dcp_group, "dcp_group", f"for {layout}")
+        return _checked(group, dcp_world_size, "dcp_group", layout)
+    if axis == "tp":
+        group = resolve_group(tp_group, "tp_group", f"for {layout}")
+        return _checked(group, dcp_world_size // pcp_world_size, "tp_group", layout)
+    return None
+
+
+def dcp_q_gather_size(
+    dcp_world_size: int,
+    pcp_world_size: int,
+    *,
+    tp_group: GroupArg | None = None,
+    dcp_group: GroupArg | None = None,
+) -> int:
+    """World size of the query-gather group (``1`` when there is none).
+
+    Use it to size work planned before the gather (e.g. ahead-of-time attention scheduler
+    metadata for ``H_local * size`` heads). Groups are optional: without them the size follows
+    from the layout (``N_dcp`` when ``N_pcp == 1``, ``N_dcp / N_pcp`` when ``N_dcp > N_pcp``,
+    else ``1``); with them it is checked against the group.
+
+    Args:
+        dcp_world_size: ``N_dcp >= 1``.
+        pcp_world_size: ``N_pcp >= 1``.
+        tp_group: optional TP group (checked when it would be selected).
+        dcp_group: optional DCP group (checked when it would be selected).
+
+    Returns:
+        The number of ranks the query heads are gathered from.
+
+    Raises:
+        ValueError: as in ``dcp_q_gather_group``.
+    """
+    axis = _gather_axis(dcp_world_size, pcp_world_size)
+    if axis == "dcp":
+        if dcp_group is not None:
+            dcp_q_gather_group(dcp_world_size, pcp_world_size, dcp_group=dcp_group)
+        return dcp_world_size
+    if axis == "tp":
+        if tp_group is not None:
+            dcp_q_gather_group(dcp_world_size, pcp_world_size, tp_group=tp_group)
+        return dcp_world_size // pcp_world_size
+    return 1
+
+
+def maybe_all_gather_q_for_dcp(
+    q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    dcp_world_size: int,
+    pcp_world_size: int,
+    already_replicated: bool = False,
+    *,
+    tp_group: GroupArg | None = None,
+    dcp_group: GroupArg | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """All-gather the query heads over the group the layout needs (see the module docstring).
+
+    Args:
+        q: ``[T, H_local, D]``, or an MLA ``(q_nope [T, H_local, D_nope], q_pe [T, H_local,
+            D_rope])`` pair.
+        dcp_world_size: ``N_dcp``.
+        pcp_world_size: ``N_pcp``.
+        already_replicated: the query already holds every head (e.g. a replicated projection):
+            returned untouched.
+        tp_group: the TP group (needed when ``N_dcp > N_pcp > 1``).
+        dcp_group: the DCP group (needed when ``N_pcp == 1 < N_dcp``).
+
+    Returns:
+        ``q`` itself (a tuple stays a tuple) when no gather happens; otherwise one tensor
+        ``[T, H_local * G, D]`` (a pair is concatenated to ``D_nope + D_rope`` first), heads in
+        group-rank order, ``G`` the gather group's size.
+
+    Raises:
+        ValueError: as in ``dcp_q_gather_group``; mismatched ``(nope, pe)`` leading shapes.
+    """
+    if isinstance(q, tuple):
+        if len(q) != 2:
+            raise ValueError(f"a tuple query must be (nope, pe), got {len(q)} tensors")
+        nope, pe = q
+        if nope.dim() != 3 or pe.dim() != 3 or nope.shape[:2] != pe.shape[:2]:
+            raise ValueError(
+                f"(nope, pe) must be [T, H, D_nope] and [T, H, D_rope] with equal T and H, got "
+                f"{tuple(nope.shape)} and {tuple(pe.shape)}"
+            )
+    elif q.dim() < 2:
+        raise ValueError(f"q must be [T, H, D], got shape {tuple(q.shape)}")
+    group = dcp_q_gather_group(
+        dcp_world_size, pcp_world_size, tp_group=tp_group, dcp_group=dcp_group
+    )
+    if already_replicated or group is None or group.world_size == 1:
+        return q
+    full = torch.cat(q, dim=-1) if isinstance(q, tuple) else q
+    return group.all_gather(full, dim=1)
+
+
+def finalize_mla_pcp_decode(
+    output: torch.Tensor,
+    num_heads: int,
+    *,
+    pcp_group: GroupArg | None = None,
+    tp_group: GroupArg | None = None,
+) -> torch.Tensor:
+    """Bring a combined decode output back to this TP rank's ``num_heads`` heads.
+
+    * ``H_out < num_heads``: the combine split the heads over the PCP group (reduce-scatter
+      with DCP group = PCP group) → all-gather over ``pcp_group`` along dim 1
+      (needs ``H_out * N_pcp == num_heads``).
+    * ``H_out > num_heads``: the combine kept every TP rank's heads (query gathered over TP)
+      → keep heads ``[tp_rank * num_heads, (tp_rank + 1) * num_heads)``
+      (needs ``H_out == num_heads * N_tp``).
+    * equal: returned unchanged.
+
+    Args:
+        output: ``[B, H_out, D]``.
+        num_heads: heads this TP rank owns.
+        pcp_group: the PCP group (needed when ``H_out < num_heads``).
+        tp_group: the TP group (needed when ``H_out > num_heads``).
+
+    Returns:
+        ``[B, num_heads, D]`` (``output`` itself when already right; a view when sliced).
+
+    Raises:
+        ValueError: head counts that do not divide as described, or a missing group.
+    """
+    _check_size(num_heads, "num_heads")
+    if output.dim() < 2:
+        raise ValueError(f"output must be [B, H, D], got shape {tuple(output.shape)}")
+    have = output.shape[1]
+    if have == num_heads:
+        return output
+    if have < num_heads:
+        group = resolve_group(pcp_group, "pcp_group", f"to gather {have} -> {num_heads} heads")
+        if have * group.world_size != num_heads:
+            raise ValueError(
+                f"output has {have} heads; gathering over pcp_group (size {group.world_size}) "
+                f"gives {have * group.world_size}, not num_heads = {num_heads}"
+            )
+        return group.all_gather(output, dim=1)
+    tp = optional_group(tp_group)
+    if tp is None:
+        raise ValueError(f"tp_group= is required to slice {have} -> {num_heads} heads")
+    if have != num_heads * tp.world_size:
+        raise ValueError(
+            f"output has {have} heads, expected num_heads * tp world size = {num_heads} * "
+            f"{tp.world_size} = {num_heads * tp.world_size}"
+        )
+    start = tp.rank_in_group * num_heads
+    return output[:, start : start + num_heads]

@@ -1,0 +1,146 @@
+"""The decode-token subset of a mixed prefill/decode batch under PCP.
+
+A PCP rank's batch can mix decode requests (replicated on every rank) and prefill chunks
+(split by DualChunkSwap). Decode-only attention paths (e.g. a DCP decode kernel followed by a
+DCP combine) run on the decode subset. Requests with zero query tokens are never decode
+segments: DualChunkSwap gives a rank without prefill rows a 0-token dummy segment, and counting
+it would make the ranks disagree on the number of decode rows and desynchronise the DCP combine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["DecodeSubset", "build_mixed_decode_subset"]
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeSubset:
+    """Decode tokens of a mixed batch, with ``R_d`` decode segments and ``T_d`` tokens.
+
+    Attributes:
+        token_mask: ``[T]`` bool, ``True`` for the rows of ``query`` that belong to a decode
+            segment (rows past ``query_start_loc[-1]`` are ``False``).
+        q: ``[T_d, ...]`` contiguous decode rows of ``query``.
+        k: ``[T_d, ...]`` decode rows of ``key`` (``None`` when no key was given).
+        v: ``[T_d, ...]`` decode rows of ``value`` (``None`` when no value was given).
+        cu_seqlens: ``[R_d + 1]`` zero-prefixed cumsum of the decode query lengths, dtype of
+            ``query_start_loc``.
+        max_seqlen: longest decode query length (host int).
+        ctx_kv_lens: ``[R_d]`` entries of ``dcp_context_kv_lens`` for the decode segments.
+        block_table: ``[R_d, C]`` rows of ``block_table`` for the decode segments.
+        request_idx: ``[R_d]`` int64 indices of the decode segments in the batch.
+    """
+
+    token_mask: torch.Tensor
+    q: torch.Tensor
+    k: torch.Tensor | None
+    v: torch.Tensor | None
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    ctx_kv_lens: torch.Tensor
+    block_table: torch.Tensor
+    request_idx: torch.Tensor
+
+    @property
+    def num_decodes(self) -> int:
+        """``R_d``, the number of decode segments."""
+        return int(self.request_idx.shape[0])
+
+    @property
+    def num_decode_tokens(self) -> int:
+        """``T_d``, the number of decode tokens."""
+        return int(self.q.shape[0])
+
+
+def build_mixed_decode_subset(
+    is_prefilling: torch.Tensor | None,
+    query_start_loc: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor | None,
+    value: torch.Tensor | None,
+    dcp_context_kv_lens: torch.Tensor,
+    block_table: torch.Tensor,
+) -> DecodeSubset | None:
+    """Select the decode tokens (and their per-request metadata) of a mixed batch.
+
+    A decode segment is a request ``j`` with ``is_prefilling[j] == False`` and
+    ``query_start_loc[j+1] - query_start_loc[j] > 0``. Reads counts on the host (``.item()``),
+    so it is not CUDA-graph capturable; call it outside captured regions.
+
+    Args:
+        is_prefilling: ``[R]`` bool per request, or ``None`` (no information: returns ``None``).
+        query_start_loc: ``[R+1]`` integer, zero-prefixed cumsum of the query lengths.
+        query: ``[T, ...]`` with ``T >= 0``; rows past ``query_start_loc[-1]`` are padding.
+        key: ``[T, ...]`` or ``None``.
+        value: ``[T, ...]`` or ``None``.
+        dcp_context_kv_lens: ``[R]`` context KV length of each request.
+        block_table: ``[R, C]`` block table.
+
+    Returns:
+        The ``DecodeSubset``, or ``None`` when ``is_prefilling`` is ``None`` or the batch has
+        no decode segment with tokens.
+
+    Raises:
+        ValueError: inconsistent request counts or row counts.
+    """
+    if is_prefilling is None:
+        return None
+    num_reqs = query_start_loc.shape[0] - 1 if query_start_loc.dim() == 1 else -1
+    if num_reqs < 0:
+        raise ValueError(
+            f"query_start_loc must be 1-D with R+1 >= 1 entries, got shape "
+            f"{tuple(query_start_loc.shape)}"
+        )
+    checks = {
+        "is_prefilling": (is_prefilling, 1),
+        "dcp_context_kv_lens": (dcp_context_kv_lens, 1),
+        "block_table": (block_table, 2),
+    }
+    for name, (t, ndim) in checks.items():
+        if t.dim() != ndim or t.shape[0] != num_reqs:
+            raise ValueError(
+                f"{name} must be {ndim}-D with R = {num_reqs} rows (query_start_loc has "
+                f"{num_reqs + 1} entries), got shape {tuple(t.shape)}"
+            )
+    if query.dim() < 1:
+        raise ValueError("query must have a token dimension")
+    num_rows = query.shape[0]
+    for name, other in (("key", key), ("value", value)):
+        if other is not None and (other.dim() < 1 or other.shape[0] != num_rows):
+            raise ValueError(
+                f"{name} must have the same number of rows as query ({num_rows}), got shape "
+                f"{tuple(other.shape)}"
+            )
+
+    device = query.device
+    qsl = query_start_loc.to(device)
+    lens = (qsl[1:] - qsl[:-1]).to(torch.int64)
+    if bool((lens < 0).any()):  # host sync
+        raise ValueError(f"query_start_loc must be non-decreasing, got {qsl.tolist()}")
+    is_decode = (~is_prefilling.to(device=device, dtype=torch.bool)) & (lens > 0)
+    request_idx = torch.nonzero(is_decode).flatten()
+    if request_idx.numel() == 0:  # host sync
+        return None
+
+    # Row t belongs to request j when qsl[j] <= t < qsl[j+1]; rows outside are padding.
+    rows = torch.arange(num_rows, device=device, dtype=qsl.dtype)
+    owner = torch.searchsorted(qsl, rows, right=True) - 1
+    inside = (owner >= 0) & (owner < num_reqs)
+    token_mask = inside & is_decode[owner.clamp(0, max(num_reqs - 1, 0))]
+    dec_lens = lens.index_select(0, request_idx)
+    cu = torch.zeros(request_idx.numel() + 1, dtype=query_start_loc.dtype, device=device)
+    cu[1:] = torch.cumsum(dec_lens, 0).to(cu.dtype)
+    return DecodeSubset(
+        token_mask=token_mask,
+        q=query[token_mask].contiguous(),
+        k=None if key is None else key[token_mask].contiguous(),
+        v=None if value is None else value[token_mask].contiguous(),
+        cu_seqlens=cu,
+        max_seqlen=int(dec_lens.max().item()),  # host sync
+        ctx_kv_lens=dcp_context_kv_lens.index_select(0, request_idx.to(dcp_context_kv_lens.device)),
+        block_table=block_table.index_select(0, request_idx.to(block_table.device)),
+        request_idx=request_idx,
+    )

@@ -1,0 +1,279 @@
+"""DualChunkSwap (zigzag) partition of prefill tokens across a PCP group.
+
+Each request of length ``L`` is padded to ``Lp = ceil(L / 2N) * 2N`` tokens (``N`` = PCP size)
+and cut into ``2N`` equal chunks of ``c = Lp / 2N`` tokens. Rank ``r`` owns chunk ``r`` (its
+*head* chunk) and chunk ``2N - 1 - r`` (its *tail* chunk). Under causal attention a token at
+position ``p`` attends to ``p + 1`` keys, so pairing an early chunk with the mirrored late one
+gives every rank the same amount of work::
+
+    one request, L = 14, N = 2  ->  Lp = 16, c = 4, chunks 0..3
+
+    position   0 1 2 3 | 4 5 6 7 | 8 9 10 11 | 12 13 [14 15]    [..] = padding
+    chunk         0    |    1    |     2     |      3
+    rank          0    |    1    |     1     |      0
+
+    rank 0 local order: 0 1 2 3 12 13 [14 15]
+    rank 1 local order: 4 5 6 7  8  9  10 11
+
+Local order is request-major: for every request the head chunk, then the tail chunk. Every
+rank therefore holds the same number of local rows ``P = sum(Lp) / N`` (equal-size
+all-gathers work), and the padding of a request sits at the end of its tail chunks.
+
+The plan is built once on the host (``dual_chunk_swap`` may read ``seq_lens`` from a GPU
+tensor once); its index tensors then live on the chosen device and the device-side ops
+(``gather_prefill_qkv_global``, ``slice_prefill_output_local``, ``restore``,
+``local_rows``) only index with them: no host synchronisation, no allocation of index data.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+__all__ = ["DualChunkSwapPlan", "dual_chunk_swap"]
+
+
+@dataclass(frozen=True, eq=False)
+class DualChunkSwapPlan:
+    """Where every prefill token of a batch lives under DualChunkSwap.
+
+    Shapes use ``R`` requests, ``N = pcp_size`` ranks, ``T = num_tokens`` real tokens (the
+    batch in global order, request-major) and ``P = padded_local_len`` local rows per rank.
+    A *slot* is a row of the rank-major all-gather of the padded local tensors: slot
+    ``s = r * P + i`` is local row ``i`` of rank ``r``.
+
+    Attributes:
+        pcp_size: ``N``.
+        seq_lens: real prompt length of every request, ``R`` ints.
+        padded_seq_lens: ``Lp`` per request (a multiple of ``2N``; ``0`` for empty requests).
+        chunk_sizes: ``c = Lp / 2N`` per request.
+        num_tokens: ``T = sum(seq_lens)``.
+        padded_local_len: ``P = sum(Lp) / N`` local rows per rank (padding included).
+        max_seqlen: ``max(seq_lens)`` (``0`` for an empty batch).
+        num_local_tokens: real (non-padding) local rows per rank, ``N`` ints.
+        causal_work: per rank, ``sum(p + 1)`` over the positions ``p`` of its real tokens
+            (the number of query-key pairs of causal attention it computes), ``N`` ints.
+        local_positions: ``[N, P]`` int64, position of each local row inside its request;
+            ``>= seq_lens[req]`` marks padding.
+        local_request_idx: ``[N, P]`` int64, request of each local row.
+        local_token_idx: ``[N, P]`` int64, global token index (``0 .. T-1``) of each local
+            row; ``-1`` marks padding.
+        local_is_real: ``[N, P]`` bool, ``local_token_idx >= 0``.
+        restore_idx: ``[T]`` int64, slot of every global token: ``gathered[restore_idx]`` turns
+            a rank-major all-gather ``[N*P, ...]`` into global order, real tokens only.
+        gather_idx: ``[N*P]`` int64, the inverse: global token of every slot; padding slots
+            point at the first token of their request, so ``x_global[gather_idx]`` is the
+            rank-major padded layout (and ``gather_idx.view(N, P)[r]`` selects rank ``r``'s
+            local inputs from global ones).
+        cu_seqlens: ``[R+1]`` int32, zero-prefixed cumsum of ``seq_lens`` (for a varlen
+            attention kernel over the global order).
+        device: the device of the index tensors.
+    """
+
+    pcp_size: int
+    seq_lens: tuple[int, ...]
+    padded_seq_lens: tuple[int, ...]
+    chunk_sizes: tuple[int, ...]
+    num_tokens: int
+    padded_local_len: int
+    max_seqlen: int
+    num_local_tokens: tuple[int, ...]
+    causal_work: tuple[int, ...]
+    local_positions: torch.Tensor
+    local_request_idx: torch.Tensor
+    local_token_idx: torch.Tensor
+    local_is_real: torch.Tensor
+    restore_idx: torch.Tensor
+    gather_idx: torch.Tensor
+    cu_seqlens: torch.Tensor
+    device: torch.device
+
+    @property
+    def num_requests(self) -> int:
+        """``R``, the number of requests."""
+        return len(self.seq_lens)
+
+    @property
+    def num_padded_tokens(self) -> int:
+        """``N * P = sum(padded_seq_lens)``, the rows of a rank-major all-gather."""
+        return self.pcp_size * self.padded_local_len
+
+    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> DualChunkSwapPlan:
+        """A copy of the plan with every index tensor on ``device``.
+
+        Args:
+            device: target device.
+            non_blocking: forwarded to ``Tensor.to``.
+
+        Returns:
+            A new plan (``self`` when already there).
+        """
+        dev = torch.device(device)
+        if dev == self.device:
+            return self
+        moved = {
+            f.name: getattr(self, f.name).to(dev, non_blocking=non_blocking)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, device=dev, **moved)
+
+    def _check_rank(self, rank: int) -> None:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.pcp_size:
+            raise ValueError(f"rank must be an int in [0, {self.pcp_size}), got {rank!r}")
+
+    def local_rows(self, x_global: torch.Tensor, rank: int) -> torch.Tensor:
+        """Rank ``rank``'s padded local rows of a tensor in global token order.
+
+        Padding rows repeat their request's first token (positions clamped, never another
+        request's token), so the result is safe to feed to any per-token op.
+
+        Args:
+            x_global: ``[T, ...]`` in global order.
+            rank: the PCP rank ``r``.
+
+        Returns:
+            ``[P, ...]``: ``x_global[gather_idx.view(N, P)[r]]``.
+        """
+        self._check_rank(rank)
+        _check_rows(x_global, self.num_tokens, "x_global", "plan.num_tokens")
+        idx = self.gather_idx.view(self.pcp_size, self.padded_local_len)[rank]
+        return x_global.index_select(0, idx)
+
+    def restore(self, gathered: torch.Tensor) -> torch.Tensor:
+        """Global order, real tokens only, from a rank-major all-gather of padded local rows.
+
+        Args:
+            gathered: ``[N*P, ...]``, rank ``r``'s padded local rows at ``r*P .. (r+1)*P``.
+
+        Returns:
+            ``[T, ...]``: ``gathered[restore_idx]``.
+        """
+        _check_rows(gathered, self.num_padded_tokens, "gathered", "pcp_size * padded_local_len")
+        return gathered.index_select(0, self.restore_idx)
+
+
+def _check_rows(x: torch.Tensor, expected: int, name: str, what: str) -> None:
+    if x.dim() < 1 or x.shape[0] != expected:
+        raise ValueError(f"{name} must have {what} = {expected} rows, got shape {tuple(x.shape)}")
+
+
+def _as_int_list(seq_lens: Sequence[int] | torch.Tensor) -> list[int]:
+    if isinstance(seq_lens, torch.Tensor):
+        if seq_lens.dim() != 1:
+            raise ValueError(f"seq_lens must be 1-D, got shape {tuple(seq_lens.shape)}")
+        if seq_lens.dtype.is_floating_point or seq_lens.dtype.is_complex:
+            raise TypeError(f"seq_lens must hold integers, got dtype {seq_lens.dtype}")
+        values: list[int] = [int(v) for v in seq_lens.tolist()]  # the one host sync
+    else:
+        values = []
+        for v in seq_lens:
+            if isinstance(v, bool):
+                raise TypeError(f"seq_lens must hold ints, got {v!r}")
+            try:
+                values.append(operator.index(v))  # int, numpy integers
+            except TypeError:
+                raise TypeError(
+                    f"seq_lens must hold ints, got {v!r} ({type(v).__name__})"
+                ) from None
+    bad = [(i, v) for i, v in enumerate(values) if v < 0]
+    if bad:
+        raise ValueError(f"seq_lens must be >= 0; (request, length) pairs {bad[:8]}")
+    return values
+
+
+def dual_chunk_swap(
+    seq_lens: Sequence[int] | torch.Tensor,
+    pcp_size: int,
+    *,
+    device: torch.device | str | None = None,
+) -> DualChunkSwapPlan:
+    """Plan the DualChunkSwap split of a batch of prefills over ``pcp_size`` ranks.
+
+    Args:
+        seq_lens: ``[R]`` prompt lengths (ints ``>= 0``): a list or a 1-D integer tensor
+            (a GPU tensor is read once, here).
+        pcp_size: ``N >= 1``, the PCP group size.
+        device: where the plan's index tensors live; defaults to ``seq_lens``'s device (CPU
+            for a list).
+
+    Returns:
+        The ``DualChunkSwapPlan``: rank ``r`` owns chunks ``r`` and ``2N-1-r`` of every
+        request, head chunk first, requests in order.
+
+    Raises:
+        ValueError: ``pcp_size < 1``, negative lengths or a non-1-D tensor.
+        TypeError: non-integer lengths.
+
+    Example:
+        >>> plan = dual_chunk_swap([8, 8], pcp_size=2)
+        >>> plan.local_token_idx.tolist()
+        [[0, 1, 6, 7, 8, 9, 14, 15], [2, 3, 4, 5, 10, 11, 12, 13]]
+    """
+    if isinstance(pcp_size, bool) or not isinstance(pcp_size, int):
+        raise TypeError(f"pcp_size must be an int, got {type(pcp_size).__name__}")
+    if pcp_size < 1:
+        raise ValueError(f"pcp_size must be >= 1, got {pcp_size}")
+    if device is None:
+        device = seq_lens.device if isinstance(seq_lens, torch.Tensor) else torch.device("cpu")
+    dev = torch.device(device)
+    lens_list = _as_int_list(seq_lens)
+    n = pcp_size
+    two_n = 2 * n
+    cpu = torch.device("cpu")
+
+    lens = torch.tensor(lens_list, dtype=torch.int64, device=cpu)
+    chunk = (lens + two_n - 1) // two_n  # c per request
+    padded = chunk * two_n  # Lp per request
+    per_rank = 2 * chunk  # local rows per rank and request
+    num_requests = len(lens_list)
+    local_len = int(per_rank.sum())
+    starts = torch.zeros(num_requests + 1, dtype=torch.int64)
+    torch.cumsum(lens, 0, out=starts[1:])
+
+    req = torch.repeat_interleave(torch.arange(num_requests), per_rank)  # [P]
+    local_start = torch.cumsum(per_rank, 0) - per_rank  # first local row of each request
+    within = torch.arange(local_len) - local_start[req]  # [P], 0 .. 2c-1
+    c_row = chunk[req]
+    is_tail = within >= c_row
+    offset = within - torch.where(is_tail, c_row, torch.zeros_like(c_row))
+    ranks = torch.arange(n).unsqueeze(1)  # [N, 1]
+    chunk_id = torch.where(is_tail.unsqueeze(0), two_n - 1 - ranks, ranks)  # [N, P]
+    positions = chunk_id * c_row + offset  # [N, P]
+    req_2d = req.unsqueeze(0).expand(n, local_len)
+    is_real = positions < lens[req].unsqueeze(0)
+    first_token = starts[:-1][req].unsqueeze(0)  # [1, P]
+    token_idx = torch.where(is_real, first_token + positions, torch.full_like(positions, -1))
+    gather_2d = torch.where(is_real, token_idx, first_token.expand(n, local_len))
+
+    num_tokens = int(starts[-1])
+    slots = torch.arange(n * local_len).view(n, local_len)
+    restore = torch.empty(num_tokens, dtype=torch.int64)
+    restore[token_idx[is_real]] = slots[is_real]
+    work = torch.where(is_real, positions + 1, torch.zeros_like(positions)).sum(dim=1)
+
+    def put(t: torch.Tensor) -> torch.Tensor:
+        return t.contiguous().to(dev)
+
+    return DualChunkSwapPlan(
+        pcp_size=n,
+        seq_lens=tuple(lens_list),
+        padded_seq_lens=tuple(int(v) for v in padded.tolist()),
+        chunk_sizes=tuple(int(v) for v in chunk.tolist()),
+        num_tokens=num_tokens,
+        padded_local_len=local_len,
+        max_seqlen=max(lens_list, default=0),
+        num_local_tokens=tuple(int(v) for v in is_real.sum(dim=1).tolist()),
+        causal_work=tuple(int(v) for v in work.tolist()),
+        local_positions=put(positions),
+        local_request_idx=put(req_2d),
+        local_token_idx=put(token_idx),
+        local_is_real=put(is_real),
+        restore_idx=put(restore),
+        gather_idx=put(gather_2d.reshape(-1)),
+        cu_seqlens=put(starts.to(torch.int32)),
+        device=dev,
+    )

@@ -1,0 +1,165 @@
+"""Global-order Q/K/V for a PCP prefill, and the local slice of its output.
+
+Attention option "gather to global order": every rank all-gathers its padded local Q/K/V,
+reorders them into global token order with the plan's ``restore_idx`` (padding dropped), runs
+ordinary causal varlen attention over ``plan.cu_seqlens``, and keeps its own rows of the output
+with ``slice_prefill_output_local``. Both directions only index with precomputed plan tensors
+(no host synchronisation).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cpattn_pcp._group import GroupArg, resolve_group
+from cpattn_pcp.partition import DualChunkSwapPlan
+
+__all__ = ["gather_prefill_qkv_global", "slice_prefill_output_local"]
+
+
+def _check_group_size(plan: DualChunkSwapPlan, world_size: int) -> None:
+    if world_size != plan.pcp_size:
+        raise ValueError(
+            f"pcp_group has world size {world_size} but the plan was built for pcp_size "
+            f"{plan.pcp_size}"
+        )
+
+
+def _check_device(plan: DualChunkSwapPlan, x: torch.Tensor, name: str) -> None:
+    if x.device != plan.device:
+        raise ValueError(
+            f"{name} is on {x.device} but the plan's indices are on {plan.device}; "
+            f"build the plan there or use plan.to({str(x.device)!r}) once"
+        )
+
+
+def gather_prefill_qkv_global(
+    plan: DualChunkSwapPlan,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    pcp_group: GroupArg,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """All-gather this rank's local prefill Q/K/V and put them in global token order.
+
+    Local rows beyond ``T_local`` (up to ``P``) are zero-padded before the gather; they can only
+    be padding rows of the plan and are dropped by ``restore_idx``. When the three tensors
+    share dtype and device they travel in one all-gather.
+
+    Args:
+        plan: the batch's ``DualChunkSwapPlan`` (index tensors on the tensors' device).
+        query: ``[T_local, Hq, Dk]`` (any trailing shape), this rank's local rows in plan
+            order, ``T_local <= P = plan.padded_local_len``.
+        key: ``[T_local, Hkv, Dk]``.
+        value: ``[T_local, Hkv, Dv]``.
+        pcp_group: the PCP group (``ProcessGroup`` or ``CPGroupLike``) of size
+            ``plan.pcp_size``.
+
+    Returns:
+        ``(q, k, v)``, each ``[T, ...]`` in global order (``T = plan.num_tokens``), real
+        tokens only; request ``j`` occupies rows ``cu_seqlens[j] .. cu_seqlens[j+1]``.
+        When the inputs travelled packed the results are row-strided views of one buffer
+        (last dim contiguous); call ``.contiguous()`` if a kernel needs dense rows.
+
+    Raises:
+        ValueError: row counts differ or exceed ``P``, the group size or device does not
+            match the plan.
+    """
+    group = resolve_group(pcp_group, "pcp_group", "to gather prefill Q/K/V")
+    _check_group_size(plan, group.world_size)
+    tensors = (query, key, value)
+    names = ("query", "key", "value")
+    rows = {
+        name: (t.shape[0] if t.dim() > 0 else None) for name, t in zip(names, tensors, strict=True)
+    }
+    if len(set(rows.values())) != 1 or rows["query"] is None:
+        raise ValueError(f"query, key and value must have the same number of rows, got {rows}")
+    num_rows = query.shape[0]
+    if num_rows > plan.padded_local_len:
+        raise ValueError(
+            f"local Q/K/V have {num_rows} rows but the plan has only padded_local_len = "
+            f"{plan.padded_local_len} local rows per rank"
+        )
+    for name, t in zip(names, tensors, strict=True):
+        _check_device(plan, t, name)
+
+    pad_rows = plan.padded_local_len - num_rows
+    same_kind = query.dtype == key.dtype == value.dtype
+    if same_kind:
+        widths = [_trailing_numel(t) for t in tensors]
+        packed = torch.cat(
+            [t.reshape(num_rows, w) for t, w in zip(tensors, widths, strict=True)], dim=1
+        )
+        if pad_rows:
+            packed = torch.nn.functional.pad(packed, (0, 0, 0, pad_rows))
+        restored = plan.restore(group.all_gather(packed, dim=0))
+        parts = torch.split(restored, widths, dim=1)
+        q, k, v = (
+            part.reshape(plan.num_tokens, *t.shape[1:])
+            for part, t in zip(parts, tensors, strict=True)
+        )
+        return q, k, v
+
+    out = []
+    for t in tensors:
+        flat = t.reshape(num_rows, _trailing_numel(t))
+        if pad_rows:
+            flat = torch.nn.functional.pad(flat, (0, 0, 0, pad_rows))
+        restored = plan.restore(group.all_gather(flat, dim=0))
+        out.append(restored.reshape(plan.num_tokens, *t.shape[1:]))
+    return out[0], out[1], out[2]
+
+
+def _trailing_numel(t: torch.Tensor) -> int:
+    n = 1
+    for s in t.shape[1:]:
+        n *= s
+    return n
+
+
+def slice_prefill_output_local(
+    plan: DualChunkSwapPlan,
+    out_global: torch.Tensor,
+    num_actual: int,
+    *,
+    pcp_group: GroupArg,
+) -> torch.Tensor:
+    """This rank's local rows of a prefill output computed in global order.
+
+    The inverse of ``gather_prefill_qkv_global`` on real tokens: row ``i`` of the result is the
+    output of the token at local row ``i`` of this rank. Padding rows get the output of their
+    request's first token (a defined, finite value; callers ignore them).
+
+    Args:
+        plan: the batch's ``DualChunkSwapPlan``.
+        out_global: ``[T, ...]`` in global token order (``T = plan.num_tokens``).
+        num_actual: how many local rows to return, ``0 <= num_actual <= P``.
+        pcp_group: the PCP group of size ``plan.pcp_size`` (only its rank is used: no
+            communication).
+
+    Returns:
+        ``[num_actual, ...]``, a new tensor.
+
+    Raises:
+        ValueError: wrong row count, ``num_actual`` out of range, group size or device
+            mismatch.
+    """
+    group = resolve_group(pcp_group, "pcp_group", "to slice the local prefill output")
+    _check_group_size(plan, group.world_size)
+    if out_global.dim() < 1 or out_global.shape[0] != plan.num_tokens:
+        raise ValueError(
+            f"out_global must have plan.num_tokens = {plan.num_tokens} rows, got shape "
+            f"{tuple(out_global.shape)}"
+        )
+    if isinstance(num_actual, bool) or not isinstance(num_actual, int):
+        raise TypeError(f"num_actual must be an int, got {type(num_actual).__name__}")
+    if not 0 <= num_actual <= plan.padded_local_len:
+        raise ValueError(
+            f"num_actual must be in [0, padded_local_len = {plan.padded_local_len}], "
+            f"got {num_actual}"
+        )
+    _check_device(plan, out_global, "out_global")
+    rank = group.rank_in_group
+    idx = plan.gather_idx.view(plan.pcp_size, plan.padded_local_len)[rank, :num_actual]
+    return out_global.index_select(0, idx)

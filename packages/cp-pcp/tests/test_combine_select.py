@@ -1,0 +1,40 @@
+"""PCP x DCP combine selection by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from cpattn_pcp import DCP_COMM_BACKENDS, resolve_dcp_combine
+
+
+@pytest.mark.parametrize(
+    ("dcp", "pcp", "backend", "expected"),
+    [
+        (1, 1, None, "ag_rs"),
+        (1, 1, "ag_rs", "ag_rs"),
+        (4, 1, "ag_rs", "ag_rs"),
+        (4, 1, "a2a", "a2a"),
+        (2, 2, "ag_rs", "ag_ar"),
+        (4, 2, None, "ag_ar"),
+        (1, 4, "ag_rs", "ag_ar"),
+        (4, 2, "a2a", "a2a"),
+    ],
+)
+def test_resolve(dcp: int, pcp: int, backend: str | None, expected: str) -> None:
+    assert resolve_dcp_combine(dcp, pcp, backend) == expected
+
+
+def test_default_backend() -> None:
+    assert resolve_dcp_combine(4, 1) == "ag_rs"
+    assert set(DCP_COMM_BACKENDS) == {"ag_rs", "a2a"}
+
+
+def test_bad_input() -> None:
+    with pytest.raises(ValueError, match="'a2a' requires dcp_world_size > 1"):
+        resolve_dcp_combine(1, 2, "a2a")
+    with pytest.raises(ValueError, match="unknown DCP comm_backend 'nccl'"):
+        resolve_dcp_combine(2, 1, "nccl")
+    with pytest.raises(ValueError, match="dcp_world_size must be >= 1, got 0"):
+        resolve_dcp_combine(0, 1)
+    with pytest.raises(TypeError, match="pcp_world_size must be an int"):
+        resolve_dcp_combine(2, 1.0)  # type: ignore[arg-type]
