@@ -1,3 +1,174 @@
-"""pytest plugin of cpattn-testing (opt in with ``pytest_plugins = ["cpattn_testing.pytest_plugin"]``)."""
+"""pytest plugin of cpattn-testing (opt in with ``pytest_plugins = ["cpattn_testing.pytest_plugin"]``).
+
+What it provides:
+
+- fixture ``device`` -> ``torch.device``: ``CPATTN_TEST_DEVICE`` (``cpu`` by default, ``cuda``
+  on GPU runs; a cuda request without a visible GPU skips the test with the reason);
+- fixture ``dist_backend`` -> ``"gloo"`` on the CPU, ``"nccl"`` on CUDA;
+- fixture ``run_ranks`` -> ``run_ranks(fn, world_size, *args, timeout=120.0)``: runs
+  ``fn(rank, world_size, *args)`` on ``world_size`` ranks with the device's backend
+  (:func:`cpattn_testing.launcher.run_distributed`) and skips, with a clear reason, when the run
+  needs more GPUs than are visible;
+- an autouse fixture that turns on NaN output poisoning (``cpattn_common.alloc``) for every
+  test, when that module is importable (opt out with ``@pytest.mark.no_output_poison``);
+- markers ``gpu`` (needs a CUDA GPU) and ``multigpu(n)`` (needs at least n GPUs) that skip the
+  test with the reason when the machine does not have them;
+- under pytest-xdist with ``CPATTN_XDIST_GPUS=<n>``: one GPU per worker (``gwK`` -> ``K % n``),
+  pinned through ``CUDA_VISIBLE_DEVICES`` before anything touches CUDA.
+"""
 
 from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import pytest
+import torch
+
+from cpattn_testing.launcher import (
+    POISON_ENV,
+    NotEnoughDevicesError,
+    available_gpus,
+    run_distributed,
+)
+
+__all__ = ["RunRanks", "device", "dist_backend", "run_ranks"]
+
+_DEVICE_ENV = "CPATTN_TEST_DEVICE"
+_XDIST_GPUS_ENV = "CPATTN_XDIST_GPUS"
+
+
+class RunRanks(Protocol):
+    """Type of the ``run_ranks`` fixture."""
+
+    def __call__(
+        self, fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = ...
+    ) -> list[Any]: ...
+
+
+def _pin_gpu_for_xdist_worker() -> None:
+    """Under pytest-xdist with ``CPATTN_XDIST_GPUS=<n>``, worker ``gwK`` sees only GPU ``K % n``.
+
+    Runs at configure time, before any test can initialise CUDA. Off unless asked for (and
+    never when ``CUDA_VISIBLE_DEVICES`` is already set); multi-GPU tests then skip.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = os.environ.get(_XDIST_GPUS_ENV, "")
+    if not worker.startswith("gw") or not count or "CUDA_VISIBLE_DEVICES" in os.environ:
+        return
+    try:
+        index, n = int(worker[2:]), int(count)
+    except ValueError as exc:
+        raise pytest.UsageError(
+            f"{_XDIST_GPUS_ENV}={count!r} must be a GPU count (worker {worker!r})"
+        ) from exc
+    if n < 1:
+        raise pytest.UsageError(f"{_XDIST_GPUS_ENV} must be >= 1, got {n}")
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(index % n)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the markers (so ``--strict-markers`` accepts them in downstream projects)."""
+    _pin_gpu_for_xdist_worker()
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped otherwise)")
+    config.addinivalue_line(
+        "markers", "multigpu(n): needs at least n CUDA GPUs (skipped otherwise)"
+    )
+    config.addinivalue_line(
+        "markers", "no_output_poison: do not fill fresh outputs with NaN in this test"
+    )
+
+
+def _multigpu_count(marker: pytest.Mark) -> int:
+    n = marker.args[0] if marker.args else marker.kwargs.get("n")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise pytest.UsageError(f"multigpu(n) needs an int n >= 1, got {n!r}")
+    return n
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip ``gpu`` / ``multigpu(n)`` tests the machine cannot run, with the reason."""
+    needed = 0
+    if item.get_closest_marker("gpu") is not None:
+        needed = 1
+    for marker in item.iter_markers("multigpu"):
+        needed = max(needed, _multigpu_count(marker))
+    if needed == 0:
+        return
+    gpus = available_gpus()
+    if gpus < needed:
+        if needed == 1:
+            pytest.skip("needs a CUDA GPU; none is visible to torch on this machine")
+        pytest.skip(f"needs {needed} CUDA GPUs; {gpus} visible to torch on this machine")
+
+
+def _requested_device() -> torch.device:
+    name = os.environ.get(_DEVICE_ENV, "cpu").strip() or "cpu"
+    try:
+        dev = torch.device(name)
+    except RuntimeError as exc:
+        raise pytest.UsageError(f"{_DEVICE_ENV}={name!r} is not a torch device: {exc}") from exc
+    if dev.type not in ("cpu", "cuda"):
+        raise pytest.UsageError(f"{_DEVICE_ENV} must be 'cpu' or 'cuda', got {name!r}")
+    return dev
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """The device tests run on: ``CPATTN_TEST_DEVICE`` (``cpu`` by default, or ``cuda``)."""
+    dev = _requested_device()
+    if dev.type == "cuda" and available_gpus() == 0:
+        pytest.skip(f"{_DEVICE_ENV}={dev} but no CUDA GPU is visible to torch")
+    return dev
+
+
+@pytest.fixture(scope="session")
+def dist_backend(device: torch.device) -> str:
+    """``"gloo"`` when tests run on the CPU, ``"nccl"`` on CUDA."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+@pytest.fixture
+def run_ranks(dist_backend: str) -> RunRanks:
+    """``run_ranks(fn, world_size, *args, timeout=120.0) -> [result of rank 0, ...]``.
+
+    ``fn`` must be a module-level function ``fn(rank, world_size, *args)``. Uses the test
+    device's backend; skips when nccl needs more GPUs than are visible.
+    """
+
+    def run(
+        fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0
+    ) -> list[Any]:
+        try:
+            return run_distributed(fn, world_size, dist_backend, args=args, timeout=timeout)
+        except NotEnoughDevicesError as exc:
+            pytest.skip(str(exc))
+
+    return run
+
+
+@pytest.fixture(autouse=True)
+def _cpattn_output_poison(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """Fill every output allocated through ``cpattn_common.alloc`` with NaN during the test.
+
+    Ranks started by ``run_ranks`` poison their outputs too (through ``POISON_ENV``).
+    """
+    if request.node.get_closest_marker("no_output_poison") is not None:
+        monkeypatch.delenv(POISON_ENV, raising=False)
+        yield
+        return
+    monkeypatch.setenv(POISON_ENV, "nan")
+    poison: Any = None
+    with contextlib.suppress(ImportError):
+        from cpattn_common import alloc
+
+        poison = getattr(alloc, "poison_outputs", None)
+    if poison is None:
+        yield
+        return
+    with poison(float("nan")):
+        yield

@@ -1,0 +1,376 @@
+"""float64 references for context-parallel attention (pure torch, written for readability).
+
+Every function here is the *definition* the fast paths are checked against, so each is kept
+short and literal: loops over requests, explicit masks, fp64 arithmetic. They import nothing
+from the implementations they check.
+
+Shape vocabulary: ``N`` ranks, ``B`` query rows, ``T`` query tokens, ``S`` key tokens, ``H``
+heads (``Hq`` query heads, ``Hkv`` key/value heads), ``D`` head dim, ``R`` requests.
+
+LSE conventions (shared with every combine of the project):
+
+- base e: ``lse = ln(sum_s exp(score_s))``; base 2 (``is_lse_base_on_e=False``):
+  ``lse = log2(sum_s exp(score_s)) = ln(...) / ln 2`` (the backend folded ``log2 e`` into its
+  scale, so ``2 ** lse_2 == e ** lse_e``);
+- an empty key set has ``lse = -inf`` and output 0;
+- in a combine, NaN and +inf LSEs count as -inf (no contribution), a source of weight 0
+  contributes exactly 0 even if its output holds NaN, and a row with no contribution at all has
+  output 0 and LSE -inf.
+
+KV sharding of one request of ``S`` tokens across ``N`` ranks:
+
+- contiguous: rank r holds one block; block sizes differ by at most one, earlier ranks larger
+  (``torch.tensor_split`` of ``arange(S)`` into N parts);
+- interleaved by ``I``: global token ``t`` lives on rank ``(t // I) % N``, kept in order;
+- DualChunkSwap (prefill): pad ``S`` up to a multiple of ``2N``, cut into ``2N`` chunks of
+  ``c`` tokens; rank r holds chunk r followed by chunk ``2N-1-r`` (padding positions ``>= S``
+  dropped unless asked for).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+__all__ = [
+    "LN2",
+    "attention_ref",
+    "contiguous_shard_positions",
+    "dual_chunk_swap_positions",
+    "interleaved_shard_positions",
+    "local_seq_lens",
+    "lse_combine_ref",
+    "mask_empty_shards_ref",
+    "partial_attention_ref",
+    "shard_positions",
+]
+
+#: ln 2, the factor between base-e and base-2 LSE values (``lse_e = lse_2 * LN2``).
+LN2 = math.log(2.0)
+
+_F64 = torch.float64
+
+
+def _check_int(name: str, value: int, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_rank(world_size: int, rank: int) -> None:
+    _check_int("world_size", world_size, 1)
+    _check_int("rank", rank, 0)
+    if rank >= world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+
+
+# ---------------------------------------------------------------------------------------------
+# LSE combine
+
+
+def lse_combine_ref(
+    outs: torch.Tensor, lses: torch.Tensor, *, is_lse_base_on_e: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine N partial attention results by their LSEs, in float64.
+
+    For each (row b, head h), with ``l_n`` the sanitised LSEs (NaN/+inf -> -inf) in base e::
+
+        L   = ln(sum_n exp(l_n))                  (-inf when every l_n is -inf)
+        w_n = exp(l_n - L)                        (0 when l_n is -inf)
+        out = sum_n (w_n * o_n  if w_n != 0 else 0)
+
+    Args:
+        outs: partial outputs ``[N, B, H, D]`` (any float dtype).
+        lses: partial LSEs ``[N, B, H]`` (any float dtype).
+        is_lse_base_on_e: True for natural-log LSEs, False for base 2 (input and output).
+
+    Returns:
+        ``(out [B, H, D], lse [B, H])`` in float64; LSE in the input's base.
+    """
+    if outs.dim() != 4 or lses.dim() != 3 or outs.shape[:3] != lses.shape:
+        raise ValueError(
+            f"expected outs [N, B, H, D] and lses [N, B, H], got {tuple(outs.shape)} "
+            f"and {tuple(lses.shape)}"
+        )
+    o = outs.to(_F64)
+    lse = lses.to(_F64)
+    lse = torch.where(torch.isnan(lse) | (lse == math.inf), -math.inf, lse)
+    if not is_lse_base_on_e:
+        lse = lse * LN2
+    combined = torch.logsumexp(lse, dim=0)  # [B, H]; -inf when every source is -inf
+    weights = torch.exp(lse - combined)  # [N, B, H]; NaN where both are -inf
+    weights = torch.nan_to_num(weights, nan=0.0)
+    contrib = torch.where(weights[..., None] == 0, 0.0, weights[..., None] * o)
+    out = contrib.sum(dim=0)
+    if not is_lse_base_on_e:
+        combined = combined / LN2
+    return out, combined
+
+
+# ---------------------------------------------------------------------------------------------
+# attention
+
+
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    causal: bool = False,
+    q_pos: torch.Tensor | None = None,
+    k_pos: torch.Tensor | None = None,
+    is_lse_base_on_e: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention with its LSE, in float64.
+
+    ``score[t, h, s] = scale * q[t, h] . k[s, h // (Hq / Hkv)]``; with ``causal``, query ``t``
+    sees key ``s`` only when ``k_pos[s] <= q_pos[t]``. ``out[t, h] = softmax_s(score) @ v`` and
+    ``lse[t, h] = ln(sum_s exp(score[t, h, s]))`` (divided by ln 2 for base 2). A query row with
+    no visible key gets out 0 and LSE -inf.
+
+    GQA: ``Hq`` must be a multiple of ``Hkv``; query head ``h`` uses KV head
+    ``h // (Hq // Hkv)``. MHA is ``Hq == Hkv``; MLA-style (one shared latent KV) is ``Hkv = 1``.
+
+    Args:
+        q: ``[T, Hq, Dk]``.
+        k: ``[S, Hkv, Dk]``.
+        v: ``[S, Hkv, Dv]``.
+        scale: softmax scale (usually ``Dk ** -0.5``).
+        causal: apply the position mask.
+        q_pos: ``[T]`` positions of the queries; default: the last T positions of the sequence,
+            ``arange(S - T, S)`` (decode / prefill with a prefix).
+        k_pos: ``[S]`` positions of the keys; default ``arange(S)``.
+        is_lse_base_on_e: LSE base of the result.
+
+    Returns:
+        ``(out [T, Hq, Dv], lse [T, Hq])`` in float64.
+    """
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(
+            f"expected q [T, Hq, Dk], k [S, Hkv, Dk], v [S, Hkv, Dv]; got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    t_len, hq, dk = q.shape
+    s_len, hkv, dk_k = k.shape
+    if k.shape[:2] != v.shape[:2] or dk_k != dk:
+        raise ValueError(
+            f"k {tuple(k.shape)} and v {tuple(v.shape)} must share [S, Hkv] and k must match "
+            f"q's head dim {dk}"
+        )
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"query heads Hq={hq} must be a multiple of KV heads Hkv={hkv}")
+    if k_pos is None:
+        k_pos = torch.arange(s_len, device=q.device)
+    if q_pos is None:
+        q_pos = torch.arange(s_len - t_len, s_len, device=q.device)
+    if q_pos.shape != (t_len,) or k_pos.shape != (s_len,):
+        raise ValueError(
+            f"q_pos must be [T={t_len}] and k_pos [S={s_len}], got {tuple(q_pos.shape)} and "
+            f"{tuple(k_pos.shape)}"
+        )
+    group = hq // hkv
+    kx = k.to(_F64).repeat_interleave(group, dim=1)  # [S, Hq, Dk]
+    vx = v.to(_F64).repeat_interleave(group, dim=1)  # [S, Hq, Dv]
+    scores = torch.einsum("thd,shd->ths", q.to(_F64), kx) * scale  # [T, Hq, S]
+    if causal:
+        visible = k_pos.to(q.device)[None, :] <= q_pos.to(q.device)[:, None]  # [T, S]
+        scores = scores.masked_fill(~visible[:, None, :], -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)  # [T, Hq]; -inf for rows without keys
+    probs = torch.nan_to_num(torch.exp(scores - lse[..., None]), nan=0.0)
+    out = torch.einsum("ths,shd->thd", probs, vx)
+    if not is_lse_base_on_e:
+        lse = lse / LN2
+    return out, lse
+
+
+def partial_attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    scale: float,
+    causal: bool = False,
+    q_pos: torch.Tensor | None = None,
+    is_lse_base_on_e: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``q`` against the shard of the keys at ``positions`` (one rank's part).
+
+    Args:
+        q: ``[T, Hq, Dk]``.
+        k: the whole request's keys ``[S, Hkv, Dk]``.
+        v: the whole request's values ``[S, Hkv, Dv]``.
+        positions: ``[S_local]`` global key positions held by the shard (any order).
+        scale, causal, is_lse_base_on_e: as in :func:`attention_ref`.
+        q_pos: ``[T]`` query positions; default the last T positions of the whole request.
+
+    Returns:
+        ``(out [T, Hq, Dv], lse [T, Hq])`` float64; an empty shard (or a query that sees no key
+        of it) gives out 0 and LSE -inf.
+    """
+    s_len = k.shape[0]
+    if q_pos is None:
+        q_pos = torch.arange(s_len - q.shape[0], s_len, device=q.device)
+    idx = positions.to(device=k.device, dtype=torch.long)
+    return attention_ref(
+        q,
+        k.index_select(0, idx),
+        v.index_select(0, idx),
+        scale=scale,
+        causal=causal,
+        q_pos=q_pos,
+        k_pos=idx,
+        is_lse_base_on_e=is_lse_base_on_e,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# KV sharding
+
+
+def interleaved_shard_positions(
+    seq_len: int, world_size: int, rank: int, interleave_size: int = 1
+) -> torch.Tensor:
+    """Global positions held by ``rank`` under interleaved sharding: ``(t // I) % N == rank``.
+
+    Returns:
+        int64 ``[S_local]``, ascending.
+    """
+    _check_int("seq_len", seq_len, 0)
+    _check_rank(world_size, rank)
+    _check_int("interleave_size", interleave_size, 1)
+    t = torch.arange(seq_len)
+    return t[(t // interleave_size) % world_size == rank]
+
+
+def contiguous_shard_positions(seq_len: int, world_size: int, rank: int) -> torch.Tensor:
+    """Global positions of ``rank``'s contiguous block (sizes differ by at most one).
+
+    Returns:
+        int64 ``[S_local]``, ascending.
+    """
+    _check_int("seq_len", seq_len, 0)
+    _check_rank(world_size, rank)
+    return torch.tensor_split(torch.arange(seq_len), world_size)[rank].clone()
+
+
+def dual_chunk_swap_positions(
+    seq_len: int, world_size: int, rank: int, *, keep_padding: bool = False
+) -> torch.Tensor:
+    """Global positions of ``rank``'s DualChunkSwap (zigzag) share of a prefill.
+
+    The sequence is padded to ``Lp = ceil(S / 2N) * 2N`` and cut into ``2N`` chunks of
+    ``c = Lp / 2N`` tokens; rank r takes chunk r, then chunk ``2N - 1 - r``.
+
+    Args:
+        seq_len: S, tokens of the request.
+        world_size: N.
+        rank: r.
+        keep_padding: keep the padding positions ``>= S`` (every rank then holds ``Lp / N``).
+
+    Returns:
+        int64 ``[S_local]`` in local order (head chunk, then tail chunk).
+    """
+    _check_int("seq_len", seq_len, 0)
+    _check_rank(world_size, rank)
+    chunks = 2 * world_size
+    chunk = -(-seq_len // chunks)  # ceil(S / 2N)
+    head = torch.arange(rank * chunk, (rank + 1) * chunk)
+    tail_chunk = chunks - 1 - rank
+    tail = torch.arange(tail_chunk * chunk, (tail_chunk + 1) * chunk)
+    pos = torch.cat([head, tail])
+    return pos if keep_padding else pos[pos < seq_len]
+
+
+def shard_positions(
+    layout: str, seq_len: int, world_size: int, rank: int, interleave_size: int = 1
+) -> torch.Tensor:
+    """Dispatch by name: ``"contiguous"``, ``"interleaved"`` or ``"dual_chunk_swap"``."""
+    if layout == "contiguous":
+        return contiguous_shard_positions(seq_len, world_size, rank)
+    if layout == "interleaved":
+        return interleaved_shard_positions(seq_len, world_size, rank, interleave_size)
+    if layout == "dual_chunk_swap":
+        return dual_chunk_swap_positions(seq_len, world_size, rank)
+    raise ValueError(
+        f"layout must be 'contiguous', 'interleaved' or 'dual_chunk_swap', got {layout!r}"
+    )
+
+
+def local_seq_lens(
+    seq_lens: Sequence[int] | torch.Tensor,
+    world_size: int,
+    rank: int | None = None,
+    interleave_size: int = 1,
+) -> torch.Tensor:
+    """Local KV length of each request on ``rank`` under interleaved sharding (by counting).
+
+    Args:
+        seq_lens: ``[R]`` global KV lengths.
+        world_size: N.
+        rank: one rank, or ``None`` for all of them.
+        interleave_size: I.
+
+    Returns:
+        int32 ``[R]`` for one rank, ``[R, N]`` for ``rank=None``. Summed over ranks it gives
+        ``seq_lens``; a 0 marks an empty shard.
+    """
+    lens = [int(s) for s in (seq_lens.tolist() if isinstance(seq_lens, torch.Tensor) else seq_lens)]
+    ranks = range(world_size) if rank is None else [rank]
+    table = [
+        [interleaved_shard_positions(s, world_size, r, interleave_size).numel() for r in ranks]
+        for s in lens
+    ]
+    out = torch.tensor(table, dtype=torch.int32).reshape(len(lens), len(ranks))
+    return out if rank is None else out[:, 0].contiguous()
+
+
+# ---------------------------------------------------------------------------------------------
+# empty-shard masking
+
+
+def mask_empty_shards_ref(
+    lse: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor
+) -> torch.Tensor:
+    """LSE with empty-shard rows and padding rows set to -inf (a copy; the input is untouched).
+
+    Row i belongs to the first request j with ``query_start_loc[j + 1] > i`` (rows before
+    ``query_start_loc[0]`` count as request 0). The row is empty when it is a padding row
+    (``i >= query_start_loc[R]``) or when its request has ``seq_lens[j] == 0``.
+
+    Args:
+        lse: ``[B, H]`` partial LSEs of this rank.
+        seq_lens: ``[R]`` this rank's **local** KV length per request.
+        query_start_loc: ``[R + 1]`` cumulative query-row offsets.
+
+    Returns:
+        ``[B, H]``, same dtype and device as ``lse``.
+    """
+    if lse.dim() != 2:
+        raise ValueError(f"lse must be [B, H], got {tuple(lse.shape)}")
+    if seq_lens.dim() != 1 or query_start_loc.dim() != 1:
+        raise ValueError(
+            f"seq_lens and query_start_loc must be 1-D, got {tuple(seq_lens.shape)} and "
+            f"{tuple(query_start_loc.shape)}"
+        )
+    if query_start_loc.numel() != seq_lens.numel() + 1:
+        raise ValueError(
+            f"query_start_loc must have one more entry than seq_lens, got "
+            f"{query_start_loc.numel()} and {seq_lens.numel()}"
+        )
+    out = lse.clone()
+    qsl = [int(x) for x in query_start_loc.tolist()]
+    lens = [int(x) for x in seq_lens.tolist()]
+    num_reqs = len(lens)
+    for i in range(lse.shape[0]):
+        if num_reqs == 0 or i >= qsl[num_reqs]:
+            out[i] = -math.inf
+            continue
+        req = next(j for j in range(num_reqs) if qsl[j + 1] > i)
+        if lens[req] == 0:
+            out[i] = -math.inf
+    return out

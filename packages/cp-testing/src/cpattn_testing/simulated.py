@@ -1,0 +1,328 @@
+"""N virtual ranks inside one process: a group interface for multi-rank logic without processes.
+
+``SimulatedWorld(world_size, device)`` holds one :class:`SimulatedGroup` per virtual rank.
+``world.run(fn, *args)`` calls ``fn(group, *args)`` for every rank, each in its own thread, and
+returns the results in rank order; the groups' collectives rendezvous across those threads.
+
+The groups implement the same interface as ``cpattn_common.group.CPGroup`` (the
+``CPGroupLike`` protocol) with the same semantics, shape checks and world-size-1 shortcuts:
+``all_gather(t, dim)``, ``reduce_scatter(t, dim)``, ``all_reduce(t)`` (out of place; use the
+return value), ``all_to_all_single(out, inp)``, ``all_gather_into_tensor(out, inp)`` and
+``barrier()``. Sums add the ranks' tensors in rank order, in the tensor's dtype.
+
+``allocate_symmetric(shape, dtype, device)`` is the in-process stand-in for symmetric memory:
+a collective that gives each rank its own zero-filled buffer plus the buffers of every rank
+(index = rank). Writes through a peer's buffer are visible to that peer, and ``data_ptr()``
+of the peers' buffers forms a valid peer-pointer table on a single device, so kernels that
+take peer pointers can be checked on one GPU or on the CPU.
+
+Collective misuse fails loudly instead of hanging: ranks that call different collectives get
+a ``RuntimeError`` naming what each rank called; a rank that raises aborts the others; a rank
+that never arrives makes the others raise ``TimeoutError`` after ``timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+__all__ = ["SimulatedGroup", "SimulatedWorld"]
+
+
+class _PeerFailed(Exception):
+    """Raised in ranks waiting in a collective after another rank failed (not reported)."""
+
+
+def _normalize_dim(dim: int, ndim: int) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+    if ndim < 1:
+        raise ValueError("collectives along a dim need a tensor with at least 1 dimension")
+    if not -ndim <= dim < ndim:
+        raise ValueError(f"dim {dim} is out of range for a tensor with {ndim} dimensions")
+    return dim % ndim
+
+
+def _check_same(output: torch.Tensor, input: torch.Tensor, op: str) -> None:
+    if output.dtype != input.dtype:
+        raise TypeError(f"{op}: output dtype {output.dtype} != input dtype {input.dtype}")
+    if output.device != input.device:
+        raise ValueError(f"{op}: output device {output.device} != input device {input.device}")
+
+
+class _Rendezvous:
+    """Two-phase exchange between the rank threads: deposit, barrier, read, barrier."""
+
+    def __init__(self, world_size: int, timeout: float) -> None:
+        self.world_size = world_size
+        self.timeout = timeout
+        self._barrier = threading.Barrier(world_size)
+        self._slots: list[tuple[str, Any]] = [("", None)] * world_size
+        self.current: list[str | None] = [None] * world_size
+        self._failed = False
+
+    def reset(self) -> None:
+        self._barrier.reset()
+        self._slots = [("", None)] * self.world_size
+        self.current = [None] * self.world_size
+        self._failed = False
+
+    def abort(self) -> None:
+        """Wake every rank waiting in a collective (another rank failed)."""
+        self._failed = True
+        self._barrier.abort()
+
+    def _wait(self, rank: int, op: str) -> None:
+        try:
+            self._barrier.wait(self.timeout)
+        except threading.BrokenBarrierError:
+            if self._failed:
+                raise _PeerFailed from None
+            raise TimeoutError(
+                f"simulated rank {rank} waited more than {self.timeout:g} s in {op}; "
+                f"collective each rank is in: {self.current}"
+            ) from None
+
+    def exchange(self, rank: int, op: str, value: Any) -> list[Any]:
+        """Deposit ``value`` for collective ``op``; return every rank's value, in rank order."""
+        self.current[rank] = op
+        self._slots[rank] = (op, value)
+        self._wait(rank, op)
+        items = list(self._slots)
+        self._wait(rank, op)  # nobody overwrites a slot before everyone has read it
+        self.current[rank] = None
+        ops = [name for name, _ in items]
+        if any(name != op for name in ops):
+            raise RuntimeError(
+                f"collective mismatch on simulated rank {rank}: ranks called {ops} (by rank)"
+            )
+        return [v for _, v in items]
+
+
+class SimulatedGroup:
+    """One virtual rank's view of a :class:`SimulatedWorld` (a ``CPGroupLike``).
+
+    Attributes:
+        world_size: N.
+        rank_in_group: this virtual rank, in ``[0, N)``.
+        device_group: always ``None`` (there is no ``ProcessGroup``).
+        device: the device of the world (used by ``allocate_symmetric`` by default).
+        ranks: ``[0, ..., N-1]``.
+    """
+
+    backend = "simulated"
+
+    def __init__(self, world: SimulatedWorld, rank: int) -> None:
+        self._world = world
+        self._rank = rank
+        self.ranks = list(range(world.world_size))
+
+    @property
+    def world_size(self) -> int:
+        return self._world.world_size
+
+    @property
+    def rank_in_group(self) -> int:
+        return self._rank
+
+    @property
+    def device_group(self) -> ProcessGroup | None:
+        return None
+
+    @property
+    def device(self) -> torch.device:
+        return self._world.device
+
+    @property
+    def group_name(self) -> str:
+        return f"simulated-{id(self._world):x}"
+
+    def __repr__(self) -> str:
+        return f"SimulatedGroup(world_size={self.world_size}, rank_in_group={self._rank})"
+
+    def _exchange(self, op: str, value: Any) -> list[Any]:
+        return self._world._rendezvous.exchange(self._rank, op, value)
+
+    # -- collectives ------------------------------------------------------------------------
+    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        """``output [N*T, ...]`` = every rank's ``input [T, ...]``, rank-major along dim 0."""
+        n = self.world_size
+        _check_same(output, input, "all_gather_into_tensor")
+        if input.dim() < 1:
+            raise ValueError("all_gather_into_tensor needs tensors with at least 1 dimension")
+        expected = (n * input.shape[0], *input.shape[1:])
+        if tuple(output.shape) != expected:
+            raise ValueError(
+                f"all_gather_into_tensor: output shape {tuple(output.shape)} != {expected} "
+                f"(world_size {n} x input {tuple(input.shape)})"
+            )
+        parts = self._exchange("all_gather_into_tensor", input)
+        output.copy_(torch.cat([p.to(output.device) for p in parts], dim=0))
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        """Equal-split all-to-all along dim 0: chunk n of ``input`` goes to rank n."""
+        n = self.world_size
+        _check_same(output, input, "all_to_all_single")
+        if output.shape != input.shape:
+            raise ValueError(
+                f"all_to_all_single: output shape {tuple(output.shape)} != input shape "
+                f"{tuple(input.shape)}"
+            )
+        if input.dim() < 1 or input.shape[0] % n != 0:
+            raise ValueError(
+                f"all_to_all_single: dim 0 of shape {tuple(input.shape)} must be divisible by "
+                f"world_size {n}"
+            )
+        parts = self._exchange("all_to_all_single", input)
+        received = [p.chunk(n, dim=0)[self._rank].to(output.device) for p in parts]
+        output.copy_(torch.cat(received, dim=0))
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Elementwise sum over ranks, out of place (world size 1: ``tensor`` itself)."""
+        parts = self._exchange("all_reduce", tensor)
+        if self.world_size == 1:
+            return tensor
+        return _sum_in_rank_order(parts, tensor.device)
+
+    def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Concatenate every rank's ``tensor`` along ``dim`` in rank order (N = 1: itself)."""
+        d = _normalize_dim(dim, tensor.dim())
+        parts = self._exchange(f"all_gather(dim={d})", tensor)
+        if self.world_size == 1:
+            return tensor
+        return torch.cat([p.to(tensor.device) for p in parts], dim=d)
+
+    def reduce_scatter(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Sum over ranks, then keep this rank's equal chunk along ``dim`` (N = 1: itself)."""
+        d = _normalize_dim(dim, tensor.dim())
+        n = self.world_size
+        size = tensor.shape[d]
+        if size % n != 0:
+            raise ValueError(
+                f"reduce_scatter: size {size} of dim {dim} (shape {tuple(tensor.shape)}) is not "
+                f"divisible by world_size {n}"
+            )
+        parts = self._exchange(f"reduce_scatter(dim={d})", tensor)
+        if n == 1:
+            return tensor
+        total = _sum_in_rank_order(parts, tensor.device)
+        return total.chunk(n, dim=d)[self._rank].contiguous()
+
+    def barrier(self) -> None:
+        """Block until every virtual rank reached the barrier."""
+        self._exchange("barrier", None)
+
+    def allocate_symmetric(
+        self,
+        shape: Sequence[int],
+        dtype: torch.dtype,
+        device: torch.device | str | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Collective: a zero-filled buffer per rank, and every rank's buffer (index = rank).
+
+        Args:
+            shape: the buffer shape (the same on every rank).
+            dtype: the buffer dtype (the same on every rank).
+            device: defaults to the world's device.
+
+        Returns:
+            ``(own, peers)`` where ``peers[r]`` is rank r's buffer (``peers[rank] is own``).
+        """
+        dev = torch.device(device) if device is not None else self.device
+        own = torch.zeros(tuple(shape), dtype=dtype, device=dev)
+        peers = self._exchange(f"allocate_symmetric({tuple(shape)}, {dtype})", own)
+        return own, list(peers)
+
+
+def _sum_in_rank_order(parts: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    total = parts[0].to(device).clone(memory_format=torch.contiguous_format)
+    for p in parts[1:]:
+        total += p.to(device)
+    return total
+
+
+class SimulatedWorld:
+    """N virtual ranks in threads of this process.
+
+    Args:
+        world_size: N >= 1.
+        device: the device the virtual ranks work on (all share it).
+        timeout: seconds a rank may wait in one collective before ``TimeoutError``.
+
+    Example:
+        >>> world = SimulatedWorld(4, "cpu")
+        >>> world.run(lambda g: g.all_reduce(torch.ones(1)).item())
+        [4.0, 4.0, 4.0, 4.0]
+    """
+
+    def __init__(
+        self, world_size: int, device: torch.device | str = "cpu", *, timeout: float = 60.0
+    ) -> None:
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        self.world_size = world_size
+        self.device = torch.device(device)
+        self.timeout = timeout
+        self._rendezvous = _Rendezvous(world_size, timeout)
+        self._run_lock = threading.Lock()
+        self.groups: list[SimulatedGroup] = [SimulatedGroup(self, r) for r in range(world_size)]
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
+        """Call ``fn(group, *args)`` on every virtual rank (one thread each); results by rank.
+
+        Raises:
+            The first exception a rank raised (with a note naming the rank), after every
+            other rank was released; ``TimeoutError`` when a rank does not return within
+            twice the collective timeout.
+        """
+        with self._run_lock:
+            self._rendezvous.reset()
+            n = self.world_size
+            results: list[Any] = [None] * n
+            errors: list[tuple[float, int, BaseException]] = []
+            done = [False] * n
+
+            def body(rank: int) -> None:
+                try:
+                    if self.device.type == "cuda":
+                        torch.cuda.set_device(self.device)
+                    results[rank] = fn(self.groups[rank], *args)
+                    done[rank] = True
+                except _PeerFailed:
+                    done[rank] = True
+                except BaseException as exc:
+                    errors.append((time.monotonic(), rank, exc))
+                    done[rank] = True
+                    self._rendezvous.abort()
+
+            threads = [
+                threading.Thread(target=body, args=(r,), name=f"sim-rank{r}", daemon=True)
+                for r in range(n)
+            ]
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 2 * self.timeout
+            for t in threads:
+                t.join(max(0.0, deadline - time.monotonic()))
+            if errors:
+                _, rank, exc = min(errors, key=lambda e: e[0])
+                if hasattr(exc, "add_note"):
+                    exc.add_note(f"(raised on simulated rank {rank} of {n})")
+                raise exc
+            stuck = [r for r in range(n) if not done[r]]
+            if stuck:
+                self._rendezvous.abort()
+                raise TimeoutError(
+                    f"simulated rank(s) {stuck} did not return within {2 * self.timeout:g} s; "
+                    f"collective each rank is in: {self._rendezvous.current}"
+                )
+            return results

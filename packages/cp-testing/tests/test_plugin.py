@@ -1,0 +1,177 @@
+"""The pytest plugin: device/backend fixtures, run_ranks, output poisoning, gpu markers."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+
+import pytest
+import torch
+
+pytest_plugins = ["pytester"]
+
+
+def test_device_and_backend_fixtures(device: torch.device, dist_backend: str) -> None:
+    assert device.type in ("cpu", "cuda")
+    assert dist_backend == ("nccl" if device.type == "cuda" else "gloo")
+
+
+def test_outputs_are_poisoned_during_tests() -> None:
+    alloc = pytest.importorskip("cpattn_common.alloc")
+    value = alloc.get_output_poison()
+    assert value is not None
+    assert math.isnan(value)
+    out = alloc.empty_output((2, 3), dtype=torch.float32, device="cpu")
+    assert torch.isnan(out).all()
+
+
+@pytest.mark.no_output_poison
+def test_no_output_poison_marker_turns_it_off() -> None:
+    alloc = pytest.importorskip("cpattn_common.alloc")
+    assert alloc.get_output_poison() is None
+
+
+_INNER_TESTS = """
+import pytest
+import torch
+import torch.distributed as dist
+
+pytest_plugins = ["cpattn_testing.pytest_plugin"]
+
+
+def rank_sum(rank, world_size):
+    t = torch.tensor([rank + 1])
+    dist.all_reduce(t)
+    return int(t)
+
+
+@pytest.mark.gpu
+def test_needs_gpu():
+    pass
+
+
+@pytest.mark.multigpu(64)
+def test_needs_64_gpus():
+    pass
+
+
+@pytest.mark.parametrize("world_size", [1, 4])
+def test_four_ranks(run_ranks, world_size):
+    assert run_ranks(rank_sum, world_size, timeout=60) == [world_size * (world_size + 1) // 2] * world_size
+"""
+
+
+def test_markers_and_run_ranks_in_a_downstream_project(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_downstream=_INNER_TESTS)
+    result = pytester.runpytest_inprocess("-rs", "-p", "no:cacheprovider", "--strict-markers")
+    outcomes = result.parseoutcomes()
+    if torch.cuda.is_available():
+        pytest.skip("this check is written for a machine without GPUs")
+    assert outcomes.get("passed") == 2, result.stdout.str()
+    assert outcomes.get("skipped") == 2, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "*needs a CUDA GPU; none is visible to torch on this machine*",
+            "*needs 64 CUDA GPUs; 0 visible to torch on this machine*",
+        ]
+    )
+
+
+def test_cuda_device_without_gpu_skips_run_ranks(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this check is written for a machine without GPUs")
+    monkeypatch.setenv("CPATTN_TEST_DEVICE", "cuda")
+    pytester.makepyfile(
+        test_cuda=textwrap.dedent(
+            """
+            pytest_plugins = ["cpattn_testing.pytest_plugin"]
+
+            def test_uses_ranks(run_ranks):
+                raise AssertionError("must not run")
+            """
+        )
+    )
+    result = pytester.runpytest_inprocess("-rs", "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*CPATTN_TEST_DEVICE=cuda but no CUDA GPU is visible*"])
+
+
+def test_bad_multigpu_argument_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_bad=textwrap.dedent(
+            """
+            import pytest
+            pytest_plugins = ["cpattn_testing.pytest_plugin"]
+
+            @pytest.mark.multigpu("two")
+            def test_x():
+                pass
+            """
+        )
+    )
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*multigpu(n) needs an int n >= 1, got 'two'*"])
+
+
+def _python_blocks(markdown: str) -> list[str]:
+    blocks: list[str] = []
+    current: list[str] = []
+    inside = False
+    for line in markdown.splitlines():
+        if line.startswith("```python"):
+            inside, current = True, []
+        elif line.startswith("```") and inside:
+            inside = False
+            blocks.append("\n".join(current) + "\n")
+        elif inside:
+            current.append(line)
+    return blocks
+
+
+def test_readme_four_rank_example_runs(pytester: pytest.Pytester) -> None:
+    """The README's downstream example (conftest + 4-rank test) passes as written."""
+    import pathlib
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = _python_blocks(readme)
+    conftest = next(b for b in blocks if b.startswith("# conftest.py"))
+    test = next(b for b in blocks if b.startswith("# test_my_combine.py"))
+    pytester.makeconftest(conftest)
+    pytester.makepyfile(test_my_combine=test)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-q")
+    result.assert_outcomes(passed=3)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"PYTEST_XDIST_WORKER": "gw5", "CPATTN_XDIST_GPUS": "4"}, "1"),
+        ({"PYTEST_XDIST_WORKER": "gw2", "CPATTN_XDIST_GPUS": "8"}, "2"),
+        ({"PYTEST_XDIST_WORKER": "gw2"}, None),
+        ({"CPATTN_XDIST_GPUS": "8"}, None),
+        (
+            {"PYTEST_XDIST_WORKER": "gw1", "CPATTN_XDIST_GPUS": "2", "CUDA_VISIBLE_DEVICES": "7"},
+            "7",
+        ),
+    ],
+)
+def test_xdist_gpu_pinning(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str | None
+) -> None:
+    from cpattn_testing.pytest_plugin import _pin_gpu_for_xdist_worker
+
+    for key in ("PYTEST_XDIST_WORKER", "CPATTN_XDIST_GPUS", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    _pin_gpu_for_xdist_worker()
+    import os
+
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") == expected
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    monkeypatch.setenv("CPATTN_XDIST_GPUS", "zero")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(pytest.UsageError, match="must be a GPU count"):
+        _pin_gpu_for_xdist_worker()

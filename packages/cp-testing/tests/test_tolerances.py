@@ -1,0 +1,76 @@
+"""The tolerance checker passes close results and fails with a message that says why."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from cpattn_testing.tolerances import TOLERANCES, assert_close_to_ref, coarsest, tolerance
+
+
+def test_table_and_lookup() -> None:
+    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
+        atol, rtol, rel = tolerance(dtype)
+        assert (atol, rtol, rel) == TOLERANCES[dtype]
+        assert 0 < atol < 1
+        assert 0 < rel < 1
+    assert tolerance(torch.float32)[0] < tolerance(torch.bfloat16)[0]
+    assert tolerance(torch.float8_e4m3fn)[0] > tolerance(torch.bfloat16)[0]
+    with pytest.raises(TypeError, match="floating-point"):
+        tolerance(torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rounded_reference_passes(dtype: torch.dtype) -> None:
+    ref = torch.randn(64, 8, dtype=torch.float64)
+    assert_close_to_ref(ref.to(dtype), ref, dtype=dtype)
+
+
+def test_infinities_must_match_and_nan_always_fails() -> None:
+    ref = torch.tensor([1.0, -math.inf, 2.0], dtype=torch.float64)
+    assert_close_to_ref(ref.float(), ref, dtype=torch.float32)
+    with pytest.raises(AssertionError, match=r"non-finite mismatches .*: 1"):
+        assert_close_to_ref(torch.tensor([1.0, 0.0, 2.0]), ref, dtype=torch.float32)
+    with pytest.raises(AssertionError, match=r"non-finite mismatches .*: 1"):
+        assert_close_to_ref(torch.tensor([1.0, -math.inf, math.nan]), ref, dtype=torch.bfloat16)
+
+
+def test_message_reports_norm_max_abs_and_mismatches() -> None:
+    ref = torch.zeros(4, 5, dtype=torch.float64) + 1.0
+    actual = ref.clone()
+    actual[2, 3] = 1.5
+    with pytest.raises(AssertionError) as info:
+        assert_close_to_ref(actual, ref, dtype=torch.float32, name="out")
+    text = str(info.value)
+    assert text.startswith("out: not close")
+    assert "relative norm error: 1.118e-01" in text
+    assert "max abs error: 5.000e-01 at (2, 3)" in text
+    assert "elementwise mismatches: 1 / 20" in text
+    assert "at (2, 3): actual 1.5, ref 1.0" in text
+
+
+def test_relative_norm_bound_catches_many_small_errors() -> None:
+    ref = torch.ones(1000, dtype=torch.float64)
+    actual = ref + 1.5e-2  # within bf16 atol+rtol elementwise, but a 1.5% bias everywhere
+    with pytest.raises(AssertionError, match=r"relative norm error: 1\.500e-02"):
+        assert_close_to_ref(actual, ref, dtype=torch.bfloat16)
+
+
+def test_shape_mismatch_and_reduction_scaling() -> None:
+    with pytest.raises(AssertionError, match=r"shape \(3,\) != reference shape \(4,\)"):
+        assert_close_to_ref(torch.zeros(3), torch.zeros(4), dtype=torch.float32)
+    ref = torch.zeros(10, dtype=torch.float64)
+    actual = ref + 5e-5
+    with pytest.raises(AssertionError):
+        assert_close_to_ref(actual, ref, dtype=torch.float32)
+    assert_close_to_ref(actual, ref, dtype=torch.float32, reduction_len=10000)
+
+
+def test_coarsest() -> None:
+    assert coarsest(torch.float16, torch.bfloat16) == torch.bfloat16
+    assert coarsest(torch.float32, torch.float16) == torch.float16
+    assert coarsest(torch.float64) == torch.float64
+    with pytest.raises(ValueError, match="at least one"):
+        coarsest()
