@@ -1,5 +1,45 @@
 """Shared layer for context-parallel attention: process-group wrapper, capability gating, symmetric workspaces, LSE merge kernels."""
 
 from cpattn_common.__about__ import __version__
+from cpattn_common.alloc import empty_output, get_output_poison, poison_outputs, set_output_poison
+from cpattn_common.capability import (
+    direct_cp_disabled_reason,
+    direct_cp_enabled,
+    direct_cp_multicast_enabled,
+    multicast_disabled_by_env,
+    symm_mem_available,
+)
+from cpattn_common.group import CPGroup, CPGroupLike, as_cp_group
+from cpattn_common.launch import launch_cached
+from cpattn_common.lse import merge_attn_states_torch
+from cpattn_common.ops.merge_attn_states import merge_attn_states
+from cpattn_common.topology import CPGroups, CPLayout, build_cp_groups, cp_layout
+from cpattn_common.ubatch import current_ubatch_id, set_ubatch_id, ubatch_context
+from cpattn_common.workspace import DirectCPWorkspace
 
-__all__ = ["__version__"]
+__all__ = [
+    "CPGroup",
+    "CPGroupLike",
+    "CPGroups",
+    "CPLayout",
+    "DirectCPWorkspace",
+    "__version__",
+    "as_cp_group",
+    "build_cp_groups",
+    "cp_layout",
+    "current_ubatch_id",
+    "direct_cp_disabled_reason",
+    "direct_cp_enabled",
+    "direct_cp_multicast_enabled",
+    "empty_output",
+    "get_output_poison",
+    "launch_cached",
+    "merge_attn_states",
+    "merge_attn_states_torch",
+    "multicast_disabled_by_env",
+    "poison_outputs",
+    "set_output_poison",
+    "set_ubatch_id",
+    "symm_mem_available",
+    "ubatch_context",
+]

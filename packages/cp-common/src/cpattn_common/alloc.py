@@ -1,0 +1,71 @@
+"""Output allocation: the one helper every launcher uses, with an optional poison fill.
+
+Tests turn poisoning on (``poison_outputs()`` / ``set_output_poison(nan)``) so that an output
+element a kernel forgets to write shows up as NaN instead of silently holding stale memory.
+Poisoning is off by default: ``empty_output`` is then exactly ``torch.empty``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+
+import torch
+
+__all__ = ["empty_output", "get_output_poison", "poison_outputs", "set_output_poison"]
+
+_lock = threading.Lock()
+_poison: float | None = None
+
+
+def set_output_poison(value: float | None) -> None:
+    """Set the fill value of every later ``empty_output`` (``None`` turns poisoning off)."""
+    global _poison
+    with _lock:
+        _poison = None if value is None else float(value)
+
+
+def get_output_poison() -> float | None:
+    """The current poison value, or ``None`` when poisoning is off."""
+    return _poison
+
+
+@contextlib.contextmanager
+def poison_outputs(value: float = float("nan")) -> Iterator[None]:
+    """Context manager: fill outputs allocated inside it with ``value`` (NaN by default)."""
+    previous = _poison
+    set_output_poison(value)
+    try:
+        yield
+    finally:
+        set_output_poison(previous)
+
+
+def empty_output(
+    shape: Sequence[int] | torch.Size,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> torch.Tensor:
+    """Allocate an output tensor (uninitialised, or filled with the poison value when on).
+
+    Args:
+        shape: the output shape.
+        dtype: the output dtype.
+        device: the output device.
+
+    Returns:
+        A contiguous tensor of ``shape``. Integer and bool outputs are poisoned with the
+        dtype's maximum (NaN has no integer form) so that stale values remain visible.
+    """
+    out = torch.empty(tuple(shape), dtype=dtype, device=device)
+    value = _poison
+    if value is not None and out.numel() > 0:
+        if dtype.is_floating_point or dtype.is_complex:
+            out.fill_(value)
+        elif dtype == torch.bool:
+            out.fill_(True)
+        else:
+            out.fill_(torch.iinfo(dtype).max)
+    return out

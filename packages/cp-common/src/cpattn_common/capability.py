@@ -1,0 +1,313 @@
+"""Capability probing and gating of the direct (symmetric-memory) CP paths.
+
+``direct_cp_enabled`` answers "may this group use the direct symmetric-memory collectives for
+this dtype?", ``direct_cp_multicast_enabled`` additionally requires NVLink multicast (NVLS), and
+``direct_cp_disabled_reason`` says why a path is off. An explicit ``use_direct`` always wins
+for the unicast paths; the automatic decision needs symmetric memory, CUDA, a supported dtype,
+and a group that is either on one node or reachable through symmetric memory.
+
+Multicast is **never probed** (no ``has_multicast_support``, no multicast rendezvous, no
+``multicast_ptr`` read) when the environment disables it: ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``,
+``NCCL_NVLS_ENABLE=0`` or ``NVSHMEM_DISABLE_NVLS=1``.
+
+Probes are collective over the group (every rank must ask the same questions in the same
+order: every guarding condition here is rank-invariant), cached per group, and never raise.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cpattn_common.group import CPGroupLike, as_cp_group
+
+__all__ = [
+    "MULTICAST_ENV_VARS",
+    "clear_capability_cache",
+    "direct_cp_disabled_reason",
+    "direct_cp_enabled",
+    "direct_cp_multicast_enabled",
+    "group_probe",
+    "multicast_disabled_by_env",
+    "multicast_env_reason",
+    "propagate_multicast_off",
+    "symm_mem_available",
+]
+
+logger = logging.getLogger(__name__)
+
+try:
+    import torch.distributed._symmetric_memory as _symm_mem
+
+    symm_mem_available: bool = True
+except Exception:  # pragma: no cover - builds without distributed / symmetric memory
+    _symm_mem = None  # type: ignore[assignment]
+    symm_mem_available = False
+
+# variable -> the value that disables multicast
+MULTICAST_ENV_VARS: dict[str, str] = {
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NCCL_NVLS_ENABLE": "0",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def multicast_disabled_by_env() -> bool:
+    """Whether the environment disables NVLink multicast (see ``MULTICAST_ENV_VARS``)."""
+    return multicast_env_reason() is not None
+
+
+def multicast_env_reason() -> str | None:
+    """The setting that disables multicast (e.g. ``"NCCL_NVLS_ENABLE=0"``), or ``None``."""
+    for name, off in MULTICAST_ENV_VARS.items():
+        value = os.environ.get(name)
+        if value is None:
+            continue
+        value = value.strip().lower()
+        if (off == "1" and value in _TRUE) or (off == "0" and value in _FALSE):
+            return f"{name}={os.environ[name]}"
+    return None
+
+
+def propagate_multicast_off() -> None:
+    """If any variable disables multicast, also set ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``.
+
+    torch's symmetric memory only reads its own variable; without it a plain rendezvous may set
+    up multicast objects on a device that supports them. Called before every rendezvous.
+    """
+    if multicast_disabled_by_env() and os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST") != "1":
+        logger.debug(
+            "multicast disabled by %s: setting TORCH_SYMM_MEM_DISABLE_MULTICAST=1",
+            multicast_env_reason(),
+        )
+        os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+
+
+@dataclass(frozen=True)
+class GroupProbe:
+    """What the (cached) probe found about one group.
+
+    Attributes:
+        same_node: every rank of the group runs on one host.
+        symm_mem_reaches_group: a symmetric-memory rendezvous over the group succeeded.
+        multicast: a multicast address is available for the group (always False when the
+            environment disables multicast).
+        reason: why ``symm_mem_reaches_group`` or ``multicast`` is False, if one of them is.
+    """
+
+    same_node: bool
+    symm_mem_reaches_group: bool
+    multicast: bool
+    reason: str | None
+
+
+_cache: dict[Any, tuple[Any, GroupProbe]] = {}
+_lock = threading.Lock()
+
+
+def clear_capability_cache() -> None:
+    """Forget every cached group probe (tests; a rebuilt group gets probed again)."""
+    with _lock:
+        _cache.clear()
+
+
+def _group_key(group: CPGroupLike) -> Any:
+    pg = getattr(group, "device_group", None)
+    return ("pg", id(pg)) if pg is not None else ("obj", id(group))
+
+
+# ---- individual probes (module-level so tests can replace them) -----------------------------
+
+
+def _all_same_node(group: CPGroupLike) -> bool:
+    """Whether every rank of ``group`` runs on this host (collective over the group)."""
+    pg = group.device_group
+    if group.world_size == 1 or pg is None:  # simulated groups live in one process
+        return True
+    names: list[Any] = [None] * group.world_size
+    dist.all_gather_object(names, socket.gethostname(), group=pg)
+    return len(set(names)) == 1
+
+
+def _device_has_multicast(device: torch.device) -> bool:
+    """``_SymmetricMemory.has_multicast_support`` for ``device`` (a multicast probe)."""
+    assert _symm_mem is not None
+    from torch._C._distributed_c10d import _SymmetricMemory
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return bool(_SymmetricMemory.has_multicast_support(torch._C._autograd.DeviceType.CUDA, index))
+
+
+def _rendezvous_probe(
+    group: CPGroupLike, device: torch.device, want_multicast: bool
+) -> tuple[bool, bool]:
+    """Rendezvous an 8-byte symmetric buffer over ``group``: ``(reached, multicast)``.
+
+    ``multicast`` is read from the handle only when ``want_multicast`` is True.
+    """
+    assert _symm_mem is not None
+    pg = group.device_group
+    if pg is None:
+        return False, False
+    propagate_multicast_off()
+    buf = _symm_mem.empty(8, dtype=torch.uint8, device=device)
+    buf.zero_()
+    torch.cuda.synchronize(device)
+    handle: Any = _symm_mem.rendezvous(buf, pg.group_name)
+    if handle is None:
+        return False, False
+    multicast = bool(want_multicast and int(handle.multicast_ptr) != 0)
+    return True, multicast
+
+
+def _probe_group(group: CPGroupLike) -> GroupProbe:
+    reason: str | None = None
+    try:
+        same_node = _all_same_node(group)
+    except Exception as exc:
+        logger.debug("same-node probe failed: %r", exc)
+        same_node, reason = False, f"same-node probe failed: {type(exc).__name__}: {exc}"
+    if not symm_mem_available:
+        return GroupProbe(
+            same_node, False, False, "torch.distributed._symmetric_memory is not importable"
+        )
+    if not torch.cuda.is_available():
+        return GroupProbe(same_node, False, False, "CUDA is not available")
+    if group.device_group is None:
+        return GroupProbe(
+            same_node, False, False, "the group has no process group to rendezvous on"
+        )
+    device = torch.device("cuda", torch.cuda.current_device())
+    env_off = multicast_env_reason()
+    want_multicast = env_off is None
+    try:
+        if want_multicast and not _device_has_multicast(device):
+            want_multicast = False
+            reason = "the device has no multicast support"
+        reached, multicast = _rendezvous_probe(group, device, want_multicast)
+    except Exception as exc:
+        logger.debug("symmetric-memory probe failed: %r", exc)
+        return GroupProbe(
+            same_node, False, False, f"symmetric-memory probe failed: {type(exc).__name__}: {exc}"
+        )
+    if env_off is not None:
+        reason = f"multicast disabled by {env_off}"
+    elif not reached:
+        reason = "symmetric-memory rendezvous returned no handle"
+    elif not multicast and reason is None:
+        reason = "the symmetric-memory handle has no multicast address"
+    return GroupProbe(same_node, reached, multicast, reason)
+
+
+def group_probe(group: Any) -> GroupProbe:
+    """The cached probe of ``group`` (a ``ProcessGroup``, mesh or ``CPGroupLike``); collective.
+
+    Never raises: a failing probe reports False with a reason.
+    """
+    try:
+        cp_group = as_cp_group(group)
+    except Exception as exc:
+        return GroupProbe(False, False, False, f"not a group: {type(exc).__name__}: {exc}")
+    key = _group_key(cp_group)
+    with _lock:
+        hit = _cache.get(key)
+    if hit is not None:
+        return hit[1]
+    try:
+        probe = _probe_group(cp_group)
+    except Exception as exc:  # belt and braces: the probe never raises
+        probe = GroupProbe(False, False, False, f"probe failed: {type(exc).__name__}: {exc}")
+    with _lock:
+        # keep the group object alive so its id() is not reused while cached
+        _cache[key] = (getattr(cp_group, "device_group", None) or cp_group, probe)
+    return probe
+
+
+def direct_cp_disabled_reason(
+    group: Any,
+    dtype: torch.dtype,
+    use_direct: bool | None = None,
+    supported_dtypes: Any = None,
+    *,
+    multicast: bool = False,
+) -> str | None:
+    """Why the direct path (``multicast=True``: the multicast path) is off; ``None`` if on.
+
+    Args:
+        group: the CP group (``ProcessGroup``, ``DeviceMesh`` or ``CPGroupLike``).
+        dtype: the dtype the path would move.
+        use_direct: ``True`` / ``False`` force the unicast decision; ``None`` decides.
+        supported_dtypes: the dtypes the path supports (``None``: any).
+        multicast: ask about the multicast variant.
+    """
+    if multicast:
+        env_off = multicast_env_reason()
+        if env_off is not None:
+            return f"multicast disabled by {env_off}"
+    if use_direct is False:
+        return "use_direct=False"
+    if use_direct is None:
+        if not symm_mem_available:
+            return "torch.distributed._symmetric_memory is not importable"
+        if not torch.cuda.is_available():
+            return "CUDA is not available"
+        if supported_dtypes is not None and dtype not in tuple(supported_dtypes):
+            return f"dtype {dtype} not in the supported dtypes {tuple(supported_dtypes)}"
+    if not multicast:
+        if use_direct is True:
+            return None
+        probe = group_probe(group)
+        if probe.same_node or probe.symm_mem_reaches_group:
+            return None
+        return probe.reason or "the group spans nodes that symmetric memory does not reach"
+    probe = group_probe(group)
+    if probe.multicast:
+        return None
+    return probe.reason or "multicast is not available for this group"
+
+
+def direct_cp_enabled(
+    group: Any,
+    dtype: torch.dtype,
+    use_direct: bool | None,
+    supported_dtypes: Any = None,
+) -> bool:
+    """May ``group`` use the direct symmetric-memory collectives for ``dtype``?
+
+    An explicit ``use_direct`` (True/False) is returned as is. ``None`` decides: symmetric
+    memory importable, CUDA available, ``dtype`` in ``supported_dtypes`` (if given), and the
+    group on one node or reachable through symmetric memory (collective probe, cached).
+    """
+    if use_direct is not None:
+        return bool(use_direct)
+    return direct_cp_disabled_reason(group, dtype, None, supported_dtypes) is None
+
+
+def direct_cp_multicast_enabled(
+    group: Any,
+    dtype: torch.dtype,
+    use_direct: bool | None,
+    supported_dtypes: Any = None,
+) -> bool:
+    """``direct_cp_enabled(...)`` and NVLink multicast available for the group.
+
+    False without any multicast call when the environment disables multicast; a forced
+    ``use_direct=True`` on a fabric without multicast gives False (fall back), not an error.
+    """
+    if multicast_disabled_by_env():
+        return False
+    if not direct_cp_enabled(group, dtype, use_direct, supported_dtypes):
+        return False
+    return (
+        direct_cp_disabled_reason(group, dtype, use_direct, supported_dtypes, multicast=True)
+        is None
+    )

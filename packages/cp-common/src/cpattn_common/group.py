@@ -1,0 +1,364 @@
+"""Process-group wrapper with the collective semantics serving engines use.
+
+``CPGroup`` wraps a ``torch.distributed.ProcessGroup`` (gloo or nccl) and offers
+``all_gather`` / ``reduce_scatter`` along any dim, an out-of-place ``all_reduce``,
+``all_to_all_single`` and ``all_gather_into_tensor``. A world size of 1 never communicates.
+Where a backend lacks a native collective, an equivalent built from ops every backend has
+(``all_gather`` into a list, ``all_reduce``) is used instead, and remembered per group.
+
+Every op accepts the protocol ``CPGroupLike``, so in-process simulated groups (cpattn_testing)
+and user wrappers plug in wherever a ``CPGroup`` is expected; ``as_cp_group`` normalises a
+``ProcessGroup``, a ``DeviceMesh`` (one dimension) or an existing wrapper into one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+__all__ = ["CPGroup", "CPGroupLike", "as_cp_group", "normalize_dim"]
+
+_T = TypeVar("_T")
+
+# Errors a backend raises when it does not implement a collective (or a dtype of it).
+_UNSUPPORTED_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, NotImplementedError)
+
+
+@runtime_checkable
+class CPGroupLike(Protocol):
+    """What every op needs from a context-parallel group.
+
+    Attributes:
+        world_size: number of ranks N in the group.
+        rank_in_group: this rank's index r in ``[0, N)``.
+        device_group: the underlying ``ProcessGroup`` (``None`` for simulated groups).
+    """
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def rank_in_group(self) -> int: ...
+
+    @property
+    def device_group(self) -> ProcessGroup | None: ...
+
+    def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Concatenate every rank's ``tensor`` along ``dim`` in rank order."""
+        ...
+
+    def reduce_scatter(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Sum over ranks, then return rank r's r-th equal chunk along ``dim``."""
+        ...
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Elementwise sum over ranks (use the return value)."""
+        ...
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        """Chunk n of ``input`` (dim 0) goes to rank n; chunk n of ``output`` comes from rank n."""
+        ...
+
+    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        """``output [N*T, ...]`` = every rank's ``input [T, ...]``, rank-major along dim 0."""
+        ...
+
+    def barrier(self) -> None:
+        """Block until every rank of the group reached the barrier."""
+        ...
+
+
+def normalize_dim(dim: int, ndim: int) -> int:
+    """Map ``dim`` in ``[-ndim, ndim)`` to ``[0, ndim)``; ``ValueError`` otherwise."""
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+    if ndim < 1:
+        raise ValueError("collectives along a dim need a tensor with at least 1 dimension")
+    if not -ndim <= dim < ndim:
+        raise ValueError(f"dim {dim} is out of range for a tensor with {ndim} dimensions")
+    return dim % ndim
+
+
+def _check_same(output: torch.Tensor, input: torch.Tensor, op: str) -> None:
+    if output.dtype != input.dtype:
+        raise TypeError(f"{op}: output dtype {output.dtype} != input dtype {input.dtype}")
+    if output.device != input.device:
+        raise ValueError(f"{op}: output device {output.device} != input device {input.device}")
+
+
+class CPGroup:
+    """A ``CPGroupLike`` over a ``torch.distributed`` process group.
+
+    Args:
+        group: the process group; ``None`` means the default (world) group.
+        native_collectives: use the backend's native ``all_gather_into_tensor``,
+            ``reduce_scatter_tensor`` and ``all_to_all_single`` when it has them (default).
+            ``False`` forces the portable fallbacks (used by tests; slower).
+
+    Attributes:
+        world_size: N, the group size.
+        rank_in_group: r, this process's rank inside the group.
+        device_group: the wrapped ``ProcessGroup``.
+        ranks: the global ranks of the group, in group-rank order.
+    """
+
+    def __init__(self, group: ProcessGroup | None = None, *, native_collectives: bool = True):
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("CPGroup needs torch.distributed to be initialised")
+        pg = group if group is not None else dist.group.WORLD
+        if pg is None:
+            raise RuntimeError("torch.distributed has no default process group")
+        self._group: ProcessGroup = pg
+        self._world_size = dist.get_world_size(pg)
+        self._rank_in_group = dist.get_rank(pg)
+        self.ranks: list[int] = list(dist.get_process_group_ranks(pg))
+        self._native = native_collectives
+        self._unsupported: set[str] = set()
+
+    # -- attributes -------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def rank_in_group(self) -> int:
+        return self._rank_in_group
+
+    @property
+    def device_group(self) -> ProcessGroup:
+        return self._group
+
+    @property
+    def group_name(self) -> str:
+        """The process group's name (what symmetric-memory rendezvous keys on)."""
+        return str(self._group.group_name)
+
+    @property
+    def backend(self) -> str:
+        """The backend name, e.g. ``"gloo"`` or ``"nccl"``."""
+        return str(dist.get_backend(self._group))
+
+    def __repr__(self) -> str:
+        return (
+            f"CPGroup(world_size={self._world_size}, rank_in_group={self._rank_in_group}, "
+            f"ranks={self.ranks}, backend={self.backend!r})"
+        )
+
+    # -- dispatch between native and fallback --------------------------------------------------
+    def _dispatch(self, name: str, native: Callable[[], _T], fallback: Callable[[], _T]) -> _T:
+        if not self._native or name in self._unsupported:
+            return fallback()
+        try:
+            return native()
+        except _UNSUPPORTED_ERRORS as exc:
+            message = str(exc).lower()
+            if not any(
+                word in message for word in ("not supported", "unsupported", "not implemented")
+            ):
+                raise
+            self._unsupported.add(name)
+            return fallback()
+
+    # -- primitive collectives ----------------------------------------------------------------
+    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        """Gather ``input [T, ...]`` of every rank into ``output [N*T, ...]`` (rank-major).
+
+        Args:
+            output: ``[N*T, *rest]``, same dtype/device as ``input``; any strides.
+            input: ``[T, *rest]``; any strides.
+        """
+        n = self._world_size
+        _check_same(output, input, "all_gather_into_tensor")
+        if input.dim() < 1:
+            raise ValueError("all_gather_into_tensor needs tensors with at least 1 dimension")
+        expected = (n * input.shape[0], *input.shape[1:])
+        if tuple(output.shape) != expected:
+            raise ValueError(
+                f"all_gather_into_tensor: output shape {tuple(output.shape)} != {expected} "
+                f"(world_size {n} x input {tuple(input.shape)})"
+            )
+        if n == 1:
+            output.copy_(input)
+            return
+        inp = input.contiguous()
+        out = (
+            output
+            if output.is_contiguous()
+            else torch.empty_like(output, memory_format=torch.contiguous_format)
+        )
+
+        def native() -> None:
+            dist.all_gather_into_tensor(out, inp, group=self._group)
+
+        def fallback() -> None:
+            dist.all_gather(list(out.chunk(n, dim=0)), inp, group=self._group)
+
+        self._dispatch("all_gather_into_tensor", native, fallback)
+        if out is not output:
+            output.copy_(out)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        """Equal-split all-to-all along dim 0: chunk n of ``input`` goes to rank n.
+
+        Args:
+            output: ``[N*C, *rest]``; chunk n (rows ``n*C:(n+1)*C``) is filled from rank n.
+            input: ``[N*C, *rest]``, same shape/dtype/device as ``output``; any strides.
+        """
+        n = self._world_size
+        _check_same(output, input, "all_to_all_single")
+        if output.shape != input.shape:
+            raise ValueError(
+                f"all_to_all_single: output shape {tuple(output.shape)} != input shape "
+                f"{tuple(input.shape)}"
+            )
+        if input.dim() < 1 or input.shape[0] % n != 0:
+            raise ValueError(
+                f"all_to_all_single: dim 0 of shape {tuple(input.shape)} must be divisible by "
+                f"world_size {n}"
+            )
+        if n == 1:
+            output.copy_(input)
+            return
+        inp = input.contiguous()
+        out = (
+            output
+            if output.is_contiguous()
+            else torch.empty_like(output, memory_format=torch.contiguous_format)
+        )
+
+        def native() -> None:
+            dist.all_to_all_single(out, inp, group=self._group)
+
+        def fallback() -> None:
+            gathered = torch.empty((n, *inp.shape), dtype=inp.dtype, device=inp.device)
+            dist.all_gather(list(gathered.unbind(0)), inp, group=self._group)
+            # Rank p sent its chunk r to us: gathered[p] chunk r -> our chunk p.
+            out.copy_(gathered.chunk(n, dim=1)[self._rank_in_group].reshape(out.shape))
+
+        self._dispatch("all_to_all_single", native, fallback)
+        if out is not output:
+            output.copy_(out)
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Elementwise sum over ranks, out of place.
+
+        Args:
+            tensor: any shape and strides.
+
+        Returns:
+            A new contiguous tensor holding the sum (world size 1: ``tensor`` itself).
+        """
+        if self._world_size == 1:
+            return tensor
+        out = tensor.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(out, group=self._group)
+        return out
+
+    def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Concatenate every rank's ``tensor`` along ``dim`` in rank order.
+
+        Args:
+            tensor: ``[*pre, S, *post]`` with ``S`` at position ``dim``; any strides.
+            dim: the concatenation dim (negative dims count from the end).
+
+        Returns:
+            ``[*pre, N*S, *post]`` (world size 1: ``tensor`` itself).
+        """
+        d = normalize_dim(dim, tensor.dim())
+        n = self._world_size
+        if n == 1:
+            return tensor
+        inp = tensor.contiguous()
+        gathered = torch.empty(
+            (n * inp.shape[0], *inp.shape[1:]), dtype=inp.dtype, device=inp.device
+        )
+        self.all_gather_into_tensor(gathered, inp)
+        if d == 0:
+            return gathered
+        shape = list(inp.shape)
+        # [N, *shape] -> move the rank axis next to dim d -> merge (rank-major within dim d).
+        stacked = gathered.view(n, *shape).movedim(0, d)
+        shape[d] *= n
+        return stacked.reshape(shape)
+
+    def reduce_scatter(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Sum over ranks, then keep this rank's equal chunk along ``dim``.
+
+        Args:
+            tensor: ``[*pre, S, *post]`` with ``S`` (divisible by N) at position ``dim``.
+            dim: the scatter dim (negative dims count from the end).
+
+        Returns:
+            ``[*pre, S/N, *post]``, contiguous: rows ``r*S/N:(r+1)*S/N`` of the sum
+            (world size 1: ``tensor`` itself).
+        """
+        d = normalize_dim(dim, tensor.dim())
+        n = self._world_size
+        size = tensor.shape[d]
+        if size % n != 0:
+            raise ValueError(
+                f"reduce_scatter: size {size} of dim {dim} (shape {tuple(tensor.shape)}) is not "
+                f"divisible by world_size {n}"
+            )
+        if n == 1:
+            return tensor
+        moved = tensor.movedim(d, 0).contiguous()
+        out = torch.empty((size // n, *moved.shape[1:]), dtype=moved.dtype, device=moved.device)
+
+        def native() -> None:
+            dist.reduce_scatter_tensor(out, moved, group=self._group)
+
+        def fallback() -> None:
+            summed = moved.clone()
+            dist.all_reduce(summed, group=self._group)
+            out.copy_(summed.chunk(n, dim=0)[self._rank_in_group])
+
+        self._dispatch("reduce_scatter_tensor", native, fallback)
+        return out.movedim(0, d).contiguous()
+
+    def barrier(self) -> None:
+        """Block until every rank reached the barrier (no-op for world size 1)."""
+        if self._world_size > 1:
+            dist.barrier(group=self._group)
+
+
+def as_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGroupLike:
+    """Turn a ``ProcessGroup``, a ``DeviceMesh`` (dimension) or a group wrapper into a group.
+
+    Args:
+        x: a ``CPGroupLike`` (returned as is), a ``ProcessGroup``, a ``DeviceMesh`` (1-D, or
+            pick the dimension with ``mesh_dim``), or ``None`` for the default world group.
+        mesh_dim: the mesh dimension (index or name) when ``x`` is a multi-dimensional mesh.
+
+    Returns:
+        A ``CPGroupLike``.
+    """
+    if isinstance(x, CPGroupLike):
+        if mesh_dim is not None:
+            raise ValueError("mesh_dim only applies to a DeviceMesh")
+        return x
+    if x is None or isinstance(x, dist.ProcessGroup):
+        if mesh_dim is not None:
+            raise ValueError("mesh_dim only applies to a DeviceMesh")
+        return CPGroup(x)
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+    except ImportError:  # pragma: no cover - torch without distributed
+        DeviceMesh = None  # type: ignore[assignment,misc]
+    if DeviceMesh is not None and isinstance(x, DeviceMesh):
+        if mesh_dim is None and x.ndim != 1:
+            raise ValueError(
+                f"a {x.ndim}-D DeviceMesh needs mesh_dim to pick the group dimension "
+                f"(mesh_dim_names={x.mesh_dim_names})"
+            )
+        return CPGroup(x.get_group(mesh_dim if mesh_dim is not None else 0))
+    raise TypeError(
+        "expected a ProcessGroup, a DeviceMesh or a CPGroupLike group wrapper, got "
+        f"{type(x).__name__}"
+    )

@@ -1,0 +1,1 @@
+"""``@triton.jit`` bodies only (no torch-level logic); launched by ``cpattn_common.ops``."""

@@ -1,0 +1,58 @@
+"""LSE merge of partial attention states: the public entry points.
+
+- ``merge_attn_states`` (re-exported from ``cpattn_common.ops.merge_attn_states``): Triton
+  kernel on CUDA / under ``TRITON_INTERPRET=1``, this module's torch twin elsewhere.
+- ``merge_attn_states_torch``: the readable math in plain torch, with exactly the numerics of
+  the Triton kernel (``cpattn_common.kernels.merge_attn_states``); see
+  ``docs/packages/common.md`` for the formula.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cpattn_common.ops.merge_attn_states import merge_attn_states
+
+__all__ = ["merge_attn_states", "merge_attn_states_torch", "sanitize_lse"]
+
+
+def sanitize_lse(lse: torch.Tensor) -> torch.Tensor:
+    """Return ``lse`` with NaN and +inf replaced by -inf (they contribute nothing)."""
+    return torch.where(torch.isnan(lse) | (lse == float("inf")), float("-inf"), lse)
+
+
+def merge_attn_states_torch(
+    partial_outs: torch.Tensor,
+    partial_lses: torch.Tensor,
+    *,
+    is_lse_base_on_e: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact N-way LSE merge of partial attention states, in plain torch.
+
+    Args:
+        partial_outs: ``[N, B, H, D]`` partial outputs (any float dtype, any strides).
+        partial_lses: ``[N, B, H]`` their log-sum-exps (base e, or base 2 when
+            ``is_lse_base_on_e`` is False).
+        is_lse_base_on_e: the LSE base.
+
+    Returns:
+        ``(out [B, H, D]`` in ``partial_outs.dtype``, ``lse [B, H]`` fp32 (fp64 for fp64 input)).
+        NaN / +inf LSEs count as -inf; a row whose LSEs are all -inf gets output 0 and LSE -inf;
+        a source with weight 0 contributes exactly 0 even if its partial holds NaN.
+    """
+    compute = torch.float64 if partial_outs.dtype == torch.float64 else torch.float32
+    lses = sanitize_lse(partial_lses.to(compute))
+    neg_inf = float("-inf")
+    m = lses.amax(dim=0)
+    m = torch.where(m == neg_inf, 0.0, m)  # stabiliser of an all-empty row is 0
+    # b^(l - m) / S rather than b^(l - L): l - m is exact for close values, so LSEs of
+    # magnitude 1e4 keep full relative precision in the weights.
+    scaled = torch.exp(lses - m) if is_lse_base_on_e else torch.exp2(lses - m)
+    total = scaled.sum(dim=0)
+    lse = (torch.log(total) if is_lse_base_on_e else torch.log2(total)) + m  # -inf if all empty
+    weights = scaled / total
+    weights = torch.where(lses == neg_inf, 0.0, weights)  # also kills -inf - (-inf) = NaN
+    w = weights.unsqueeze(-1)
+    contrib = torch.where(w == 0.0, 0.0, partial_outs.to(compute) * w)
+    out = contrib.sum(dim=0).to(partial_outs.dtype)
+    return out, lse

@@ -1,0 +1,1 @@
+"""Torch-level ops of cpattn_common: validation, typed launchers, ``torch.library`` registration."""

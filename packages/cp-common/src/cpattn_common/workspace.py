@@ -1,0 +1,204 @@
+"""``DirectCPWorkspace``: symmetric allocations, peer-pointer tables, per-ubatch epochs.
+
+The base of every direct (symmetric-memory) collective: each rank owns a buffer that every
+peer can address. ``allocate(shape, dtype)`` is **collective** (every rank of the group calls
+it with identical shapes in identical order) and returns the local storage plus an int64
+``[U, N]`` table whose entry ``(u, p)`` is the device address of peer p's copy at ubatch slot u
+(the first dim of every workspace shape is the ubatch dim ``U``). ``epoch`` holds one int64
+counter per ubatch slot for the signal protocol of the ops built on top.
+
+Allocation backends:
+
+- a group that provides ``allocate_symmetric(shape, dtype, device) -> (storage, peer_views)``
+  (the in-process simulated groups of cpattn_testing) is used as is;
+- otherwise ``torch.distributed._symmetric_memory``: ``empty`` + zero-fill + device sync (so a
+  peer never observes uninitialised signal memory; epoch 0 is never a published epoch),
+  ``rendezvous`` on the group's name, ``barrier``, then ``get_buffer`` per peer.
+
+``close()`` (or leaving the ``with`` block) drops every buffer so a workspace can be rebuilt.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from cpattn_common.capability import multicast_disabled_by_env, propagate_multicast_off
+from cpattn_common.group import CPGroupLike, as_cp_group
+
+__all__ = ["DirectCPWorkspace"]
+
+
+@dataclass
+class _Allocation:
+    storage: torch.Tensor
+    peer_views: list[torch.Tensor]
+    peer_ptrs: torch.Tensor
+    handle: Any = None
+    extra: list[Any] = field(default_factory=list)
+
+
+class DirectCPWorkspace:
+    """Symmetric buffers of one CP group, with per-ubatch slots and epoch counters.
+
+    Args:
+        group: the CP group (``ProcessGroup``, ``DeviceMesh`` or ``CPGroupLike``; a group with
+            ``allocate_symmetric`` is used for allocations).
+        device: the device of the buffers (CUDA for real symmetric memory).
+        num_ubatches: ``U`` >= 1, the number of micro-batch slots.
+
+    Attributes:
+        group, world_size (N), rank, device, num_ubatches (U);
+        epoch: int64 ``[U]`` zeros on ``device`` (one signal epoch per ubatch slot).
+    """
+
+    def __init__(self, group: Any, device: torch.device | str, num_ubatches: int = 1):
+        if isinstance(num_ubatches, bool) or not isinstance(num_ubatches, int):
+            raise TypeError(f"num_ubatches must be an int, got {type(num_ubatches).__name__}")
+        if num_ubatches < 1:
+            raise ValueError(f"num_ubatches must be >= 1, got {num_ubatches}")
+        self.group: CPGroupLike = as_cp_group(group)
+        self.world_size = self.group.world_size
+        self.rank = self.group.rank_in_group
+        self.device = torch.device(device)
+        index: int | None = self.device.index
+        if self.device.type == "cuda" and index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.num_ubatches = num_ubatches
+        self.epoch = torch.zeros(num_ubatches, dtype=torch.int64, device=self.device)
+        self._allocations: list[_Allocation] = []
+        self._closed = False
+
+    # -- lifetime -----------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+        return self._closed
+
+    def close(self) -> None:
+        """Release every buffer (idempotent). The workspace cannot allocate afterwards."""
+        self._allocations.clear()
+        self._closed = True
+
+    def __enter__(self) -> DirectCPWorkspace:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"DirectCPWorkspace(world_size={self.world_size}, rank={self.rank}, "
+            f"device={self.device}, num_ubatches={self.num_ubatches}, "
+            f"allocations={len(self._allocations)}, closed={self._closed})"
+        )
+
+    # -- allocation ---------------------------------------------------------------------------
+    def allocate(
+        self, shape: Sequence[int], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Allocate a zero-filled symmetric buffer ``[U, ...]`` (collective over the group).
+
+        Args:
+            shape: the buffer shape; ``shape[0]`` must equal ``num_ubatches``.
+            dtype: the element dtype.
+
+        Returns:
+            ``(storage [U, ...]`` local copy on ``device``, ``peer_ptrs`` int64 ``[U, N]`` on
+            ``device``: entry ``(u, p)`` is the address of peer p's copy at slot u).
+        """
+        if self._closed:
+            raise RuntimeError("DirectCPWorkspace is closed")
+        shape = tuple(int(s) for s in shape)
+        if len(shape) < 1 or shape[0] != self.num_ubatches:
+            raise ValueError(
+                f"workspace shape {shape} must start with the ubatch dim num_ubatches="
+                f"{self.num_ubatches}"
+            )
+        if any(s < 1 for s in shape):
+            raise ValueError(f"workspace shape {shape} has a non-positive dimension")
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+        allocate_symmetric = getattr(self.group, "allocate_symmetric", None)
+        handle: Any = None
+        if allocate_symmetric is not None:
+            storage, views = allocate_symmetric(shape, dtype, self.device)
+            views = list(views)
+        else:
+            storage, views, handle = self._allocate_symm_mem(shape, dtype)
+        if len(views) != self.world_size:
+            raise RuntimeError(
+                f"symmetric allocation returned {len(views)} peer views for world_size "
+                f"{self.world_size}"
+            )
+        table = [
+            [views[p][u].data_ptr() for p in range(self.world_size)]
+            for u in range(self.num_ubatches)
+        ]
+        peer_ptrs = torch.tensor(table, dtype=torch.int64).to(self.device)
+        self._allocations.append(_Allocation(storage, views, peer_ptrs, handle))
+        return storage, peer_ptrs
+
+    def _allocate_symm_mem(
+        self, shape: tuple[int, ...], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, list[torch.Tensor], Any]:
+        try:
+            import torch.distributed._symmetric_memory as symm_mem
+        except ImportError as exc:
+            raise RuntimeError(
+                "torch.distributed._symmetric_memory is not importable; use a non-direct path"
+            ) from exc
+        pg = self.group.device_group
+        if pg is None:
+            raise RuntimeError("the group has neither a process group nor allocate_symmetric")
+        if self.device.type != "cuda":
+            raise RuntimeError(f"symmetric memory needs a CUDA device, got {self.device}")
+        propagate_multicast_off()
+        storage = symm_mem.empty(shape, dtype=dtype, device=self.device)
+        storage.zero_()
+        torch.cuda.synchronize(self.device)
+        handle: Any = symm_mem.rendezvous(storage, pg.group_name)
+        if handle is None:
+            raise RuntimeError("CP symmetric memory rendezvous returned None")
+        barrier = getattr(handle, "barrier", None)
+        if barrier is not None:
+            barrier()
+        views = [handle.get_buffer(p, shape, dtype, 0) for p in range(self.world_size)]
+        return storage, views, handle
+
+    # -- multicast ----------------------------------------------------------------------------
+    def multicast_ptrs(self, storage: torch.Tensor) -> list[int]:
+        """Per-ubatch multicast addresses of ``storage`` (a buffer from ``allocate``).
+
+        A store through such an address lands in every rank's copy. All zeros when the
+        environment disables multicast (nothing is asked of the handle then), the storage is
+        unknown, the allocation has no multicast address, or anything fails.
+        """
+        zeros = [0] * self.num_ubatches
+        if multicast_disabled_by_env():
+            return zeros
+        alloc = next((a for a in self._allocations if a.storage is storage), None)
+        if alloc is None or alloc.handle is None:
+            return zeros
+        try:
+            base = int(alloc.handle.multicast_ptr)
+            if base == 0:
+                return zeros
+            start = storage.data_ptr()
+            return [base + (storage[u].data_ptr() - start) for u in range(self.num_ubatches)]
+        except Exception:
+            return zeros
+
+    def nbytes(self) -> int:
+        """Bytes of local storage held by this workspace."""
+        return sum(math.prod(a.storage.shape) * a.storage.element_size() for a in self._allocations)

@@ -1,0 +1,81 @@
+"""alloc (poisoned outputs) and ubatch (micro-batch id context)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+
+import cpattn_common
+from cpattn_common.alloc import empty_output, get_output_poison, poison_outputs, set_output_poison
+from cpattn_common.ubatch import current_ubatch_id, set_ubatch_id, ubatch_context
+
+
+@pytest.mark.no_output_poison
+def test_poison_off_and_on(device: torch.device) -> None:
+    previous = get_output_poison()
+    set_output_poison(None)
+    try:
+        out = empty_output((2, 3), dtype=torch.float32, device=device)
+        assert out.shape == (2, 3)
+        with poison_outputs():
+            assert torch.isnan(empty_output((4,), dtype=torch.bfloat16, device=device)).all()
+            ints = empty_output((3,), dtype=torch.int32, device=device)
+            assert (ints == torch.iinfo(torch.int32).max).all()
+            assert empty_output((2,), dtype=torch.bool, device=device).all()
+            assert empty_output((0, 5), dtype=torch.float32, device=device).numel() == 0
+        assert get_output_poison() is None
+        with poison_outputs(7.0):
+            assert (empty_output((3,), dtype=torch.float16, device=device) == 7).all()
+    finally:
+        set_output_poison(previous)
+
+
+def test_plugin_poisons_by_default(device: torch.device) -> None:
+    """The cpattn_testing plugin turns NaN poisoning on for every test."""
+    assert torch.isnan(empty_output((3,), dtype=torch.float32, device=device)).all()
+
+
+def test_ubatch_context_nests_and_restores() -> None:
+    assert current_ubatch_id() == 0
+    with ubatch_context(1) as u:
+        assert u == 1
+        assert current_ubatch_id() == 1
+        with ubatch_context(0):
+            assert current_ubatch_id() == 0
+        assert current_ubatch_id() == 1
+    assert current_ubatch_id() == 0
+    with pytest.raises(ValueError, match="-1"):
+        set_ubatch_id(-1)
+    with pytest.raises(TypeError):
+        set_ubatch_id(True)
+
+
+def test_ubatch_is_per_thread_and_task() -> None:
+    seen: dict[str, int] = {}
+
+    def worker() -> None:
+        seen["thread"] = current_ubatch_id()
+
+    with ubatch_context(1):
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+    assert seen["thread"] == 0
+
+    async def task(i: int) -> int:
+        with ubatch_context(i):
+            await asyncio.sleep(0)
+            return current_ubatch_id()
+
+    async def main() -> list[int]:
+        return list(await asyncio.gather(task(0), task(1)))
+
+    assert asyncio.run(main()) == [0, 1]
+
+
+def test_public_names() -> None:
+    for name in cpattn_common.__all__:
+        assert hasattr(cpattn_common, name), name

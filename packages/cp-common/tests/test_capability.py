@@ -1,0 +1,241 @@
+"""Capability gating: explicit override, CPU behaviour, env-disabled multicast is never probed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from cpattn_common import capability
+from cpattn_common.capability import (
+    MULTICAST_ENV_VARS,
+    clear_capability_cache,
+    direct_cp_disabled_reason,
+    direct_cp_enabled,
+    direct_cp_multicast_enabled,
+    group_probe,
+    multicast_disabled_by_env,
+)
+from cpattn_testing.simulated import SimulatedWorld
+
+
+class _PGStub:
+    group_name = "stub"
+
+
+class _Group:
+    """A minimal CPGroupLike with a (stub) process group so the probe would rendezvous."""
+
+    def __init__(self, world_size: int = 2, with_pg: bool = True):
+        self.world_size = world_size
+        self.rank_in_group = 0
+        self.device_group: Any = _PGStub() if with_pg else None
+
+    def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        raise NotImplementedError
+
+    def reduce_scatter(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        raise NotImplementedError
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def barrier(self) -> None:
+        pass
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> Iterator[None]:
+    clear_capability_cache()
+    yield
+    clear_capability_cache()
+
+
+@pytest.fixture
+def no_multicast_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in MULTICAST_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Pretend CUDA + symmetric memory exist; record every probe call."""
+    calls: dict[str, Any] = {"multicast_support": 0, "rendezvous": [], "same_node": 0}
+    monkeypatch.setattr(capability, "symm_mem_available", True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    def same_node(group: Any) -> bool:
+        calls["same_node"] += 1
+        return calls.get("same_node_value", True)
+
+    def multicast_support(device: torch.device) -> bool:
+        calls["multicast_support"] += 1
+        return True
+
+    def rendezvous(group: Any, device: torch.device, want_multicast: bool) -> tuple[bool, bool]:
+        calls["rendezvous"].append(want_multicast)
+        return calls.get("reached", True), want_multicast
+
+    monkeypatch.setattr(capability, "_all_same_node", same_node)
+    monkeypatch.setattr(capability, "_device_has_multicast", multicast_support)
+    monkeypatch.setattr(capability, "_rendezvous_probe", rendezvous)
+    return calls
+
+
+def test_cpu_auto_is_off_and_override_wins(device: torch.device) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only behaviour")
+    world = SimulatedWorld(1, device)
+    group = world.groups[0]
+    assert direct_cp_enabled(group, torch.bfloat16, None) is False
+    assert direct_cp_enabled(group, torch.bfloat16, True) is True
+    assert direct_cp_enabled(group, torch.float64, True, supported_dtypes=(torch.bfloat16,)) is True
+    assert direct_cp_enabled(group, torch.bfloat16, False) is False
+    reason = direct_cp_disabled_reason(group, torch.bfloat16, None)
+    assert reason is not None
+    assert "CUDA" in reason or "symmetric" in reason
+    assert direct_cp_disabled_reason(group, torch.bfloat16, True) is None
+    assert direct_cp_disabled_reason(group, torch.bfloat16, False) == "use_direct=False"
+    assert direct_cp_multicast_enabled(group, torch.bfloat16, None) is False
+    assert direct_cp_multicast_enabled(group, torch.bfloat16, True) is False  # fallback, no error
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [*MULTICAST_ENV_VARS.items(), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "true")]
+)
+def test_env_disables_multicast_without_any_probe(
+    monkeypatch: pytest.MonkeyPatch, no_multicast_env: None, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    assert multicast_disabled_by_env()
+
+    def forbidden(*args: Any, **kwargs: Any) -> Any:
+        pytest.fail("a multicast probe ran although the environment disables multicast")
+
+    monkeypatch.setattr(capability, "symm_mem_available", True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(capability, "_device_has_multicast", forbidden)
+    rendezvous_calls: list[bool] = []
+
+    def rendezvous(group: Any, device: torch.device, want_multicast: bool) -> tuple[bool, bool]:
+        if want_multicast:
+            forbidden()
+        rendezvous_calls.append(want_multicast)
+        return True, False
+
+    monkeypatch.setattr(capability, "_rendezvous_probe", rendezvous)
+    monkeypatch.setattr(capability, "_all_same_node", lambda g: False)
+    group = _Group()
+    for use_direct in (None, True, False):
+        assert direct_cp_multicast_enabled(group, torch.bfloat16, use_direct) is False
+        reason = direct_cp_disabled_reason(group, torch.bfloat16, use_direct, multicast=True)
+        assert reason is not None
+        assert name in reason
+    # The unicast path still works (a plain rendezvous, no multicast).
+    assert direct_cp_enabled(group, torch.bfloat16, None) is True
+    probe = group_probe(group)
+    assert probe.multicast is False
+    assert probe.reason is not None
+    assert name in probe.reason
+    assert rendezvous_calls == [False]
+
+
+def test_env_values_that_keep_multicast_on(
+    monkeypatch: pytest.MonkeyPatch, no_multicast_env: None
+) -> None:
+    assert not multicast_disabled_by_env()
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "0")
+    assert not multicast_disabled_by_env()
+
+
+def test_auto_decision_with_fake_cuda(no_multicast_env: None, fake_cuda: dict[str, Any]) -> None:
+    group = _Group()
+    assert direct_cp_enabled(group, torch.bfloat16, None) is True
+    assert direct_cp_multicast_enabled(group, torch.bfloat16, None) is True
+    assert direct_cp_disabled_reason(group, torch.bfloat16, None, multicast=True) is None
+    # cached per group: one probe only
+    assert fake_cuda["same_node"] == 1
+    assert fake_cuda["rendezvous"] == [True]
+    # dtype gating
+    assert direct_cp_enabled(group, torch.float32, None, supported_dtypes=[torch.bfloat16]) is False
+    reason = direct_cp_disabled_reason(group, torch.float32, None, [torch.bfloat16])
+    assert reason is not None
+    assert "float32" in reason
+
+
+@pytest.mark.parametrize(
+    ("same_node", "reached", "expected"),
+    [(True, False, True), (False, True, True), (False, False, False)],
+)
+def test_multi_node_needs_symm_mem_reach(
+    no_multicast_env: None,
+    fake_cuda: dict[str, Any],
+    same_node: bool,
+    reached: bool,
+    expected: bool,
+) -> None:
+    fake_cuda["same_node_value"] = same_node
+    fake_cuda["reached"] = reached
+    assert direct_cp_enabled(_Group(), torch.bfloat16, None) is expected
+
+
+def test_probe_never_raises(
+    monkeypatch: pytest.MonkeyPatch, no_multicast_env: None, fake_cuda: dict[str, Any]
+) -> None:
+    def boom(*args: Any) -> Any:
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(capability, "_all_same_node", boom)
+    monkeypatch.setattr(capability, "_device_has_multicast", boom)
+    probe = group_probe(_Group())
+    assert probe.multicast is False
+    assert probe.symm_mem_reaches_group is False
+    assert "planted" in str(probe.reason)
+    assert direct_cp_enabled(_Group(), torch.bfloat16, None) is False
+    assert group_probe(object()).reason is not None  # not a group: reported, not raised
+
+
+def probe_ranks(rank: int, world_size: int) -> tuple[bool, bool, str | None, bool]:
+    probe = group_probe(dist.group.WORLD)
+    return (
+        probe.same_node,
+        probe.multicast,
+        probe.reason,
+        direct_cp_enabled(dist.group.WORLD, torch.bfloat16, None),
+    )
+
+
+def test_probe_on_real_group(run_ranks: Callable[..., list[Any]], device: torch.device) -> None:
+    results = run_ranks(probe_ranks, 2, timeout=120.0)
+    for same_node, multicast, reason, enabled in results:
+        assert same_node is True
+        assert multicast is False  # CPU: no CUDA; GPU runs set the multicast-off variables
+        if device.type == "cpu":
+            assert enabled is False
+            assert reason is not None
+
+
+def test_multicast_off_reaches_torch_symm_mem(
+    monkeypatch: pytest.MonkeyPatch, no_multicast_env: None
+) -> None:
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    capability.propagate_multicast_off()
+    import os
+
+    assert os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    monkeypatch.delenv("TORCH_SYMM_MEM_DISABLE_MULTICAST")
+    monkeypatch.delenv("NCCL_NVLS_ENABLE")
+    capability.propagate_multicast_off()
+    assert "TORCH_SYMM_MEM_DISABLE_MULTICAST" not in os.environ

@@ -1,0 +1,174 @@
+"""CPGroup collectives on real process groups (gloo on CPU, nccl on CUDA) vs single-process math.
+
+One multi-process launch per world size runs every check (all ops x dims x layouts x dtypes,
+native and fallback collectives) and returns the list of failures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from cpattn_common import CPGroup, CPGroupLike, as_cp_group
+from cpattn_common.group import normalize_dim
+
+SHAPE = (4, 6, 8)
+
+
+def _rank_data(rank: int, shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Integer-valued data so sums are exact in every dtype and summation order."""
+    gen = torch.Generator().manual_seed(seed * 1000 + rank)
+    return torch.randint(-8, 9, shape, generator=gen).to(dtype)
+
+
+def _layouts(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The same values in several memory layouts (contiguous, transposed, strided slice)."""
+    wide = torch.zeros((x.shape[0], x.shape[1] * 2, x.shape[2]), dtype=x.dtype, device=x.device)
+    wide[:, ::2] = x
+    return {
+        "contiguous": x,
+        "transposed": x.transpose(0, 2).contiguous().transpose(0, 2),
+        "strided": wide[:, ::2],
+    }
+
+
+def group_checks(rank: int, world_size: int, device_type: str) -> list[str]:
+    """Runs on every rank: all CPGroup ops against the single-process computation."""
+    device = (
+        torch.device(device_type, torch.cuda.current_device())
+        if device_type == "cuda"
+        else torch.device("cpu")
+    )
+    failures: list[str] = []
+    checked: list[str] = []
+
+    def check(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        checked.append(name)
+        if (
+            got.shape != want.shape
+            or got.dtype != want.dtype
+            or not torch.equal(got.cpu(), want.cpu())
+        ):
+            failures.append(f"rank {rank}: {name}: got {tuple(got.shape)} {got.dtype}")
+
+    for native in (True, False):
+        group = CPGroup(dist.group.WORLD, native_collectives=native)
+        assert isinstance(group, CPGroupLike)
+        assert group.world_size == world_size
+        assert group.rank_in_group == rank
+        for dtype in (torch.float32, torch.bfloat16):
+            seed = 1 + int(native) + 10 * (dtype == torch.bfloat16)
+            mine = _rank_data(rank, SHAPE, dtype, seed).to(device)
+            everyone = [_rank_data(r, SHAPE, dtype, seed).to(device) for r in range(world_size)]
+            total = torch.stack(everyone).sum(0)
+            tag = f"native={native} {dtype}"
+            for layout, x in _layouts(mine).items():
+                for dim in (0, 1, 2, -1, -2):
+                    d = normalize_dim(dim, 3)
+                    check(
+                        f"all_gather dim={dim} {layout} {tag}",
+                        group.all_gather(x, dim),
+                        torch.cat(everyone, d),
+                    )
+                # reduce_scatter along each dim whose size is divisible by N
+                for dim in (0, 1, 2, -1):
+                    d = normalize_dim(dim, 3)
+                    if SHAPE[d] % world_size:
+                        continue
+                    want = total.chunk(world_size, dim=d)[rank].contiguous()
+                    got = group.reduce_scatter(x, dim)
+                    check(f"reduce_scatter dim={dim} {layout} {tag}", got, want)
+                    if world_size > 1 and not got.is_contiguous():
+                        failures.append(f"reduce_scatter result not contiguous ({layout})")
+                before = x.clone()
+                check(f"all_reduce {layout} {tag}", group.all_reduce(x), total)
+                check(f"all_reduce leaves input {layout} {tag}", x, before)
+            # all_gather_into_tensor / all_to_all_single, incl. a non-contiguous output.
+            out = torch.empty((world_size * SHAPE[0], *SHAPE[1:]), dtype=dtype, device=device)
+            group.all_gather_into_tensor(out, mine)
+            check(f"all_gather_into_tensor {tag}", out, torch.cat(everyone, 0))
+            out_t = torch.empty(
+                (SHAPE[2], SHAPE[1], world_size * SHAPE[0]), dtype=dtype, device=device
+            ).permute(2, 1, 0)
+            group.all_gather_into_tensor(out_t, mine.transpose(1, 2).contiguous().transpose(1, 2))
+            check(f"all_gather_into_tensor non-contiguous {tag}", out_t, torch.cat(everyone, 0))
+            rows = 2 * world_size
+            send = [_rank_data(r, (rows, 5), dtype, seed + 7).to(device) for r in range(world_size)]
+            recv = torch.empty((5, rows), dtype=dtype, device=device).t()
+            group.all_to_all_single(recv, send[rank])
+            want = torch.cat([send[p].chunk(world_size)[rank] for p in range(world_size)])
+            check(f"all_to_all_single {tag}", recv, want)
+        group.barrier()
+    # Bad arguments raise with the offending numbers.
+    group = CPGroup()
+    bad_calls = [
+        lambda: group.all_gather(mine, 3),
+        lambda: group.all_to_all_single(
+            torch.empty(3, device=device), torch.empty(4, device=device)
+        ),
+        lambda: group.all_gather_into_tensor(
+            torch.empty(1, device=device), torch.empty(2, device=device)
+        ),
+    ]
+    if world_size > 1:
+        bad_calls.append(
+            lambda: group.reduce_scatter(torch.zeros(world_size + 1, device=device), 0)
+        )
+    for bad in bad_calls:
+        try:
+            bad()
+            failures.append(f"rank {rank}: bad argument accepted")
+        except (ValueError, TypeError):
+            pass
+    # as_cp_group: ProcessGroup, None (world), an existing wrapper, a 1-D DeviceMesh.
+    assert as_cp_group(dist.group.WORLD).world_size == world_size
+    assert as_cp_group(None).rank_in_group == rank
+    assert as_cp_group(group) is group
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device_type, (world_size,))
+    mesh_group = as_cp_group(mesh)
+    check(
+        "as_cp_group(mesh).all_reduce",
+        mesh_group.all_reduce(torch.ones(2, device=device)),
+        torch.full((2,), float(world_size), device=device),
+    )
+    if len(checked) < 100:
+        failures.append(f"rank {rank}: only {len(checked)} checks ran")
+    return failures
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4], ids=lambda n: f"world{n}")
+def test_group_ops(
+    run_ranks: Callable[..., list[Any]], device: torch.device, world_size: int
+) -> None:
+    results = run_ranks(group_checks, world_size, device.type, timeout=240.0)
+    failures = [f for rank_failures in results for f in rank_failures]
+    assert not failures, "\n".join(failures[:30])
+
+
+def test_normalize_dim() -> None:
+    assert normalize_dim(-1, 3) == 2
+    assert normalize_dim(0, 1) == 0
+    with pytest.raises(ValueError, match="out of range"):
+        normalize_dim(3, 3)
+    with pytest.raises(ValueError, match="at least 1"):
+        normalize_dim(0, 0)
+    with pytest.raises(TypeError):
+        normalize_dim(True, 3)
+
+
+def test_as_cp_group_rejects_other_types() -> None:
+    with pytest.raises(TypeError, match="ProcessGroup"):
+        as_cp_group(42)
+
+
+def test_cpgroup_needs_initialised_dist() -> None:
+    if dist.is_initialized():
+        pytest.skip("a process group is initialised in this process")
+    with pytest.raises(RuntimeError, match="initialised"):
+        CPGroup()

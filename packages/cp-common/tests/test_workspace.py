@@ -1,0 +1,138 @@
+"""DirectCPWorkspace: simulated groups (CPU), real symmetric memory (GPU), validation, teardown."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from cpattn_common import capability
+from cpattn_common.group import CPGroupLike
+from cpattn_common.workspace import DirectCPWorkspace
+from cpattn_testing.simulated import SimulatedWorld
+
+
+def _allocate_on_rank(group: CPGroupLike, num_ubatches: int) -> dict[str, Any]:
+    ws = DirectCPWorkspace(group, group_device(group), num_ubatches)
+    storage, ptrs = ws.allocate((num_ubatches, 3, 5), torch.bfloat16)
+    storage2, ptrs2 = ws.allocate((num_ubatches, 7), torch.int32)
+    return {
+        "ws": ws,
+        "storage": storage,
+        "ptrs": ptrs,
+        "storage2": storage2,
+        "ptrs2": ptrs2,
+        "mc": ws.multicast_ptrs(storage),
+    }
+
+
+def group_device(group: Any) -> torch.device:
+    return torch.device(getattr(group, "device", "cpu"))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+@pytest.mark.parametrize("num_ubatches", [1, 2])
+def test_simulated_peer_pointer_tables(
+    device: torch.device, world_size: int, num_ubatches: int
+) -> None:
+    world = SimulatedWorld(world_size, device)
+    results = world.run(_allocate_on_rank, num_ubatches)
+    storages = [r["storage"] for r in results]
+    for rank, r in enumerate(results):
+        ws: DirectCPWorkspace = r["ws"]
+        assert ws.world_size == world_size
+        assert ws.rank == rank
+        assert ws.epoch.dtype == torch.int64
+        assert ws.epoch.tolist() == [0] * num_ubatches
+        assert r["storage"].shape == (num_ubatches, 3, 5)
+        assert torch.equal(
+            r["storage"].cpu(), torch.zeros(num_ubatches, 3, 5, dtype=torch.bfloat16)
+        )
+        ptrs = r["ptrs"]
+        assert ptrs.dtype == torch.int64
+        assert ptrs.shape == (num_ubatches, world_size)
+        assert ptrs.device.type == device.type
+        for u in range(num_ubatches):
+            for p in range(world_size):
+                assert int(ptrs[u, p]) == storages[p][u].data_ptr()
+                assert int(r["ptrs2"][u, p]) == results[p]["storage2"][u].data_ptr()
+        assert r["mc"] == [0] * num_ubatches  # simulated groups have no multicast
+        assert ws.nbytes() == num_ubatches * (15 * 2 + 7 * 4)
+        with ws:
+            pass
+        assert ws.closed
+        with pytest.raises(RuntimeError, match="closed"):
+            ws.allocate((num_ubatches, 1), torch.float32)
+        ws.close()  # idempotent
+
+
+def test_validation(device: torch.device) -> None:
+    group = SimulatedWorld(1, device).groups[0]
+    with pytest.raises(ValueError, match="num_ubatches must be >= 1, got 0"):
+        DirectCPWorkspace(group, device, 0)
+    with pytest.raises(TypeError, match="num_ubatches must be an int"):
+        DirectCPWorkspace(group, device, True)  # type: ignore[arg-type]
+    ws = DirectCPWorkspace(group, device, 2)
+    with pytest.raises(ValueError, match=r"must start with the ubatch dim num_ubatches=2"):
+        ws.allocate((3, 4), torch.float32)
+    with pytest.raises(ValueError, match="non-positive"):
+        ws.allocate((2, 0), torch.float32)
+    with pytest.raises(TypeError, match=r"torch\.dtype"):
+        ws.allocate((2, 4), "float32")  # type: ignore[arg-type]
+    assert ws.multicast_ptrs(torch.empty(2, 4)) == [0, 0]  # unknown storage
+
+
+class _Handle:
+    def __init__(self, ptr: int, forbid: bool = False):
+        self._ptr = ptr
+        self._forbid = forbid
+
+    @property
+    def multicast_ptr(self) -> int:
+        if self._forbid:
+            pytest.fail("multicast_ptr read although the environment disables multicast")
+        return self._ptr
+
+
+def test_multicast_ptrs_from_handle(monkeypatch: pytest.MonkeyPatch, device: torch.device) -> None:
+    for name in capability.MULTICAST_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    ws = DirectCPWorkspace(SimulatedWorld(1, device).groups[0], device, 3)
+    storage, _ = ws.allocate((3, 8), torch.float32)
+    ws._allocations[-1].handle = _Handle(1 << 40)
+    assert ws.multicast_ptrs(storage) == [(1 << 40) + u * 32 for u in range(3)]
+    ws._allocations[-1].handle = _Handle(0)
+    assert ws.multicast_ptrs(storage) == [0, 0, 0]
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    ws._allocations[-1].handle = _Handle(1 << 40, forbid=True)
+    assert ws.multicast_ptrs(storage) == [0, 0, 0]
+
+
+def symm_mem_ranks(rank: int, world_size: int) -> list[str]:
+    """Real torch symmetric memory on the GPU: pointer table, zero fill, a peer write."""
+    failures: list[str] = []
+    device = torch.device("cuda", torch.cuda.current_device())
+    with DirectCPWorkspace(dist.group.WORLD, device, 2) as ws:
+        storage, ptrs = ws.allocate((2, 64), torch.float32)
+        if ptrs.shape != (2, world_size):
+            failures.append(f"ptrs shape {tuple(ptrs.shape)}")
+        if int(ptrs[0, rank]) != storage.data_ptr() or int(ptrs[1, rank]) != storage[1].data_ptr():
+            failures.append("own pointers differ from the storage")
+        if not torch.equal(storage, torch.zeros_like(storage)):
+            failures.append("storage not zero-filled")
+        if ws.multicast_ptrs(storage) != [0, 0]:
+            failures.append("multicast pointers non-zero with multicast disabled")
+    return failures
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_gpu_symmetric_memory_workspace(
+    run_ranks: Callable[..., list[Any]], world_size: int
+) -> None:
+    results = run_ranks(symm_mem_ranks, world_size, timeout=180.0)
+    failures = [f for r in results for f in r]
+    assert not failures, failures
