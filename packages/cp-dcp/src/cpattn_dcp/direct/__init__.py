@@ -1,0 +1,36 @@
+"""Direct (symmetric-memory) DCP collectives: A2A LSE-reduce, query gather, KV gather.
+
+Ranks write straight into peers' symmetric buffers and raise per-(ubatch, parity-slot) signal
+flags carrying a device-side epoch; waits are bounded and report a timeout on the host as
+``DirectProtocolError``. Each path is gated by capability probing (``get_direct_dcp_*``
+return ``None`` when it says no) and always has an NCCL fallback (``cpattn_dcp.DCPManager``).
+"""
+
+from cpattn_dcp.direct._base import DEFAULT_MAX_SPINS, DirectProtocolError
+from cpattn_dcp.direct.a2a import DIRECT_A2A_DTYPES, DirectDCPA2AWorkspace
+from cpattn_dcp.direct.factories import (
+    clear_direct_workspace_cache,
+    direct_a2a_unavailable_reason,
+    direct_gather_unavailable_reason,
+    get_direct_dcp_a2a_workspace,
+    get_direct_dcp_kv_gather_workspace,
+    get_direct_dcp_q_gather_workspace,
+)
+from cpattn_dcp.direct.kv_gather import DIRECT_KV_GATHER_DTYPES, DirectDCPKVGatherWorkspace
+from cpattn_dcp.direct.q_gather import DirectDCPQGatherWorkspace
+
+__all__ = [
+    "DEFAULT_MAX_SPINS",
+    "DIRECT_A2A_DTYPES",
+    "DIRECT_KV_GATHER_DTYPES",
+    "DirectDCPA2AWorkspace",
+    "DirectDCPKVGatherWorkspace",
+    "DirectDCPQGatherWorkspace",
+    "DirectProtocolError",
+    "clear_direct_workspace_cache",
+    "direct_a2a_unavailable_reason",
+    "direct_gather_unavailable_reason",
+    "get_direct_dcp_a2a_workspace",
+    "get_direct_dcp_kv_gather_workspace",
+    "get_direct_dcp_q_gather_workspace",
+]

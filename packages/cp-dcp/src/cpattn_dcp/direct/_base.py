@@ -1,0 +1,218 @@
+"""Shared plumbing of the direct (symmetric-memory) DCP workspaces.
+
+Each direct workspace owns one ``cpattn_common.workspace.DirectCPWorkspace`` (symmetric
+allocations, per-ubatch peer-pointer tables, a per-ubatch int64 ``epoch`` on the device) plus
+three small local tensors of its own:
+
+* ``_pub_counter [U, N]`` int32 — per-destination completion counter of the publish launch;
+* ``_wait_done [U]`` int32 — completion counter of the wait launch (its last program advances
+  ``epoch[u]``);
+* ``_error [U, 4]`` int64 — ``(flag, epoch, missing-source bitmask, 0)`` written by a wait that
+  timed out.
+
+Error reporting never syncs the host on the hot path: on CUDA the error record is mirrored into
+pinned host memory with a non-blocking copy every ``error_check_interval`` eager calls and the
+mirror is inspected at the start of the next call; ``check_error()`` is the explicit, syncing
+check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from cpattn_common.group import CPGroupLike, as_cp_group
+from cpattn_common.ubatch import current_ubatch_id
+from cpattn_common.workspace import DirectCPWorkspace
+
+__all__ = ["DEFAULT_MAX_SPINS", "DirectProtocolError", "DirectWorkspaceBase"]
+
+#: Bounded wait: polls of the signal words before a wait gives up (≈ seconds on a GPU).
+DEFAULT_MAX_SPINS = 1 << 26
+#: Eager calls between two non-blocking copies of the error record to the host.
+DEFAULT_ERROR_CHECK_INTERVAL = 64
+
+
+class DirectProtocolError(RuntimeError):
+    """A direct collective's bounded wait timed out: a peer never made the matching call."""
+
+
+def next_pow2(x: int) -> int:
+    """Smallest power of two >= max(x, 1)."""
+    return 1 << max(int(x) - 1, 0).bit_length()
+
+
+def check_16b_aligned(t: torch.Tensor, what: str, row_strides: tuple[int, ...]) -> str | None:
+    """Reason string when ``t``'s base pointer or any of ``row_strides`` (in elements) is not a
+    multiple of 16 bytes, else ``None``."""
+    elem = t.element_size()
+    if t.data_ptr() % 16 != 0:
+        return f"{what} data pointer {t.data_ptr():#x} is not 16-byte aligned"
+    for s in row_strides:
+        if (s * elem) % 16 != 0:
+            return f"{what} stride {s} elements * {elem} bytes is not a multiple of 16 bytes"
+    return None
+
+
+class DirectWorkspaceBase:
+    """Symmetric buffers, epochs, counters and lazy error reporting of one direct workspace.
+
+    Args:
+        name: human name used in messages ("Direct DCP A2A", ...).
+        group: the DCP group (``ProcessGroup`` or ``CPGroupLike``; simulated groups need
+            ``allocate_symmetric``). Construction is collective over the group.
+        device: the device the buffers live on.
+        num_ubatches: micro-batch slots U (validated by the subclass).
+        max_spins: polls before a wait gives up and records an error.
+        error_check_interval: eager calls between non-blocking error-record copies (0: only
+            ``check_error()`` reports).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        group: Any,
+        device: torch.device | str,
+        num_ubatches: int,
+        *,
+        max_spins: int = DEFAULT_MAX_SPINS,
+        error_check_interval: int = DEFAULT_ERROR_CHECK_INTERVAL,
+    ) -> None:
+        if max_spins < 1:
+            raise ValueError(f"{name}: max_spins must be >= 1, got {max_spins}")
+        if error_check_interval < 0:
+            raise ValueError(
+                f"{name}: error_check_interval must be >= 0, got {error_check_interval}"
+            )
+        self.name = name
+        self.device = torch.device(device)
+        self.num_ubatches = num_ubatches
+        self.max_spins = int(max_spins)
+        self.error_check_interval = int(error_check_interval)
+        cp: CPGroupLike = as_cp_group(group)
+        self.group = group
+        self.cp_group = cp
+        self.world_size = cp.world_size
+        self.rank = cp.rank_in_group
+        self._closed = False
+        self._failure: str | None = None
+        self._calls_since_check = 0
+        self._symm: DirectCPWorkspace | None = None
+
+    # -- allocation ---------------------------------------------------------------------------
+    def _init_buffers(self) -> None:
+        """Create the symmetric workspace and the local counters (collective)."""
+        u, n = self.num_ubatches, self.world_size
+        self._symm = DirectCPWorkspace(self.group, self.device, u)
+        self._pub_counter = torch.zeros((u, n), dtype=torch.int32, device=self.device)
+        self._wait_done = torch.zeros((u,), dtype=torch.int32, device=self.device)
+        self._error = torch.zeros((u, 4), dtype=torch.int64, device=self.device)
+        self._error_host: torch.Tensor | None = None
+        if self.device.type == "cuda":
+            self._error_host = torch.zeros((u, 4), dtype=torch.int64, pin_memory=True)
+            self._error_view = self._error_host.numpy()
+        else:
+            self._error_view = self._error.numpy()  # shares memory: no copy, no sync
+
+    def _allocate(
+        self, shape: tuple[int, ...], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Collective symmetric allocation ``[U, *shape]`` -> ``(storage, peer_ptrs [U, N])``."""
+        assert self._symm is not None
+        full = (self.num_ubatches, *shape)
+        storage, peer_ptrs = self._symm.allocate(full, dtype)
+        if tuple(storage.shape) != full or tuple(peer_ptrs.shape) != (
+            self.num_ubatches,
+            self.world_size,
+        ):
+            raise RuntimeError(
+                f"{self.name}: symmetric allocation returned storage {tuple(storage.shape)} and "
+                f"peer table {tuple(peer_ptrs.shape)}, expected {full} and "
+                f"{(self.num_ubatches, self.world_size)}"
+            )
+        return storage, peer_ptrs
+
+    @property
+    def epoch(self) -> torch.Tensor:
+        """Per-ubatch int64 call counter ``[U]`` on the device (advanced on the device)."""
+        assert self._symm is not None
+        return self._symm.epoch
+
+    @property
+    def symmetric_workspace(self) -> DirectCPWorkspace:
+        """The underlying ``DirectCPWorkspace``."""
+        assert self._symm is not None
+        return self._symm
+
+    # -- per call -----------------------------------------------------------------------------
+    def _resolve_ubatch(self, ubatch_id: int | None) -> int:
+        u = current_ubatch_id() if ubatch_id is None else ubatch_id
+        if isinstance(u, bool) or not isinstance(u, int):
+            raise TypeError(f"{self.name}: ubatch id must be an int, got {type(u).__name__}")
+        if not 0 <= u < self.num_ubatches:
+            raise ValueError(
+                f"{self.name}: ubatch {u} exceeds the {self.num_ubatches} slot(s) of this workspace"
+            )
+        return u
+
+    def _before_call(self) -> None:
+        """Refuse calls on a closed or failed workspace; inspect the lazily mirrored error."""
+        if self._closed:
+            raise RuntimeError(f"{self.name}: workspace is closed")
+        if self._failure is not None:
+            raise DirectProtocolError(self._failure)
+        if self._error_view[:, 0].any():
+            self._raise_from(torch.from_numpy(self._error_view.copy()))
+
+    def _after_call(self) -> None:
+        """Every ``error_check_interval`` eager CUDA calls, mirror the error record (no sync)."""
+        if self._error_host is None or self.error_check_interval == 0:
+            return
+        if torch.cuda.is_current_stream_capturing():
+            return
+        self._calls_since_check += 1
+        if self._calls_since_check >= self.error_check_interval:
+            self._calls_since_check = 0
+            self._error_host.copy_(self._error, non_blocking=True)
+
+    def _raise_from(self, record: torch.Tensor) -> None:
+        flags = record[:, 0]
+        if not bool(flags.any()):
+            return
+        u = int(torch.nonzero(flags)[0, 0])
+        epoch = int(record[u, 1])
+        mask = int(record[u, 2])
+        missing = [r for r in range(self.world_size) if mask >> r & 1]
+        self._failure = (
+            f"{self.name}: rank {self.rank}, ubatch {u}: bounded wait timed out at epoch {epoch} "
+            f"after {self.max_spins} polls; no signal from source rank(s) {missing}. Every rank "
+            "must make the same calls, in the same order, on each ubatch. The workspace is "
+            "unusable after this error."
+        )
+        raise DirectProtocolError(self._failure)
+
+    def check_error(self) -> None:
+        """Synchronize with the device and raise ``DirectProtocolError`` if a wait timed out."""
+        if self._failure is not None:
+            raise DirectProtocolError(self._failure)
+        self._raise_from(self._error.cpu())
+
+    @property
+    def failed(self) -> bool:
+        """True once a timeout has been reported to the host."""
+        return self._failure is not None
+
+    def close(self) -> None:
+        """Release the symmetric workspace (collective where the backend needs it)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._symm is not None:
+            self._symm.close()
+
+    def __enter__(self) -> DirectWorkspaceBase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,397 @@
+"""Direct DCP A2A LSE-reduce over symmetric memory (no NCCL, no staging copies).
+
+Each rank writes, for every destination rank ``d``, the head slice ``[d*H_r, (d+1)*H_r)`` of
+its partial output ``[T, H, D]`` and the fp32 LSE straight into ``d``'s symmetric receive
+buffer, raises a per-(ubatch, parity-slot) signal carrying the call's epoch, waits (bounded)
+for all peers' signals of the same epoch and combines the N received partials with LSE weights.
+Result: ``[T, H_r, D]``, identical in meaning to ``cpattn_dcp.ops.a2a_combine.dcp_a2a_lse_reduce``.
+
+Two launches per call (publish, wait+combine), no allocation besides the output, no host
+sync: a call can be captured in a CUDA graph and replayed. See
+``cpattn_dcp.kernels.direct_protocol`` for the protocol and why two parity slots suffice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from cpattn_common.alloc import empty_output
+from cpattn_common.launch import launch_cached
+from cpattn_dcp.direct._base import (
+    DEFAULT_ERROR_CHECK_INTERVAL,
+    DEFAULT_MAX_SPINS,
+    DirectWorkspaceBase,
+    check_16b_aligned,
+    next_pow2,
+)
+from cpattn_dcp.kernels.direct_a2a import _direct_a2a_combine_kernel, _direct_a2a_publish_kernel
+
+__all__ = ["DIRECT_A2A_DTYPES", "DirectDCPA2AWorkspace"]
+
+#: Output dtypes the direct A2A supports.
+DIRECT_A2A_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
+_LSE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_INT_DTYPES = (torch.int32, torch.int64)
+_MAX_PUBLISH_PROGRAMS = 32  # per destination; rows are strided over them
+_SMALL_BATCH_PROGRAMS = 64  # below this many (row, head-block) programs, split D as well
+
+
+def _validate_mask_args(
+    seq_lens: torch.Tensor | None, query_start_loc: torch.Tensor | None, device: torch.device
+) -> None:
+    if (seq_lens is None) != (query_start_loc is None):
+        raise ValueError("seq_lens and query_start_loc must be provided together")
+    if seq_lens is None or query_start_loc is None:
+        return
+    if seq_lens.dim() != 1 or query_start_loc.dim() != 1:
+        raise ValueError(
+            f"seq_lens and query_start_loc must be 1-D, got {tuple(seq_lens.shape)} and "
+            f"{tuple(query_start_loc.shape)}"
+        )
+    if query_start_loc.numel() != seq_lens.numel() + 1:
+        raise ValueError(
+            "query_start_loc must contain one boundary per sequence: "
+            f"len(query_start_loc)={query_start_loc.numel()} != len(seq_lens)+1={seq_lens.numel() + 1}"
+        )
+    for name, t in (("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
+        if t.dtype not in _INT_DTYPES:
+            raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}, expected {device}")
+
+
+class DirectDCPA2AWorkspace(DirectWorkspaceBase):
+    """Direct symmetric-memory A2A LSE-reduce workspace of one DCP group and geometry.
+
+    Construction is collective over ``group`` (every rank, same arguments, same order).
+
+    Buffers per rank (U = ``num_ubatches``, N = world size, T_max = ``max_num_tokens``):
+    ``recv_out [U, 2, N, T_max, H_r, D]`` (``dtype``), ``recv_lse [U, 2, N, T_max, H_r]`` fp32,
+    ``recv_signal [U, 2, N]`` int64, i.e. ``U*2*N*T_max*H_r*(D*elem + 4) + U*2*N*8`` bytes.
+
+    Args:
+        group: the DCP group (``ProcessGroup`` or ``CPGroupLike``).
+        device: device of the buffers.
+        max_num_tokens: row capacity T_max of one call.
+        heads_per_rank: H_r, the heads each rank owns after the combine (input has N*H_r).
+        head_dim: D.
+        dtype: output dtype, float16 or bfloat16.
+        num_ubatches: micro-batch slots (``cpattn_common.ubatch``).
+        max_spins: polls before a wait gives up (then ``DirectProtocolError`` on the host).
+        error_check_interval: eager calls between non-blocking error-record checks.
+
+    Raises:
+        ValueError: unsupported dtype, ``num_ubatches < 1``, non-positive sizes, rows that are
+            not 16-byte multiples (``head_dim * elem % 16``), or fewer than two ranks.
+    """
+
+    def __init__(
+        self,
+        group: Any,
+        device: torch.device | str,
+        max_num_tokens: int,
+        heads_per_rank: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.bfloat16,
+        num_ubatches: int = 1,
+        *,
+        max_spins: int = DEFAULT_MAX_SPINS,
+        error_check_interval: int = DEFAULT_ERROR_CHECK_INTERVAL,
+    ) -> None:
+        name = "Direct DCP A2A"
+        if dtype not in DIRECT_A2A_DTYPES:
+            raise ValueError(f"{name} does not support {dtype}; supported: float16, bfloat16")
+        if num_ubatches < 1:
+            raise ValueError(f"{name} requires at least one ubatch slot, got {num_ubatches}")
+        if max_num_tokens < 1 or heads_per_rank < 1 or head_dim < 1:
+            raise ValueError(
+                f"{name} dimensions must be positive, got T={max_num_tokens}, "
+                f"H_r={heads_per_rank}, D={head_dim}"
+            )
+        elem = torch.empty((), dtype=dtype).element_size()
+        if (head_dim * elem) % 16 != 0:
+            raise ValueError(
+                f"{name} requires 16-byte-aligned rows: head_dim {head_dim} * {elem} bytes = "
+                f"{head_dim * elem} is not a multiple of 16"
+            )
+        super().__init__(
+            name,
+            group,
+            device,
+            num_ubatches,
+            max_spins=max_spins,
+            error_check_interval=error_check_interval,
+        )
+        if self.world_size < 2:
+            raise ValueError(
+                f"{name} requires at least two ranks, got world size {self.world_size}"
+            )
+        self.max_num_tokens = int(max_num_tokens)
+        self.heads_per_rank = int(heads_per_rank)
+        self.head_dim = int(head_dim)
+        self.dtype = dtype
+        n, t_max, h_r, d = self.world_size, self.max_num_tokens, self.heads_per_rank, self.head_dim
+        self._init_buffers()
+        self.recv_out, self._out_ptrs = self._allocate((2, n, t_max, h_r, d), dtype)
+        self.recv_lse, self._lse_ptrs = self._allocate((2, n, t_max, h_r), torch.float32)
+        self.recv_signal, self._sig_ptrs = self._allocate((2, n), torch.int64)
+        self._block_hd = min(next_pow2(h_r * d), 4096)
+        self._block_h_pub = next_pow2(h_r)
+        # Combine tiling: large batches one program per (row, 16 heads) over all of D; small
+        # batches (fewer than _SMALL_BATCH_PROGRAMS such programs) split heads and D finer.
+        self._block_h = min(next_pow2(h_r), 16)
+        self._block_d = min(next_pow2(d), max(16, 2048 // self._block_h))
+        self._block_h_small = min(next_pow2(h_r), 4)
+        self._block_d_small = min(next_pow2(d), 128)
+        self._n_pow2 = next_pow2(n)
+        # Per-ubatch launch arguments that never change (fewer host operations per call).
+        self._pub_static: list[dict[str, Any]] = [
+            {
+                "peer_out_ptrs": self._out_ptrs[u],
+                "peer_lse_ptrs": self._lse_ptrs[u],
+                "peer_sig_ptrs": self._sig_ptrs[u],
+                "counter_ptr": self._pub_counter[u],
+                "epoch_ptr": self.epoch[u:],
+                "T_MAX": t_max,
+                "rank": self.rank,
+                "N": n,
+                "H_R": h_r,
+                "D": d,
+                "BLOCK_HD": self._block_hd,
+                "BLOCK_H": self._block_h_pub,
+            }
+            for u in range(num_ubatches)
+        ]
+        self._comb_static: list[dict[str, Any]] = [
+            {
+                "recv_out_ptr": self.recv_out[u],
+                "recv_lse_ptr": self.recv_lse[u],
+                "sig_ptr": self.recv_signal[u],
+                "epoch_ptr": self.epoch[u:],
+                "done_ptr": self._wait_done[u:],
+                "err_ptr": self._error[u],
+                "T_MAX": t_max,
+                "N": n,
+                "N_POW2": self._n_pow2,
+                "H_R": h_r,
+                "D": d,
+            }
+            for u in range(num_ubatches)
+        ]
+
+    @property
+    def num_heads(self) -> int:
+        """Heads of the input, N * H_r."""
+        return self.world_size * self.heads_per_rank
+
+    def unsupported_reason(
+        self, partial_output: torch.Tensor, partial_lse: torch.Tensor
+    ) -> str | None:
+        """Why this call cannot take the direct path (``None``: it can).
+
+        Shape/dtype mismatches that would be errors for any combine are reported by
+        ``lse_reduce`` itself; this covers what a fallback to NCCL can handle instead:
+        too many rows, a different dtype, misaligned or unpacked rows.
+        """
+        if partial_output.dim() != 3 or partial_lse.dim() != 2:
+            return "expected partial_output [T, H, D] and partial_lse [T, H]"
+        t, h, d = partial_output.shape
+        if t > self.max_num_tokens:
+            return f"{t} rows exceed the workspace capacity {self.max_num_tokens}"
+        if h != self.num_heads or d != self.head_dim:
+            return (
+                f"shape [T, {h}, {d}] != workspace geometry [T, {self.num_heads}, {self.head_dim}]"
+            )
+        if partial_output.dtype != self.dtype:
+            return f"dtype {partial_output.dtype} != workspace dtype {self.dtype}"
+        if partial_lse.dtype not in _LSE_DTYPES:
+            return f"LSE dtype {partial_lse.dtype} is not fp32/fp16/bf16"
+        if partial_output.device != self.device or partial_lse.device != self.device:
+            return f"inputs on {partial_output.device}/{partial_lse.device}, workspace on {self.device}"
+        if t > 0 and partial_output.stride(2) != 1:
+            return "partial_output must have a unit stride on its last dim"
+        if t > 0:
+            return check_16b_aligned(
+                partial_output,
+                "partial_output",
+                (partial_output.stride(0), partial_output.stride(1)),
+            )
+        return None
+
+    def _validate(
+        self,
+        partial_output: torch.Tensor,
+        partial_lse: torch.Tensor,
+        seq_lens: torch.Tensor | None,
+        query_start_loc: torch.Tensor | None,
+    ) -> None:
+        if partial_output.dim() != 3 or partial_lse.dim() != 2:
+            raise ValueError(
+                f"{self.name}: expected partial_output [T, H, D] and partial_lse [T, H], got "
+                f"{tuple(partial_output.shape)} and {tuple(partial_lse.shape)}"
+            )
+        if tuple(partial_lse.shape) != tuple(partial_output.shape[:2]):
+            raise ValueError(
+                f"{self.name}: partial_lse {tuple(partial_lse.shape)} does not match "
+                f"partial_output {tuple(partial_output.shape)} in [T, H]"
+            )
+        if not partial_lse.dtype.is_floating_point:
+            raise TypeError(
+                f"{self.name}: partial_lse must be floating point, got {partial_lse.dtype}"
+            )
+        reason = self.unsupported_reason(partial_output, partial_lse)
+        if reason is not None:
+            raise ValueError(f"{self.name}: {reason}")
+        _validate_mask_args(seq_lens, query_start_loc, self.device)
+
+    def publish(
+        self,
+        partial_output: torch.Tensor,
+        partial_lse: torch.Tensor,
+        seq_lens: torch.Tensor | None = None,
+        query_start_loc: torch.Tensor | None = None,
+        *,
+        ubatch_id: int | None = None,
+        validate: bool = True,
+    ) -> None:
+        """First launch of a call: write this rank's slices into every peer and signal them.
+
+        ``lse_reduce`` = ``publish`` + ``wait_and_combine``; the split exists so simulated ranks
+        sharing one process can run all publishes before any wait.
+        """
+        if validate:
+            self._before_call()
+            self._validate(partial_output, partial_lse, seq_lens, query_start_loc)
+        u = self._resolve_ubatch(ubatch_id)
+        t = partial_output.shape[0]
+        if t == 0:
+            return
+        has_mask = seq_lens is not None and query_start_loc is not None
+        if seq_lens is not None and query_start_loc is not None:
+            seq_lens, query_start_loc = seq_lens.contiguous(), query_start_loc.contiguous()
+        num_seqs = seq_lens.numel() if seq_lens is not None else 0
+        num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
+        launch_cached(
+            _direct_a2a_publish_kernel,
+            (self.world_size, num_pub),
+            **self._pub_static[u],
+            out_ptr=partial_output,
+            stride_out_t=partial_output.stride(0),
+            stride_out_h=partial_output.stride(1),
+            stride_out_d=partial_output.stride(2),
+            lse_ptr=partial_lse,
+            stride_lse_t=partial_lse.stride(0),
+            stride_lse_h=partial_lse.stride(1),
+            seq_lens_ptr=seq_lens if seq_lens is not None else partial_lse,
+            qsl_ptr=query_start_loc if query_start_loc is not None else partial_lse,
+            num_seqs=num_seqs,
+            T=t,
+            NUM_PUB=num_pub,
+            HAS_MASK=has_mask,
+            NUM_SEQS_POW2=next_pow2(num_seqs),
+        )
+
+    def wait_and_combine(
+        self,
+        num_tokens: int,
+        *,
+        is_lse_base_on_e: bool = True,
+        return_lse: bool = False,
+        ubatch_id: int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Second launch of a call: bounded wait for all sources, then the LSE-weighted combine.
+
+        Returns:
+            ``out [num_tokens, H_r, D]`` (workspace dtype) and, with ``return_lse``, the combined
+            LSE ``[num_tokens, H_r]`` fp32 in the input base. On a timeout the output is NaN and
+            the error surfaces on the host as ``DirectProtocolError`` (lazily or via
+            ``check_error()``).
+        """
+        u = self._resolve_ubatch(ubatch_id)
+        t = int(num_tokens)
+        if not 0 <= t <= self.max_num_tokens:
+            raise ValueError(f"{self.name}: num_tokens {t} not in [0, {self.max_num_tokens}]")
+        h_r, d = self.heads_per_rank, self.head_dim
+        out = empty_output((t, h_r, d), dtype=self.dtype, device=self.device)
+        lse = (
+            empty_output((t, h_r), dtype=torch.float32, device=self.device) if return_lse else None
+        )
+        if t > 0:
+            block_h, block_d = self._block_h, self._block_d
+            n_hb = -(-h_r // block_h)
+            if t * n_hb < _SMALL_BATCH_PROGRAMS:
+                block_h, block_d = self._block_h_small, self._block_d_small
+                n_hb = -(-h_r // block_h)
+                d_per_prog, n_db, num_warps = block_d, -(-d // block_d), 2
+            else:
+                d_per_prog, n_db, num_warps = -(-d // block_d) * block_d, 1, 4
+            launch_cached(
+                _direct_a2a_combine_kernel,
+                (t, n_hb, n_db),
+                **self._comb_static[u],
+                res_ptr=out,
+                stride_res_t=out.stride(0),
+                stride_res_h=out.stride(1),
+                res_lse_ptr=lse if lse is not None else out,
+                stride_res_lse_t=lse.stride(0) if lse is not None else 0,
+                max_spins=self.max_spins,
+                num_programs=t * n_hb * n_db,
+                BLOCK_H=block_h,
+                BLOCK_D=block_d,
+                D_PER_PROG=d_per_prog,
+                num_warps=num_warps,
+                IS_BASE_E=bool(is_lse_base_on_e),
+                HAS_LSE_OUT=lse is not None,
+            )
+            self._after_call()
+        return (out, lse) if lse is not None else out
+
+    def lse_reduce(
+        self,
+        partial_output: torch.Tensor,
+        partial_lse: torch.Tensor,
+        is_lse_base_on_e: bool = True,
+        seq_lens: torch.Tensor | None = None,
+        query_start_loc: torch.Tensor | None = None,
+        *,
+        return_lse: bool = False,
+        ubatch_id: int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Combine this rank's partial attention with all peers' into its own heads.
+
+        Args:
+            partial_output: ``[T, H, D]`` (H = N*H_r) partial output of this rank's KV shard,
+                workspace dtype; last dim unit stride; 16-byte-aligned base and row strides
+                (padded-head views ``[:, :H]`` of wider storage are fine).
+            partial_lse: ``[T, H]`` LSE (fp32/fp16/bf16, any strides).
+            is_lse_base_on_e: LSE base (True: e, False: 2).
+            seq_lens: ``[R]`` this rank's local KV length per request (optional; with
+                ``query_start_loc``, rows of requests with an empty local shard and padding rows
+                past ``query_start_loc[R]`` contribute nothing, as in ``mask_dcp_empty_shards_``).
+            query_start_loc: ``[R+1]`` cumulative query offsets.
+            return_lse: also return the combined LSE ``[T, H_r]`` fp32.
+            ubatch_id: micro-batch slot (default ``cpattn_common.current_ubatch_id()``).
+
+        Returns:
+            ``out [T, H_r, D]`` (rank r holds global heads ``[r*H_r, (r+1)*H_r)``), plus the
+            LSE with ``return_lse``.
+
+        Raises:
+            ValueError / TypeError: bad shapes, dtypes, alignment, ``T > max_num_tokens``,
+                ubatch out of range, inconsistent masking arguments.
+            DirectProtocolError: an earlier call's bounded wait timed out.
+        """
+        self._before_call()
+        self._validate(partial_output, partial_lse, seq_lens, query_start_loc)
+        u = self._resolve_ubatch(ubatch_id)
+        self.publish(
+            partial_output, partial_lse, seq_lens, query_start_loc, ubatch_id=u, validate=False
+        )
+        return self.wait_and_combine(
+            partial_output.shape[0],
+            is_lse_base_on_e=is_lse_base_on_e,
+            return_lse=return_lse,
+            ubatch_id=u,
+        )

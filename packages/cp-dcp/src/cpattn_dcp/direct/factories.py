@@ -1,0 +1,230 @@
+"""Gated, memoized factories of the direct DCP workspaces.
+
+Each ``get_direct_dcp_*_workspace`` returns ``None`` when the capability gating of
+``cpattn_common.capability`` says no, so callers fall back to the NCCL paths. Gating and
+construction are collective: every rank of the group must call a factory with the same
+arguments in the same order. Workspaces are memoized per (group, device, geometry, dtype,
+ubatches) so every layer of a model shares one workspace per geometry; sharing across
+sequential layers is safe because every call is a full rendezvous.
+
+The tri-state ``use_direct`` switch: ``None`` (auto: capability probing decides), ``True``
+(force; an unsupported configuration then raises from the constructor), ``False`` (off).
+The Q / KV gathers additionally need NVLS multicast: where the environment disables it
+(``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, ``NCCL_NVLS_ENABLE=0``, ...) they return ``None``
+before any multicast query is made, even when forced.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from cpattn_common import capability
+from cpattn_dcp.direct.a2a import DIRECT_A2A_DTYPES, DirectDCPA2AWorkspace
+from cpattn_dcp.direct.kv_gather import DIRECT_KV_GATHER_DTYPES, DirectDCPKVGatherWorkspace
+from cpattn_dcp.direct.q_gather import DirectDCPQGatherWorkspace
+
+__all__ = [
+    "clear_direct_workspace_cache",
+    "direct_a2a_unavailable_reason",
+    "direct_gather_unavailable_reason",
+    "get_direct_dcp_a2a_workspace",
+    "get_direct_dcp_kv_gather_workspace",
+    "get_direct_dcp_q_gather_workspace",
+]
+
+_lock = threading.Lock()
+# key -> (group kept alive so its id() cannot be reused, workspace)
+_cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+
+
+def _capability_detail(
+    group: Any,
+    dtype: torch.dtype,
+    use_direct: bool | None,
+    supported: tuple[torch.dtype, ...] | None,
+    *,
+    multicast: bool = False,
+) -> str:
+    try:
+        reason = capability.direct_cp_disabled_reason(
+            group, dtype, use_direct, supported, multicast=multicast
+        )
+    except Exception as exc:  # a diagnostics helper must never break the fallback
+        return f"capability gating said no ({type(exc).__name__} while asking why)"
+    return str(reason) if reason else "capability gating said no"
+
+
+def direct_a2a_unavailable_reason(
+    group: Any, dtype: torch.dtype, use_direct: bool | None = None
+) -> str | None:
+    """Why the direct A2A is off for ``group``/``dtype`` (``None``: gating allows it).
+
+    Collective when it probes symmetric memory (all ranks, same order).
+    """
+    if use_direct is False:
+        return "disabled by configuration (use_direct_a2a=False)"
+    if capability.direct_cp_enabled(group, dtype, use_direct, DIRECT_A2A_DTYPES):
+        return None
+    return _capability_detail(group, dtype, use_direct, DIRECT_A2A_DTYPES)
+
+
+def direct_gather_unavailable_reason(
+    group: Any,
+    dtype: torch.dtype,
+    use_direct: bool | None = None,
+    supported_dtypes: tuple[torch.dtype, ...] | None = None,
+    *,
+    what: str = "direct gather",
+) -> str | None:
+    """Why a multicast-based direct gather is off (``None``: gating allows it).
+
+    The environment check comes first, so no multicast query is made where it is disabled.
+    """
+    if use_direct is False:
+        return f"{what} disabled by configuration"
+    if capability.multicast_disabled_by_env():
+        return "NVLS multicast is disabled by the environment"
+    if capability.direct_cp_multicast_enabled(group, dtype, use_direct, supported_dtypes):
+        return None
+    return _capability_detail(group, dtype, use_direct, supported_dtypes, multicast=True)
+
+
+def _memo(key: tuple[Any, ...], group: Any, build: Any) -> Any:
+    with _lock:
+        hit = _cache.get(key)
+    if hit is not None:
+        return hit[1]
+    ws = build()
+    with _lock:
+        _cache[key] = (group, ws)
+    return ws
+
+
+def _device_key(device: torch.device | str) -> str:
+    d = str(torch.device(device))
+    return f"cuda:{torch.cuda.current_device()}" if d == "cuda" else d
+
+
+def get_direct_dcp_a2a_workspace(
+    group: Any,
+    device: torch.device | str,
+    max_num_tokens: int,
+    heads_per_rank: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    num_ubatches: int = 1,
+    use_direct: bool | None = None,
+) -> DirectDCPA2AWorkspace | None:
+    """The shared ``DirectDCPA2AWorkspace`` of this geometry, or ``None`` when gated off.
+
+    ``use_direct=True`` skips probing; an unsupported dtype then raises ``ValueError``.
+    """
+    if num_ubatches < 1:
+        raise ValueError(f"Direct DCP A2A requires at least one ubatch slot, got {num_ubatches}")
+    if direct_a2a_unavailable_reason(group, dtype, use_direct) is not None:
+        return None
+    key = (
+        "a2a",
+        id(group),
+        _device_key(device),
+        max_num_tokens,
+        heads_per_rank,
+        head_dim,
+        dtype,
+        num_ubatches,
+    )
+    ws: DirectDCPA2AWorkspace = _memo(
+        key,
+        group,
+        lambda: DirectDCPA2AWorkspace(
+            group, device, max_num_tokens, heads_per_rank, head_dim, dtype, num_ubatches
+        ),
+    )
+    return ws
+
+
+def get_direct_dcp_q_gather_workspace(
+    group: Any,
+    device: torch.device | str,
+    max_num_tokens: int,
+    heads_per_rank: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    num_ubatches: int = 1,
+    padded_num_heads: int | None = None,
+    use_direct: bool | None = None,
+) -> DirectDCPQGatherWorkspace | None:
+    """The shared ``DirectDCPQGatherWorkspace``, or ``None`` unless multicast gating says yes."""
+    if (
+        direct_gather_unavailable_reason(group, dtype, use_direct, what="direct q-gather")
+        is not None
+    ):
+        return None
+    key = (
+        "q", id(group), _device_key(device), max_num_tokens, heads_per_rank, head_dim, dtype,
+        num_ubatches, padded_num_heads,
+    )  # fmt: skip
+    ws: DirectDCPQGatherWorkspace = _memo(
+        key,
+        group,
+        lambda: DirectDCPQGatherWorkspace(
+            group,
+            device,
+            max_num_tokens,
+            heads_per_rank,
+            head_dim,
+            dtype,
+            num_ubatches,
+            padded_num_heads,
+        ),
+    )
+    return ws
+
+
+def get_direct_dcp_kv_gather_workspace(
+    group: Any,
+    device: torch.device | str,
+    max_gathered_tokens: int,
+    token_dim: int,
+    dtype: torch.dtype,
+    num_ubatches: int = 1,
+    use_direct: bool | None = None,
+) -> DirectDCPKVGatherWorkspace | None:
+    """The shared ``DirectDCPKVGatherWorkspace``, or ``None`` unless multicast gating says yes."""
+    if (
+        direct_gather_unavailable_reason(
+            group, dtype, use_direct, DIRECT_KV_GATHER_DTYPES, what="direct kv-gather"
+        )
+        is not None
+    ):
+        return None
+    key = (
+        "kv",
+        id(group),
+        _device_key(device),
+        max_gathered_tokens,
+        token_dim,
+        dtype,
+        num_ubatches,
+    )
+    ws: DirectDCPKVGatherWorkspace = _memo(
+        key,
+        group,
+        lambda: DirectDCPKVGatherWorkspace(
+            group, device, max_gathered_tokens, token_dim, dtype, num_ubatches
+        ),
+    )
+    return ws
+
+
+def clear_direct_workspace_cache(*, close: bool = False) -> None:
+    """Forget the memoized workspaces (``close=True`` also closes them; collective)."""
+    with _lock:
+        items = list(_cache.values())
+        _cache.clear()
+    if close:
+        for _, ws in items:
+            ws.close()

@@ -1,0 +1,213 @@
+"""Direct DCP KV gather (MLA chunked-context prefill): every rank stores its local KV rows into
+every peer's symmetric parity slot at ``rank * T``, signals, waits, then the rows are copied
+(materialized) into the caller's ``gathered_kv [N*T, D]`` buffer.
+
+Created only where NVLS multicast spans the group; the factory returns ``None`` elsewhere and
+always when the environment disables multicast. Because the result is copied out, the parity
+slot is free again once every rank finished the call (the two-slot argument of the protocol).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from cpattn_common.launch import launch_cached
+from cpattn_dcp.direct._base import (
+    DEFAULT_ERROR_CHECK_INTERVAL,
+    DEFAULT_MAX_SPINS,
+    DirectWorkspaceBase,
+    check_16b_aligned,
+    next_pow2,
+)
+from cpattn_dcp.direct.q_gather import _require_multicast
+from cpattn_dcp.kernels.direct_gather import (
+    _direct_gather_publish_kernel,
+    _direct_gather_wait_kernel,
+)
+
+__all__ = ["DIRECT_KV_GATHER_DTYPES", "DirectDCPKVGatherWorkspace"]
+
+#: KV dtypes the direct KV gather supports.
+DIRECT_KV_GATHER_DTYPES: tuple[torch.dtype, ...] = (
+    torch.float16,
+    torch.bfloat16,
+    torch.float8_e4m3fn,
+)
+_MAX_PUBLISH_PROGRAMS = 32
+_COPY_BLOCK = 2048
+
+
+class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
+    """Direct symmetric-memory KV gather of one DCP group and geometry (collective ctor).
+
+    Buffers per rank: ``received_kv [U, 2, G, D]`` (G = ``max_gathered_tokens``),
+    ``signal [U, 2, N]`` int64.
+
+    Args:
+        group: the DCP group.
+        device: device of the buffers.
+        max_gathered_tokens: G, capacity of one gathered chunk (N*T <= G); divisible by N.
+        token_dim: D (576 for DeepSeek-style MLA: 512 latent + 64 rope).
+        dtype: float16, bfloat16 or float8_e4m3fn.
+        num_ubatches: micro-batch slots.
+        require_multicast: see ``DirectDCPQGatherWorkspace``.
+        max_spins / error_check_interval: see ``DirectDCPA2AWorkspace``.
+    """
+
+    def __init__(
+        self,
+        group: Any,
+        device: torch.device | str,
+        max_gathered_tokens: int,
+        token_dim: int,
+        dtype: torch.dtype = torch.bfloat16,
+        num_ubatches: int = 1,
+        *,
+        require_multicast: bool = True,
+        max_spins: int = DEFAULT_MAX_SPINS,
+        error_check_interval: int = DEFAULT_ERROR_CHECK_INTERVAL,
+    ) -> None:
+        name = "Direct DCP kv-gather"
+        if dtype not in DIRECT_KV_GATHER_DTYPES:
+            raise ValueError(f"{name} does not support {dtype}; supported: fp16, bf16, fp8_e4m3fn")
+        if num_ubatches < 1:
+            raise ValueError(f"{name} requires at least one ubatch slot, got {num_ubatches}")
+        if max_gathered_tokens < 1 or token_dim < 1:
+            raise ValueError(
+                f"{name} dimensions must be positive, got T={max_gathered_tokens}, D={token_dim}"
+            )
+        elem = torch.empty((), dtype=dtype).element_size()
+        if (token_dim * elem) % 16 != 0:
+            raise ValueError(
+                f"{name} requires 16-byte-aligned KV rows: token_dim {token_dim} * {elem} bytes "
+                f"= {token_dim * elem} is not a multiple of 16"
+            )
+        super().__init__(
+            name,
+            group,
+            device,
+            num_ubatches,
+            max_spins=max_spins,
+            error_check_interval=error_check_interval,
+        )
+        n = self.world_size
+        if n < 2:
+            raise ValueError(f"{name} requires at least two ranks, got world size {n}")
+        if max_gathered_tokens % n != 0:
+            raise ValueError(
+                f"{name} capacity must divide evenly across ranks: {max_gathered_tokens} % {n} != 0"
+            )
+        self.max_gathered_tokens = int(max_gathered_tokens)
+        self.token_dim = int(token_dim)
+        self.dtype = dtype
+        self._init_buffers()
+        self.received_kv, self._kv_ptrs = self._allocate(
+            (2, self.max_gathered_tokens, token_dim), dtype
+        )
+        self.recv_signal, self._sig_ptrs = self._allocate((2, n), torch.int64)
+        if require_multicast:
+            _require_multicast(name, self.symmetric_workspace, [self.received_kv, self.recv_signal])
+        self._block_w = min(next_pow2(token_dim), 4096)
+        self._n_pow2 = next_pow2(n)
+
+    def unsupported_reason(self, gathered_kv: torch.Tensor, local_kv: torch.Tensor) -> str | None:
+        """Why this call cannot take the direct path (``None``: it can)."""
+        if local_kv.dim() != 2 or gathered_kv.dim() != 2:
+            return (
+                f"expected local_kv [T, D] and gathered_kv [N*T, D], got {tuple(local_kv.shape)} "
+                f"and {tuple(gathered_kv.shape)}"
+            )
+        t, d = local_kv.shape
+        n = self.world_size
+        if d != self.token_dim or gathered_kv.shape[1] != d:
+            return f"token dim {d} / {gathered_kv.shape[1]} != workspace token_dim {self.token_dim}"
+        if gathered_kv.shape[0] != n * t:
+            return f"gathered_kv has {gathered_kv.shape[0]} rows, expected N*T = {n}*{t} = {n * t}"
+        if n * t > self.max_gathered_tokens:
+            return (
+                f"gathered kv {n}*{t} = {n * t} rows exceed the kv-gather capacity "
+                f"{self.max_gathered_tokens}"
+            )
+        if local_kv.dtype != self.dtype or gathered_kv.dtype != self.dtype:
+            return f"dtypes {local_kv.dtype}/{gathered_kv.dtype} != workspace dtype {self.dtype}"
+        if local_kv.device != self.device or gathered_kv.device != self.device:
+            return f"tensors on {local_kv.device}/{gathered_kv.device}, workspace on {self.device}"
+        if not local_kv.is_contiguous() or not gathered_kv.is_contiguous():
+            return "local_kv and gathered_kv must be contiguous"
+        if t > 0:
+            return check_16b_aligned(local_kv, "local_kv", ()) or check_16b_aligned(
+                gathered_kv, "gathered_kv", ()
+            )
+        return None
+
+    def publish(self, local_kv: torch.Tensor, *, ubatch_id: int | None = None) -> None:
+        """First launch: store this rank's rows into every peer's parity slot and signal."""
+        u = self._resolve_ubatch(ubatch_id)
+        t = local_kv.shape[0]
+        if t == 0:
+            return
+        d = self.token_dim
+        num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
+        launch_cached(
+            _direct_gather_publish_kernel,
+            (self.world_size, num_pub),
+            src_ptr=local_kv,
+            stride_src_t=local_kv.stride(0),
+            peer_dst_ptrs=self._kv_ptrs[u],
+            peer_sig_ptrs=self._sig_ptrs[u],
+            counter_ptr=self._pub_counter[u],
+            epoch_ptr=self.epoch[u:],
+            T=t,
+            rank=self.rank,
+            dst_parity_stride=self.max_gathered_tokens * d,
+            dst_rank_stride=t * d,
+            dst_row_stride=d,
+            NUM_PUB=num_pub,
+            N=self.world_size,
+            W=d,
+            BLOCK_W=self._block_w,
+        )
+
+    def wait(self, gathered_kv: torch.Tensor, *, ubatch_id: int | None = None) -> None:
+        """Second launch: bounded wait, then copy the slot's ``N*T`` rows into ``gathered_kv``."""
+        u = self._resolve_ubatch(ubatch_id)
+        num_elems = gathered_kv.numel()
+        if num_elems == 0:
+            return
+        grid = (-(-num_elems // _COPY_BLOCK),)
+        launch_cached(
+            _direct_gather_wait_kernel,
+            grid,
+            sig_ptr=self.recv_signal[u],
+            epoch_ptr=self.epoch[u:],
+            done_ptr=self._wait_done[u:],
+            err_ptr=self._error[u],
+            slot_ptr=self.received_kv[u],
+            dst_ptr=gathered_kv,
+            num_elems=num_elems,
+            slot_parity_stride=self.max_gathered_tokens * self.token_dim,
+            max_spins=self.max_spins,
+            num_programs=grid[0],
+            N=self.world_size,
+            N_POW2=self._n_pow2,
+            HAS_COPY=True,
+            BLOCK=_COPY_BLOCK,
+        )
+        self._after_call()
+
+    def gather(
+        self, gathered_kv: torch.Tensor, local_kv: torch.Tensor, *, ubatch_id: int | None = None
+    ) -> None:
+        """``gathered_kv [N*T, D]`` = every rank's ``local_kv [T, D]``, rank-major (in place).
+
+        Same result as ``all_gather_into_tensor(gathered_kv, local_kv)``.
+        """
+        self._before_call()
+        reason = self.unsupported_reason(gathered_kv, local_kv)
+        if reason is not None:
+            raise ValueError(f"{self.name}: {reason}")
+        u = self._resolve_ubatch(ubatch_id)
+        self.publish(local_kv, ubatch_id=u)
+        self.wait(gathered_kv, ubatch_id=u)

@@ -1,0 +1,243 @@
+"""Direct DCP query gather: every rank stores its query heads straight into every peer's
+consumer-final ``[T, N*H_r, D]`` buffer (rank-major heads), signals, and waits.
+
+Created only where NVLS multicast spans the group (``direct_cp_multicast_enabled``); the
+factory returns ``None`` everywhere else, and always when the environment disables multicast.
+The data path itself stores through the peer-pointer table (one store per peer), which is
+correct on any symmetric-memory fabric; a multicast store is a drop-in optimisation of the
+same layout.
+
+Reuse contract (as in the serving engine this mirrors): the returned tensor is a view of the
+ubatch's persistent buffer, valid until this rank's next ``gather`` on the same ubatch. A peer
+overwrites it only in its next gather, which it can only reach after a cross-rank combine that
+waited for this rank's attention output. Using the gather without a subsequent cross-rank
+combine therefore needs an extra rendezvous between calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from cpattn_common.capability import multicast_disabled_by_env
+from cpattn_common.launch import launch_cached
+from cpattn_dcp.direct._base import (
+    DEFAULT_ERROR_CHECK_INTERVAL,
+    DEFAULT_MAX_SPINS,
+    DirectWorkspaceBase,
+    check_16b_aligned,
+    next_pow2,
+)
+from cpattn_dcp.kernels.direct_gather import (
+    _direct_gather_publish_kernel,
+    _direct_gather_wait_kernel,
+)
+
+__all__ = ["DirectDCPQGatherWorkspace"]
+
+_MAX_PUBLISH_PROGRAMS = 32
+
+
+def _require_multicast(name: str, symm: Any, storages: list[torch.Tensor]) -> None:
+    """Raise ``RuntimeError`` unless every storage has a multicast pointer for every ubatch.
+
+    The environment check comes first so no multicast query is made where it is disabled.
+    """
+    if multicast_disabled_by_env():
+        raise RuntimeError(
+            f"{name} requires NVLS symmetric-memory multicast, which the environment disables"
+        )
+    for storage in storages:
+        ptrs = symm.multicast_ptrs(storage)
+        if not ptrs or any(int(p) == 0 for p in ptrs):
+            raise RuntimeError(f"{name} requires NVLS symmetric-memory multicast.")
+
+
+class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
+    """Direct symmetric-memory query gather of one DCP group and geometry (collective ctor).
+
+    Buffers per rank: ``final_query [U, T_max, S, D]`` (S = ``padded_num_heads`` or N*H_r),
+    ``signal [U, 2, N]`` int64.
+
+    Args:
+        group: the DCP group.
+        device: device of the buffers.
+        max_num_tokens: T_max.
+        heads_per_rank: H_r, this rank's query heads.
+        head_dim: D (e.g. 576 for MLA).
+        dtype: query dtype (any 1-, 2- or 4-byte floating dtype, fp8 included).
+        num_ubatches: micro-batch slots.
+        padded_num_heads: head capacity S >= N*H_r of the returned tensor's storage, for
+            fixed-head attention kernels (``None``: N*H_r).
+        require_multicast: raise ``RuntimeError`` unless multicast spans the group (default;
+            ``False`` only for tests with simulated peers).
+        max_spins / error_check_interval: see ``DirectDCPA2AWorkspace``.
+    """
+
+    def __init__(
+        self,
+        group: Any,
+        device: torch.device | str,
+        max_num_tokens: int,
+        heads_per_rank: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.bfloat16,
+        num_ubatches: int = 1,
+        padded_num_heads: int | None = None,
+        *,
+        require_multicast: bool = True,
+        max_spins: int = DEFAULT_MAX_SPINS,
+        error_check_interval: int = DEFAULT_ERROR_CHECK_INTERVAL,
+    ) -> None:
+        name = "Direct DCP q-gather"
+        if not dtype.is_floating_point or torch.empty((), dtype=dtype).element_size() not in (
+            1,
+            2,
+            4,
+        ):
+            raise ValueError(f"{name} does not support {dtype}")
+        if num_ubatches < 1:
+            raise ValueError(f"{name} requires at least one ubatch slot, got {num_ubatches}")
+        if max_num_tokens < 1 or heads_per_rank < 1 or head_dim < 1:
+            raise ValueError(
+                f"{name} dimensions must be positive, got T={max_num_tokens}, "
+                f"H={heads_per_rank}, D={head_dim}"
+            )
+        super().__init__(
+            name,
+            group,
+            device,
+            num_ubatches,
+            max_spins=max_spins,
+            error_check_interval=error_check_interval,
+        )
+        n = self.world_size
+        elem = torch.empty((), dtype=dtype).element_size()
+        gathered = n * heads_per_rank
+        storage_heads = gathered if padded_num_heads is None else int(padded_num_heads)
+        if (heads_per_rank * head_dim * elem) % 16 != 0 or (
+            storage_heads * head_dim * elem
+        ) % 16 != 0:
+            raise ValueError(
+                f"{name} requires 16-byte-aligned query rows: H_r*D*elem = "
+                f"{heads_per_rank}*{head_dim}*{elem} and S*D*elem = {storage_heads}*{head_dim}*{elem} "
+                "must be multiples of 16"
+            )
+        if n < 2:
+            raise ValueError(f"{name} requires at least two ranks, got world size {n}")
+        if storage_heads < gathered:
+            raise ValueError(
+                f"{name} padded heads must cover gathered heads: {storage_heads} < {gathered}"
+            )
+        self.max_num_tokens = int(max_num_tokens)
+        self.heads_per_rank = int(heads_per_rank)
+        self.head_dim = int(head_dim)
+        self.dtype = dtype
+        self.storage_heads = storage_heads
+        self._init_buffers()
+        self.final_query, self._q_ptrs = self._allocate(
+            (self.max_num_tokens, storage_heads, head_dim), dtype
+        )
+        self.recv_signal, self._sig_ptrs = self._allocate((2, n), torch.int64)
+        if require_multicast:
+            _require_multicast(name, self.symmetric_workspace, [self.final_query, self.recv_signal])
+        self._block_w = min(next_pow2(heads_per_rank * head_dim), 4096)
+        self._n_pow2 = next_pow2(n)
+
+    def unsupported_reason(self, local_query: torch.Tensor) -> str | None:
+        """Why ``local_query`` cannot take the direct path (``None``: it can)."""
+        if local_query.dim() != 3:
+            return f"expected local_query [T, H_r, D], got {tuple(local_query.shape)}"
+        t, h, d = local_query.shape
+        if h != self.heads_per_rank or d != self.head_dim:
+            return f"expected {self.heads_per_rank} local query heads of dim {self.head_dim}, got {h} x {d}"
+        if t > self.max_num_tokens:
+            return f"token count {t} exceeds the q-gather capacity {self.max_num_tokens}"
+        if local_query.dtype != self.dtype:
+            return f"dtype {local_query.dtype} != workspace dtype {self.dtype}"
+        if local_query.device != self.device:
+            return f"local_query on {local_query.device}, workspace on {self.device}"
+        if t > 0 and (local_query.stride(2) != 1 or (h > 1 and local_query.stride(1) != d)):
+            return "local_query heads must be packed (head stride D, dim stride 1)"
+        if t > 0:
+            return check_16b_aligned(local_query, "local_query", (local_query.stride(0),))
+        return None
+
+    def publish(self, local_query: torch.Tensor, *, ubatch_id: int | None = None) -> None:
+        """First launch: store this rank's heads into every peer's final buffer and signal."""
+        u = self._resolve_ubatch(ubatch_id)
+        t = local_query.shape[0]
+        if t == 0:
+            return
+        n, w = self.world_size, self.heads_per_rank * self.head_dim
+        num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
+        launch_cached(
+            _direct_gather_publish_kernel,
+            (n, num_pub),
+            src_ptr=local_query,
+            stride_src_t=local_query.stride(0),
+            peer_dst_ptrs=self._q_ptrs[u],
+            peer_sig_ptrs=self._sig_ptrs[u],
+            counter_ptr=self._pub_counter[u],
+            epoch_ptr=self.epoch[u:],
+            T=t,
+            rank=self.rank,
+            dst_parity_stride=0,
+            dst_rank_stride=w,
+            dst_row_stride=n * w,
+            NUM_PUB=num_pub,
+            N=n,
+            W=w,
+            BLOCK_W=self._block_w,
+        )
+
+    def wait(self, num_tokens: int, *, ubatch_id: int | None = None) -> torch.Tensor:
+        """Second launch: bounded wait for every source; returns the gathered ``[T, N*H_r, D]``."""
+        u = self._resolve_ubatch(ubatch_id)
+        t = int(num_tokens)
+        if t > 0:
+            launch_cached(
+                _direct_gather_wait_kernel,
+                (1,),
+                sig_ptr=self.recv_signal[u],
+                epoch_ptr=self.epoch[u:],
+                done_ptr=self._wait_done[u:],
+                err_ptr=self._error[u],
+                slot_ptr=self.recv_signal[u],
+                dst_ptr=self.recv_signal[u],
+                num_elems=0,
+                slot_parity_stride=0,
+                max_spins=self.max_spins,
+                num_programs=1,
+                N=self.world_size,
+                N_POW2=self._n_pow2,
+                HAS_COPY=False,
+                BLOCK=16,
+            )
+            self._after_call()
+        g = self.world_size * self.heads_per_rank
+        buf = self.final_query[u]
+        return torch.as_strided(
+            buf, (t, g, self.head_dim), (g * self.head_dim, self.head_dim, 1), buf.storage_offset()
+        )
+
+    def gather(self, local_query: torch.Tensor, *, ubatch_id: int | None = None) -> torch.Tensor:
+        """All-gather the query heads of the DCP group.
+
+        Args:
+            local_query: ``[T, H_r, D]``; heads packed, rows 16-byte aligned (token stride may
+                exceed H_r*D).
+            ubatch_id: micro-batch slot (default ``cpattn_common.current_ubatch_id()``).
+
+        Returns:
+            ``[T, N*H_r, D]`` contiguous view (rank-major heads) of the persistent buffer, with
+            storage for ``T * S * D`` elements behind it (S = padded heads).
+        """
+        self._before_call()
+        reason = self.unsupported_reason(local_query)
+        if reason is not None:
+            raise ValueError(f"{self.name}: {reason}")
+        u = self._resolve_ubatch(ubatch_id)
+        self.publish(local_query, ubatch_id=u)
+        return self.wait(local_query.shape[0], ubatch_id=u)

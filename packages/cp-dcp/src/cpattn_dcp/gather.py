@@ -1,0 +1,135 @@
+"""NCCL-path query and KV gathers of decode context parallelism (the direct paths' fallback).
+
+* Query gather: each rank holds the query of its own ``H_r`` heads, ``[T, H_r, D]``; DCP
+  attention needs all ``N*H_r`` heads of the group, rank-major: ``[T, N*H_r, D]``. Optionally
+  the result is backed by storage for ``padded_num_heads`` heads (fixed-head decode kernels
+  read past the real heads without faulting).
+* KV gather (MLA chunked-context prefill): ``gathered_kv [N*T, D]`` = every rank's
+  ``local_kv [T, D]`` concatenated rank-major, written into a caller-owned buffer with one
+  ``all_gather_into_tensor``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from cpattn_common.alloc import empty_output
+from cpattn_dcp.comm.groups import resolve_group
+
+__all__ = ["dcp_gather_kv", "dcp_gather_query", "reserve_query_head_storage"]
+
+
+def reserve_query_head_storage(query: torch.Tensor, padded_num_heads: int) -> torch.Tensor:
+    """Copy ``query [T, H, D]`` into a contiguous tensor whose storage holds ``padded_num_heads``.
+
+    Args:
+        query: ``[T, H, D]`` (any strides).
+        padded_num_heads: head capacity ``>= H``.
+
+    Returns:
+        A contiguous ``[T, H, D]`` tensor (strides ``(H*D, D, 1)``) at offset 0 of a storage of
+        ``T * padded_num_heads * D`` elements.
+
+    Raises:
+        ValueError: ``query`` not 3-D or ``padded_num_heads < H``.
+    """
+    if query.dim() != 3:
+        raise ValueError(f"expected query [T, H, D], got shape {tuple(query.shape)}")
+    t, h, d = query.shape
+    if padded_num_heads < h:
+        raise ValueError(f"padded_num_heads {padded_num_heads} < query heads {h}")
+    storage = empty_output((t * padded_num_heads * d,), dtype=query.dtype, device=query.device)
+    out = storage[: t * h * d].view(t, h, d)
+    out.copy_(query)
+    return out
+
+
+def dcp_gather_query(
+    query: torch.Tensor, cp_group: Any, padded_num_heads: int | None = None
+) -> torch.Tensor:
+    """All-gather the query heads over the DCP group (rank-major along the head axis).
+
+    Args:
+        query: ``[T, H_r, D]`` this rank's query heads.
+        cp_group: ``ProcessGroup`` or ``CPGroupLike`` of the DCP group (N ranks).
+        padded_num_heads: optional head capacity ``>= N*H_r`` of the result's storage.
+
+    Returns:
+        ``[T, N*H_r, D]`` contiguous; heads ``[s*H_r, (s+1)*H_r)`` come from rank s. With
+        N = 1 and no padding, ``query`` itself.
+
+    Example:
+        >>> q_all = dcp_gather_query(q_local, group)                  # [T, N*H_r, D]
+        >>> q_all = dcp_gather_query(q_local, group, padded_num_heads=128)
+    """
+    if query.dim() != 3:
+        raise ValueError(f"expected query [T, H_r, D], got shape {tuple(query.shape)}")
+    group = resolve_group(cp_group)
+    n = group.world_size
+    t, h_r, d = query.shape
+    if padded_num_heads is not None and padded_num_heads < n * h_r:
+        raise ValueError(
+            f"padded_num_heads {padded_num_heads} < gathered heads N*H_r = {n}*{h_r} = {n * h_r}"
+        )
+    if n == 1:
+        return (
+            query
+            if padded_num_heads is None
+            else reserve_query_head_storage(query, padded_num_heads)
+        )
+    if padded_num_heads is None:
+        return group.all_gather(query.contiguous(), dim=1)
+    # Gather rank-major along dim 0, then one copy into the padded-capacity layout.
+    staged = empty_output((n * t, h_r, d), dtype=query.dtype, device=query.device)
+    group.all_gather_into_tensor(staged, query.contiguous())
+    storage = empty_output((t * padded_num_heads * d,), dtype=query.dtype, device=query.device)
+    out = storage[: t * n * h_r * d].view(t, n * h_r, d)
+    out.view(t, n, h_r, d).copy_(staged.view(n, t, h_r, d).transpose(0, 1))
+    return out
+
+
+def dcp_gather_kv(gathered_kv: torch.Tensor, local_kv: torch.Tensor, cp_group: Any) -> torch.Tensor:
+    """``gathered_kv[:N*T]`` = every rank's ``local_kv [T, D]``, rank-major, in place.
+
+    Args:
+        gathered_kv: caller buffer ``[G, D]`` (contiguous, same dtype/device, ``G >= N*T``).
+        local_kv: ``[T, D]`` this rank's rows (made contiguous if needed).
+        cp_group: ``ProcessGroup`` or ``CPGroupLike`` of the DCP group.
+
+    Returns:
+        The written view ``gathered_kv[:N*T]``.
+
+    Raises:
+        ValueError: rank/shape/dtype/device mismatch or a buffer that is too small.
+    """
+    if local_kv.dim() < 1 or gathered_kv.dim() != local_kv.dim():
+        raise ValueError(
+            f"expected gathered_kv [G, ...] and local_kv [T, ...] of equal rank, got "
+            f"{tuple(gathered_kv.shape)} and {tuple(local_kv.shape)}"
+        )
+    if gathered_kv.shape[1:] != local_kv.shape[1:]:
+        raise ValueError(
+            f"row shapes differ: gathered_kv {tuple(gathered_kv.shape)} vs local_kv "
+            f"{tuple(local_kv.shape)}"
+        )
+    if gathered_kv.dtype != local_kv.dtype or gathered_kv.device != local_kv.device:
+        raise ValueError(
+            f"gathered_kv ({gathered_kv.dtype}, {gathered_kv.device}) and local_kv "
+            f"({local_kv.dtype}, {local_kv.device}) must share dtype and device"
+        )
+    if not gathered_kv.is_contiguous():
+        raise ValueError("gathered_kv must be contiguous")
+    group = resolve_group(cp_group)
+    n, t = group.world_size, local_kv.shape[0]
+    if gathered_kv.shape[0] < n * t:
+        raise ValueError(
+            f"gathered_kv has {gathered_kv.shape[0]} rows, needs N*T = {n}*{t} = {n * t}"
+        )
+    out = gathered_kv[: n * t]
+    if n == 1:
+        out.copy_(local_kv)
+    else:
+        group.all_gather_into_tensor(out, local_kv.contiguous())
+    return out

@@ -1,0 +1,206 @@
+"""Direct (symmetric-memory) DCP A2A LSE-reduce kernels: publish, then wait + combine.
+
+Receive layout of every rank (one ubatch ``u``; ``P`` = parity slot, ``s`` = source rank):
+
+* ``recv_out [2, N, T_max, H_r, D]`` (output dtype) — ``recv_out[P, s, t, h]`` is source
+  ``s``'s partial output of row ``t`` for this rank's local head ``h`` (global head
+  ``rank * H_r + h``);
+* ``recv_lse [2, N, T_max, H_r]`` fp32 — its LSE, already masked to ``-inf`` for empty rows;
+* ``signal [2, N]`` int64 — ``signal[P, s] == E`` once source ``s`` published call ``E``.
+
+``_direct_a2a_publish_kernel`` (grid ``(N, NUM_PUB)``; program ``(d, p)`` handles destination
+``d`` and rows ``p, p + NUM_PUB, ...``) copies the head slice ``[d*H_r, (d+1)*H_r)`` of each
+row of ``partial_out [T, H, D]`` and the fp32 LSE into destination ``d`` at source index
+``rank``. Empty-shard masking (``HAS_MASK``): row ``t`` is empty iff
+``t >= query_start_loc[R]`` (padding) or ``seq_lens[seq(t)] == 0`` with
+``seq(t) = min(#{i in 1..R : query_start_loc[i] <= t}, R - 1)``; empty rows send LSE ``-inf``
+and skip the payload (the receiver never reads a zero-weight payload).
+
+``_direct_a2a_combine_kernel`` (grid ``(T, cdiv(H_r, BLOCK_H), cdiv(D, D_PER_PROG))``; small
+batches split heads and the head dim over more programs to cut latency) waits for every source's
+signal of this call, then for each (row, head) combines (base 2 internally)::
+
+    l_s   = sanitize(lse_s) * (log2(e) if base e else 1)     # NaN / +inf -> -inf
+    m     = max_s l_s  (0 if all -inf)
+    S     = sum_s 2^(l_s - m);   w_s = 2^(l_s - m) / S  (0 if S == 0)
+    out   = sum_{s: w_s > 0} w_s * o_s                       # fp32 accumulation
+    lse   = (log2(S) + m) * (ln 2 if base e else 1)          # -inf if all sources empty
+
+On a timeout nothing is read; the output is NaN and the error record is set.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from cpattn_dcp.kernels.direct_protocol import (
+    _call_epoch,
+    _publish_done,
+    _record_timeout,
+    _wait_all,
+    _wait_done,
+)
+
+
+@triton.jit
+def _direct_a2a_publish_kernel(
+    out_ptr,
+    stride_out_t,
+    stride_out_h,
+    stride_out_d,
+    lse_ptr,
+    stride_lse_t,
+    stride_lse_h,
+    seq_lens_ptr,
+    qsl_ptr,
+    num_seqs,
+    peer_out_ptrs,
+    peer_lse_ptrs,
+    peer_sig_ptrs,
+    counter_ptr,
+    epoch_ptr,
+    T,
+    T_MAX,
+    rank,
+    NUM_PUB,
+    N: tl.constexpr,
+    H_R: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_HD: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    NUM_SEQS_POW2: tl.constexpr,
+):
+    i_d = tl.program_id(0).to(tl.int64)
+    i_p = tl.program_id(1)
+    e, parity = _call_epoch(epoch_ptr)
+
+    # Symmetric buffers are at least 16-byte aligned: lets the row copy use 16-byte stores.
+    dst_out = tl.multiple_of(tl.load(peer_out_ptrs + i_d).to(out_ptr.dtype), 16)
+    dst_lse = tl.multiple_of(tl.load(peer_lse_ptrs + i_d).to(tl.pointer_type(tl.float32)), 16)
+    dst_sig = tl.load(peer_sig_ptrs + i_d).to(tl.pointer_type(tl.int64))
+
+    rec_row0 = (parity * N + rank) * T_MAX  # first row of this source's record in the slot
+    o_hd = tl.arange(0, BLOCK_HD)
+    o_h = tl.arange(0, BLOCK_H)
+    m_h = o_h < H_R
+    if HAS_MASK:
+        o_s = tl.arange(0, NUM_SEQS_POW2)
+        ends = tl.load(qsl_ptr + 1 + o_s, mask=o_s < num_seqs, other=2147483647)
+        total = tl.load(qsl_ptr + num_seqs)
+
+    for t32 in range(i_p, T, NUM_PUB):
+        t = tl.cast(t32, tl.int64)
+        empty = t < 0  # False, as a tensor
+        if HAS_MASK:
+            seq = tl.sum((ends <= t).to(tl.int32), axis=0)
+            seq = tl.minimum(seq, num_seqs - 1)
+            local_len = tl.load(seq_lens_ptr + tl.maximum(seq, 0), mask=num_seqs > 0, other=0)
+            empty = (t >= total) | (local_len == 0)
+        # Interpreter-safe form of "mask & scalar": a row limit that is 0 for empty rows.
+        row_lim = tl.where(empty, 0, H_R * D)
+        src_row = out_ptr + t * stride_out_t + (i_d * H_R) * stride_out_h
+        dst_row = dst_out + (rec_row0 + t) * (H_R * D)
+        for c in range(0, H_R * D, BLOCK_HD):
+            idx = c + o_hd
+            m = idx < row_lim
+            x = tl.load(src_row + (idx // D) * stride_out_h + (idx % D) * stride_out_d, mask=m)
+            tl.store(dst_row + idx, x, mask=m)
+        lse = tl.load(
+            lse_ptr + t * stride_lse_t + (i_d * H_R + o_h) * stride_lse_h, mask=m_h, other=0.0
+        ).to(tl.float32)
+        lse = tl.where(empty, float("-inf"), lse)
+        tl.store(dst_lse + (rec_row0 + t) * H_R + o_h, lse, mask=m_h)
+
+    _publish_done(counter_ptr + i_d, dst_sig + parity * N + rank, e, NUM_PUB)
+
+
+@triton.jit
+def _direct_a2a_combine_kernel(
+    recv_out_ptr,
+    recv_lse_ptr,
+    sig_ptr,
+    epoch_ptr,
+    done_ptr,
+    err_ptr,
+    res_ptr,
+    stride_res_t,
+    stride_res_h,
+    res_lse_ptr,
+    stride_res_lse_t,
+    T_MAX,
+    max_spins,
+    num_programs,
+    N: tl.constexpr,
+    N_POW2: tl.constexpr,
+    H_R: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    D_PER_PROG: tl.constexpr,
+    IS_BASE_E: tl.constexpr,
+    HAS_LSE_OUT: tl.constexpr,
+):
+    i_t = tl.program_id(0).to(tl.int64)
+    i_hb = tl.program_id(1).to(tl.int64)
+    i_db = tl.program_id(2)
+    e, parity = _call_epoch(epoch_ptr)
+
+    ok, missing = _wait_all(sig_ptr + parity * N, e, max_spins, N, N_POW2)
+    if ok == 0:
+        _record_timeout(err_ptr, e, missing)
+
+    o_n = tl.arange(0, N_POW2)
+    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    o_d = tl.arange(0, BLOCK_D)
+    m_n = o_n < tl.where(ok, N, 0)  # nothing is read after a timeout
+    m_h = o_h < H_R
+    # Row index of (parity, source n, row t) in the [2*N*T_MAX] record axis.
+    rec = (parity * N + o_n.to(tl.int64)) * T_MAX + i_t
+
+    lse = tl.load(
+        recv_lse_ptr + rec[:, None] * H_R + o_h[None, :],
+        mask=m_n[:, None] & m_h[None, :],
+        other=float("-inf"),
+        cache_modifier=".cg",
+    ).to(tl.float32)
+    lse = tl.where((lse != lse) | (lse == float("inf")), float("-inf"), lse)
+    if IS_BASE_E:
+        lse = lse * 1.4426950408889634
+    mx = tl.max(lse, axis=0)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    p = tl.exp2(lse - mx[None, :])
+    s = tl.sum(p, axis=0)
+    inv = tl.where(s > 0.0, 1.0 / tl.where(s > 0.0, s, 1.0), 0.0)
+    w = p * inv[None, :]
+
+    nan = float("nan")
+    for k in range(0, D_PER_PROG, BLOCK_D):  # zero-based: keeps 16-byte vector loads
+        dd = i_db * D_PER_PROG + k + o_d
+        m_hd = m_h[:, None] & (dd < D)[None, :]
+        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+        for n in tl.static_range(N):
+            w_n = tl.sum(tl.where(o_n[:, None] == n, w, 0.0), axis=0)
+            rec_n = (parity * N + n) * T_MAX + i_t
+            x = tl.load(
+                recv_out_ptr + (rec_n * H_R + o_h[:, None]) * D + dd[None, :],
+                mask=m_hd & (w_n > 0.0)[:, None],  # zero-weight (or timed-out) sources unread
+                other=0.0,
+                cache_modifier=".cg",
+            ).to(tl.float32)
+            acc += x * w_n[:, None]
+        acc = tl.where(ok, acc, nan)
+        tl.store(
+            res_ptr + i_t * stride_res_t + o_h[:, None] * stride_res_h + dd[None, :],
+            acc.to(res_ptr.dtype.element_ty),
+            mask=m_hd,
+        )
+    if HAS_LSE_OUT and i_db == 0:
+        g = tl.where(s > 0.0, tl.log2(tl.where(s > 0.0, s, 1.0)) + mx, float("-inf"))
+        if IS_BASE_E:
+            g = g * 0.6931471805599453
+        g = tl.where(ok, g, nan)
+        tl.store(res_lse_ptr + i_t * stride_res_lse_t + o_h, g, mask=m_h)
+
+    _wait_done(done_ptr, epoch_ptr, e, num_programs)

@@ -1,0 +1,101 @@
+"""Direct (symmetric-memory) DCP query / KV gather kernels: publish rows, then wait (+ copy out).
+
+``_direct_gather_publish_kernel`` (grid ``(N, NUM_PUB)``; program ``(d, p)`` handles destination
+``d`` and rows ``p, p + NUM_PUB, ...``) copies each row ``src[t, 0:W]`` (``W`` contiguous
+elements, row stride ``stride_src_t``) of this rank into destination ``d``'s symmetric buffer at
+element offset::
+
+    parity * dst_parity_stride + rank * dst_rank_stride + t * dst_row_stride
+
+* query gather: ``W = H_r * D``, no parity slot, ``dst_rank_stride = H_r * D``,
+  ``dst_row_stride = N * H_r * D`` — straight into the consumer-final ``[T, N*H_r, D]`` layout;
+* KV gather: ``W = D``, ``dst_parity_stride = T_cap * D``, ``dst_rank_stride = T * D``,
+  ``dst_row_stride = D`` — rank-major ``[N*T, D]`` in the parity slot.
+
+The last program of each destination raises ``signal[parity, rank] = E`` there (release, system
+scope; see ``cpattn_dcp.kernels.direct_protocol``).
+
+``_direct_gather_wait_kernel`` waits (bounded) for all sources' signals of this call; with
+``HAS_COPY`` each program then copies its ``BLOCK`` elements of ``slot[parity][0:num_elems]``
+into the caller's ``dst`` (the KV materialization). Nothing is read on a timeout.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from cpattn_dcp.kernels.direct_protocol import (
+    _call_epoch,
+    _publish_done,
+    _record_timeout,
+    _wait_all,
+    _wait_done,
+)
+
+
+@triton.jit
+def _direct_gather_publish_kernel(
+    src_ptr,
+    stride_src_t,
+    peer_dst_ptrs,
+    peer_sig_ptrs,
+    counter_ptr,
+    epoch_ptr,
+    T,
+    rank,
+    dst_parity_stride,
+    dst_rank_stride,
+    dst_row_stride,
+    NUM_PUB,
+    N: tl.constexpr,
+    W: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    i_d = tl.program_id(0).to(tl.int64)
+    i_p = tl.program_id(1)
+    e, parity = _call_epoch(epoch_ptr)
+
+    dst = tl.multiple_of(tl.load(peer_dst_ptrs + i_d).to(src_ptr.dtype), 16)  # 16-byte aligned
+    dst_sig = tl.load(peer_sig_ptrs + i_d).to(tl.pointer_type(tl.int64))
+    base = parity * dst_parity_stride + rank * dst_rank_stride
+    o_w = tl.arange(0, BLOCK_W)
+    for t32 in range(i_p, T, NUM_PUB):
+        t = tl.cast(t32, tl.int64)
+        for c in range(0, W, BLOCK_W):
+            idx = c + o_w
+            m = idx < W
+            x = tl.load(src_ptr + t * stride_src_t + idx, mask=m)
+            tl.store(dst + base + t * dst_row_stride + idx, x, mask=m)
+
+    _publish_done(counter_ptr + i_d, dst_sig + parity * N + rank, e, NUM_PUB)
+
+
+@triton.jit
+def _direct_gather_wait_kernel(
+    sig_ptr,
+    epoch_ptr,
+    done_ptr,
+    err_ptr,
+    slot_ptr,
+    dst_ptr,
+    num_elems,
+    slot_parity_stride,
+    max_spins,
+    num_programs,
+    N: tl.constexpr,
+    N_POW2: tl.constexpr,
+    HAS_COPY: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    e, parity = _call_epoch(epoch_ptr)
+    ok, missing = _wait_all(sig_ptr + parity * N, e, max_spins, N, N_POW2)
+    if ok == 0:
+        _record_timeout(err_ptr, e, missing)
+    if HAS_COPY:
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        m = offs < tl.where(ok, num_elems, 0)  # nothing is read after a timeout
+        x = tl.load(slot_ptr + parity * slot_parity_stride + offs, mask=m, cache_modifier=".cg")
+        tl.store(dst_ptr + offs, x, mask=m)
+    _wait_done(done_ptr, epoch_ptr, e, num_programs)

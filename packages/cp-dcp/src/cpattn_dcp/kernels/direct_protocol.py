@@ -1,0 +1,95 @@
+"""Device-side pieces of the direct (symmetric-memory) signal/epoch protocol.
+
+Shared by the direct A2A LSE-reduce and the direct Q / KV gathers
+(``cpattn_dcp.kernels.direct_a2a``, ``cpattn_dcp.kernels.direct_gather``).
+
+Protocol (one call of one workspace on ubatch ``u``):
+
+1. Every program of the *publish* launch reads ``E = epoch[u] + 1`` (the epoch of this call;
+   ``epoch[u]`` itself is advanced only at the very end of the call) and the parity slot
+   ``E & 1``. It stores its payload into the destination peer's symmetric receive buffer of
+   that slot, then bumps a local per-destination counter (acq_rel). The program that completes
+   the counter resets it and raises the signal ``signal[u, parity, rank] = E`` in the
+   destination's memory with a release exchange at system scope, so every payload store of
+   this rank to that destination is visible before the signal is.
+2. Every program of the *wait* launch acquire-polls its local ``signal[u, parity, 0:N]`` until
+   each entry equals ``E``, bounded by ``max_spins`` polls. On timeout it records
+   ``err[u] = (1, E, missing-source bitmask)`` and never reads the payload. The last program
+   to finish (local completion counter) stores ``epoch[u] = E``.
+
+Epoch 0 is never published (symmetric memory is zero-filled at allocation), so a freshly
+allocated slot never looks ready. Two parity slots suffice because every call is a full
+rendezvous (see ``docs`` / the workspace docstrings).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _call_epoch(epoch_ptr):
+    """``(E, parity)`` of the running call: ``E = epoch + 1`` (int64), ``parity = E & 1``."""
+    e = tl.load(epoch_ptr) + 1
+    return e, e & 1
+
+
+@triton.jit
+def _publish_done(counter_ptr, dst_sig_ptr, epoch_value, num_programs):
+    """Count this program as finished; the last one raises the destination's signal.
+
+    ``counter_ptr`` points at the local int32 counter of this destination,
+    ``dst_sig_ptr`` at ``signal[u, parity, rank]`` in the destination's memory.
+    """
+    tl.debug_barrier()
+    prev = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    if prev == num_programs - 1:
+        tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(dst_sig_ptr, epoch_value, sem="release", scope="sys")
+
+
+@triton.jit
+def _wait_all(sig_ptr, epoch_value, max_spins, N: tl.constexpr, N_POW2: tl.constexpr):
+    """Acquire-poll ``sig_ptr[0:N]`` until all equal ``epoch_value`` or ``max_spins`` polls.
+
+    Returns ``(ok, missing)``: ``ok`` is an int1 scalar, ``missing`` an int64 bitmask of the
+    sources whose signal had not arrived at the last poll.
+    """
+    offs = tl.arange(0, N_POW2)
+    valid = offs < N
+    arrived = tl.zeros([N_POW2], dtype=tl.int32)
+    count = tl.sum(arrived, axis=0)
+    spins = 0
+    while (count < N) & (spins < max_spins):
+        sig = tl.atomic_add(sig_ptr + offs, 0, mask=valid, sem="acquire", scope="sys")
+        arrived = ((sig == epoch_value) & valid).to(tl.int32)
+        count = tl.sum(arrived, axis=0)
+        spins += 1
+    tl.debug_barrier()
+    missing = tl.sum(
+        tl.where(valid & (arrived == 0), tl.full([N_POW2], 1, tl.int64) << offs.to(tl.int64), 0),
+        axis=0,
+    )
+    return count == N, missing
+
+
+@triton.jit
+def _record_timeout(err_ptr, epoch_value, missing):
+    """Record a bounded-wait timeout: ``err[0:3] = (1, epoch, missing-source bitmask)``."""
+    tl.store(err_ptr + 1, epoch_value)
+    tl.store(err_ptr + 2, missing)
+    tl.atomic_xchg(err_ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _wait_done(done_ptr, epoch_ptr, epoch_value, num_programs):
+    """Count this wait program as finished; the last one advances ``epoch`` to ``epoch_value``."""
+    tl.debug_barrier()
+    prev = tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
+    if prev == num_programs - 1:
+        tl.atomic_xchg(done_ptr, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(epoch_ptr, epoch_value, sem="release", scope="gpu")
+
+
+__all__ = ["_call_epoch", "_publish_done", "_record_timeout", "_wait_all", "_wait_done"]

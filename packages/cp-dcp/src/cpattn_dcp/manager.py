@@ -1,0 +1,448 @@
+"""``DCPManager``: selects and owns the per-layer DCP collectives from a plain ``DCPConfig``.
+
+A layer running decode context parallelism needs three collectives: the query gather (all
+heads of the group on every rank), the output combine (LSE-weighted merge of the partial
+attention of every KV shard) and, for MLA chunked prefill, the KV gather. The manager picks
+one implementation of each once, at construction (collectively, on every rank of the group),
+logs the choice once, exposes it (``selection``), and falls back per call where a direct path
+cannot take the call.
+
+Combine selection (``H_r`` = heads per rank after the combine):
+
+=============  =================================  ================================================
+use_pcp        comm_backend                        combine
+=============  =================================  ================================================
+True           any                                 ``cp_lse_ag_out_ar`` (all ranks need all H heads)
+False          ``"ag_rs"``                         ``cp_lse_ag_out_rs``
+False          ``"a2a"`` / ``"auto"``              direct A2A if gating allows, else packed NCCL
+                                                   ``dcp_a2a_lse_reduce``; a call the direct
+                                                   workspace cannot take (more rows than
+                                                   ``max_num_tokens``, misaligned input) uses the
+                                                   NCCL A2A
+=============  =================================  ================================================
+
+Query gather: none with PCP (the PCP package gathers over its own group); the direct
+(multicast) gather when gating allows, else an all-gather along the head axis. KV gather: the
+direct (multicast) gather when configured and allowed, else ``all_gather_into_tensor`` into the
+caller's buffer. Direct Q / KV gathers fall back per call like the combine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Any, Literal
+
+import torch
+
+from cpattn_common.group import as_cp_group
+from cpattn_dcp.direct.a2a import DirectDCPA2AWorkspace
+from cpattn_dcp.direct.factories import (
+    direct_a2a_unavailable_reason,
+    direct_gather_unavailable_reason,
+    get_direct_dcp_a2a_workspace,
+    get_direct_dcp_kv_gather_workspace,
+    get_direct_dcp_q_gather_workspace,
+)
+from cpattn_dcp.direct.kv_gather import DIRECT_KV_GATHER_DTYPES, DirectDCPKVGatherWorkspace
+from cpattn_dcp.direct.q_gather import DirectDCPQGatherWorkspace
+from cpattn_dcp.gather import dcp_gather_kv, dcp_gather_query
+from cpattn_dcp.ops.a2a_combine import dcp_a2a_lse_reduce
+from cpattn_dcp.ops.ag_combine import cp_lse_ag_out_ar, cp_lse_ag_out_rs
+
+__all__ = [
+    "CombineBackend",
+    "CombinePath",
+    "DCPConfig",
+    "DCPManager",
+    "DCPSelection",
+    "KVGatherPath",
+    "QueryGatherPath",
+]
+
+logger = logging.getLogger(__name__)
+
+CombineBackend = Literal["ag_rs", "a2a", "auto"]
+CombinePath = Literal["direct_a2a", "a2a", "ag_rs", "ag_ar"]
+QueryGatherPath = Literal["direct", "all_gather", "none"]
+KVGatherPath = Literal["direct", "all_gather_into_tensor"]
+
+_BACKENDS = ("ag_rs", "a2a", "auto")
+_logged: set[str] = set()
+_logged_lock = threading.Lock()
+
+
+def _log_once(level: int, message: str) -> None:
+    with _logged_lock:
+        if message in _logged:
+            return
+        _logged.add(message)
+    logger.log(level, message)
+
+
+def _check_tristate(name: str, value: object) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{name} must be True, False or None (auto), got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DCPConfig:
+    """Plain configuration of the DCP collectives of a model (shared by all its layers).
+
+    Attributes:
+        comm_backend: combine family: ``"ag_rs"`` (all-gather LSE + reduce-scatter, the
+            default), ``"a2a"`` (one packed all-to-all, or the direct symmetric-memory A2A), or
+            ``"auto"`` (``"a2a"`` unless PCP is on).
+        use_pcp: prefill context parallelism is on; the combine then all-reduces (every rank
+            keeps all heads) and the manager does no query gather.
+        max_num_tokens: row capacity T_max of the direct A2A and direct Q-gather workspaces
+            (decode batch incl. speculative tokens and CUDA-graph padding).
+        num_ubatches: micro-batch slots (dual-batch overlap: 2).
+        use_direct_a2a: tri-state switch of the direct A2A (None = capability probing).
+        use_direct_q_gather: tri-state switch of the direct (multicast) query gather.
+        use_direct_kv_gather: tri-state switch of the direct (multicast) KV gather.
+    """
+
+    comm_backend: CombineBackend = "ag_rs"
+    use_pcp: bool = False
+    max_num_tokens: int = 256
+    num_ubatches: int = 1
+    use_direct_a2a: bool | None = None
+    use_direct_q_gather: bool | None = None
+    use_direct_kv_gather: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.comm_backend not in _BACKENDS:
+            raise ValueError(f"comm_backend must be one of {_BACKENDS}, got {self.comm_backend!r}")
+        if not isinstance(self.use_pcp, bool):
+            raise TypeError(f"use_pcp must be a bool, got {self.use_pcp!r}")
+        for name in ("max_num_tokens", "num_ubatches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        _check_tristate("use_direct_a2a", self.use_direct_a2a)
+        _check_tristate("use_direct_q_gather", self.use_direct_q_gather)
+        _check_tristate("use_direct_kv_gather", self.use_direct_kv_gather)
+
+
+@dataclasses.dataclass(frozen=True)
+class DCPSelection:
+    """Which implementation the manager chose for each collective, and why."""
+
+    combine: CombinePath
+    combine_reason: str
+    query_gather: QueryGatherPath
+    query_gather_reason: str
+    kv_gather: KVGatherPath
+    kv_gather_reason: str
+
+    def describe(self) -> str:
+        """One line: ``combine=... (why); query_gather=... (why); kv_gather=... (why)``."""
+        return (
+            f"combine={self.combine} ({self.combine_reason}); "
+            f"query_gather={self.query_gather} ({self.query_gather_reason}); "
+            f"kv_gather={self.kv_gather} ({self.kv_gather_reason})"
+        )
+
+
+class DCPManager:
+    """Selects and owns the query gather, output combine and KV gather of one DCP layer.
+
+    Construction is collective over ``group`` when a direct path is probed or built: every rank
+    must construct its managers with the same arguments in the same order.
+
+    Args:
+        config: the ``DCPConfig``.
+        group: the DCP group (``ProcessGroup`` or ``CPGroupLike``), N ranks.
+        device: device of the layer.
+        num_heads: H_r, the attention heads each rank owns (query heads before the gather,
+            output heads after the combine; the combine input has N*H_r heads).
+        head_dim: D of the attention output (MLA: the latent dim, e.g. 512).
+        dtype: attention output dtype.
+        query_head_dim: D of the query (MLA: 576); default ``head_dim``.
+        query_dtype: query dtype (e.g. fp8); default ``dtype``.
+        padded_num_heads: head capacity of the gathered query's storage (fixed-head kernels).
+        is_lse_base_on_e: LSE base of the attention backend (FlashInfer: base 2 → False).
+        kv_token_dim: row width D of the KV gather (MLA: 576); needed for a direct KV gather.
+        kv_dtype: KV gather dtype; default ``dtype``.
+        max_gathered_kv_tokens: capacity of the direct KV gather (0: no direct KV gather).
+    """
+
+    def __init__(
+        self,
+        config: DCPConfig,
+        group: Any,
+        device: torch.device | str,
+        num_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        *,
+        query_head_dim: int | None = None,
+        query_dtype: torch.dtype | None = None,
+        padded_num_heads: int | None = None,
+        is_lse_base_on_e: bool = True,
+        kv_token_dim: int | None = None,
+        kv_dtype: torch.dtype | None = None,
+        max_gathered_kv_tokens: int = 0,
+    ) -> None:
+        if not isinstance(config, DCPConfig):
+            raise TypeError(f"config must be a DCPConfig, got {type(config).__name__}")
+        if num_heads < 1 or head_dim < 1:
+            raise ValueError(
+                f"num_heads and head_dim must be positive, got {num_heads}, {head_dim}"
+            )
+        if max_gathered_kv_tokens < 0:
+            raise ValueError(f"max_gathered_kv_tokens must be >= 0, got {max_gathered_kv_tokens}")
+        self.config = config
+        self.group = group
+        self.cp_group = as_cp_group(group)
+        self.world_size = self.cp_group.world_size
+        self.rank = self.cp_group.rank_in_group
+        self.device = torch.device(device)
+        self.num_heads = int(num_heads)
+        self.head_dim = int(head_dim)
+        self.dtype = dtype
+        self.query_head_dim = int(query_head_dim) if query_head_dim is not None else self.head_dim
+        self.query_dtype = query_dtype if query_dtype is not None else dtype
+        self.padded_num_heads = padded_num_heads
+        self.is_lse_base_on_e = bool(is_lse_base_on_e)
+        self.kv_token_dim = kv_token_dim
+        self.kv_dtype = kv_dtype if kv_dtype is not None else dtype
+        self.max_gathered_kv_tokens = int(max_gathered_kv_tokens)
+
+        self.direct_a2a: DirectDCPA2AWorkspace | None = None
+        self.direct_q_gather: DirectDCPQGatherWorkspace | None = None
+        self.direct_kv_gather: DirectDCPKVGatherWorkspace | None = None
+        combine, combine_reason = self._select_combine()
+        q_path, q_reason = self._select_query_gather()
+        kv_path, kv_reason = self._select_kv_gather()
+        self.selection = DCPSelection(combine, combine_reason, q_path, q_reason, kv_path, kv_reason)
+        #: path taken by the most recent call of each collective (per-call fallbacks show here)
+        self.last_combine_path: CombinePath | None = None
+        self.last_query_gather_path: QueryGatherPath | None = None
+        self.last_kv_gather_path: KVGatherPath | None = None
+        #: number of calls that fell back from a direct path to the NCCL path
+        self.num_fallbacks = 0
+        self._fallbacks_logged: set[str] = set()
+        _log_once(
+            logging.INFO,
+            f"DCP collectives (N={self.world_size}, H_r={self.num_heads}, D={self.head_dim}, "
+            f"{self.dtype}, backend={config.comm_backend}, pcp={config.use_pcp}): "
+            + self.selection.describe(),
+        )
+
+    # -- selection ----------------------------------------------------------------------------
+    def _select_combine(self) -> tuple[CombinePath, str]:
+        cfg = self.config
+        if cfg.use_pcp:
+            extra = (
+                f"; overrides comm_backend={cfg.comm_backend!r}"
+                if cfg.comm_backend == "a2a"
+                else ""
+            )
+            return (
+                "ag_ar",
+                "PCP is on: every rank keeps all heads, so the outputs are all-reduced" + extra,
+            )
+        if cfg.comm_backend == "ag_rs":
+            return "ag_rs", "comm_backend='ag_rs'"
+        why = (
+            "comm_backend='a2a'" if cfg.comm_backend == "a2a" else "comm_backend='auto' without PCP"
+        )
+        if self.world_size < 2:
+            return "a2a", f"{why}; world size 1 (no communication)"
+        reason = direct_a2a_unavailable_reason(self.group, self.dtype, cfg.use_direct_a2a)
+        if reason is None:
+            ws = get_direct_dcp_a2a_workspace(
+                self.group, self.device, cfg.max_num_tokens, self.num_heads, self.head_dim,
+                self.dtype, cfg.num_ubatches, cfg.use_direct_a2a,
+            )  # fmt: skip
+            if ws is not None:
+                self.direct_a2a = ws
+                return "direct_a2a", (
+                    f"{why}; direct symmetric-memory A2A for up to {cfg.max_num_tokens} rows, "
+                    "packed NCCL A2A beyond"
+                )
+            reason = "capability gating said no"
+        return "a2a", f"{why}; packed NCCL A2A (direct A2A off: {reason})"
+
+    def _select_query_gather(self) -> tuple[QueryGatherPath, str]:
+        cfg = self.config
+        if cfg.use_pcp:
+            return "none", "PCP is on: the query is gathered over the PCP/DCP groups by cpattn_pcp"
+        if self.world_size < 2:
+            return "all_gather", "world size 1 (no communication)"
+        reason = direct_gather_unavailable_reason(
+            self.group, self.query_dtype, cfg.use_direct_q_gather, what="direct q-gather"
+        )
+        if reason is None:
+            try:
+                ws = get_direct_dcp_q_gather_workspace(
+                    self.group, self.device, cfg.max_num_tokens, self.num_heads,
+                    self.query_head_dim, self.query_dtype, cfg.num_ubatches,
+                    self.padded_num_heads, cfg.use_direct_q_gather,
+                )  # fmt: skip
+            except ValueError as exc:
+                if cfg.use_direct_q_gather:
+                    raise
+                ws, reason = None, f"unsupported geometry: {exc}"
+            if ws is not None:
+                self.direct_q_gather = ws
+                return "direct", f"direct multicast q-gather for up to {cfg.max_num_tokens} rows"
+            reason = reason or "capability gating said no"
+        return "all_gather", f"all-gather along heads (direct q-gather off: {reason})"
+
+    def _select_kv_gather(self) -> tuple[KVGatherPath, str]:
+        cfg = self.config
+        if self.world_size < 2:
+            return "all_gather_into_tensor", "world size 1 (no communication)"
+        if self.max_gathered_kv_tokens == 0 or self.kv_token_dim is None:
+            return "all_gather_into_tensor", "no direct KV-gather geometry configured"
+        reason = direct_gather_unavailable_reason(
+            self.group, self.kv_dtype, cfg.use_direct_kv_gather, DIRECT_KV_GATHER_DTYPES,
+            what="direct kv-gather",
+        )  # fmt: skip
+        if reason is None:
+            try:
+                ws = get_direct_dcp_kv_gather_workspace(
+                    self.group, self.device, self.max_gathered_kv_tokens, self.kv_token_dim,
+                    self.kv_dtype, cfg.num_ubatches, cfg.use_direct_kv_gather,
+                )  # fmt: skip
+            except ValueError as exc:
+                if cfg.use_direct_kv_gather:
+                    raise
+                ws, reason = None, f"unsupported geometry: {exc}"
+            if ws is not None:
+                self.direct_kv_gather = ws
+                return (
+                    "direct",
+                    f"direct multicast kv-gather for up to {self.max_gathered_kv_tokens} rows",
+                )
+            reason = reason or "capability gating said no"
+        return (
+            "all_gather_into_tensor",
+            f"NCCL all_gather_into_tensor (direct kv-gather off: {reason})",
+        )
+
+    @property
+    def combine_path(self) -> CombinePath:
+        """The combine chosen at construction."""
+        return self.selection.combine
+
+    @property
+    def query_gather_path(self) -> QueryGatherPath:
+        """The query gather chosen at construction (``"none"`` with PCP)."""
+        return self.selection.query_gather
+
+    @property
+    def kv_gather_path(self) -> KVGatherPath:
+        """The KV gather chosen at construction."""
+        return self.selection.kv_gather
+
+    def _fallback(self, what: str, reason: str) -> None:
+        self.num_fallbacks += 1
+        if what in self._fallbacks_logged:
+            logger.debug("DCP %s: NCCL fallback (%s)", what, reason)
+            return
+        self._fallbacks_logged.add(what)
+        logger.info(
+            "DCP %s: the direct path cannot take a call (%s); using NCCL for it", what, reason
+        )
+
+    # -- collectives --------------------------------------------------------------------------
+    def combine(
+        self,
+        partial_output: torch.Tensor,
+        partial_lse: torch.Tensor,
+        *,
+        seq_lens: torch.Tensor | None = None,
+        query_start_loc: torch.Tensor | None = None,
+        return_lse: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Combine this rank's partial attention with the group's.
+
+        Args:
+            partial_output: ``[T, N*H_r, D]`` partial output of this rank's KV shard.
+            partial_lse: ``[T, N*H_r]`` its LSE (base as configured).
+            seq_lens: ``[R]`` this rank's local KV length per request (optional, with
+                ``query_start_loc``: empty-shard and padding rows contribute nothing).
+            query_start_loc: ``[R+1]`` cumulative query offsets.
+            return_lse: also return the combined LSE.
+
+        Returns:
+            ``[T, H_r, D]`` (``ag_ar``: ``[T, N*H_r, D]``), plus the LSE with ``return_lse``.
+        """
+        path = self.selection.combine
+        base = self.is_lse_base_on_e
+        if path == "direct_a2a":
+            ws = self.direct_a2a
+            assert ws is not None
+            reason = ws.unsupported_reason(partial_output, partial_lse)
+            if reason is None:
+                self.last_combine_path = "direct_a2a"
+                return ws.lse_reduce(
+                    partial_output, partial_lse, base, seq_lens, query_start_loc,
+                    return_lse=return_lse,
+                )  # fmt: skip
+            self._fallback("combine", reason)
+            path = "a2a"
+        self.last_combine_path = path
+        op = {"a2a": dcp_a2a_lse_reduce, "ag_rs": cp_lse_ag_out_rs, "ag_ar": cp_lse_ag_out_ar}[path]
+        result: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = op(
+            partial_output,
+            partial_lse,
+            self.group,
+            return_lse=return_lse,
+            is_lse_base_on_e=base,
+            seq_lens=seq_lens,
+            query_start_loc=query_start_loc,
+        )
+        return result
+
+    @property
+    def has_query_gather(self) -> bool:
+        """False when PCP is on (the query gather then belongs to cpattn_pcp)."""
+        return self.selection.query_gather != "none"
+
+    def query_gather(self, query: torch.Tensor) -> torch.Tensor:
+        """All heads of the group's query: ``[T, H_r, D_q]`` -> ``[T, N*H_r, D_q]`` (rank-major).
+
+        With the direct gather the result is a view of a persistent buffer, valid until the
+        next ``query_gather`` of this ubatch (consume it before the next layer's gather).
+
+        Raises:
+            RuntimeError: PCP is on (``has_query_gather`` is False).
+        """
+        path = self.selection.query_gather
+        if path == "none":
+            raise RuntimeError(
+                "DCPManager.query_gather is disabled with use_pcp=True: gather the query with "
+                "cpattn_pcp over the PCP/DCP groups"
+            )
+        if path == "direct":
+            ws = self.direct_q_gather
+            assert ws is not None
+            reason = ws.unsupported_reason(query)
+            if reason is None:
+                self.last_query_gather_path = "direct"
+                return ws.gather(query)
+            self._fallback("query gather", reason)
+        self.last_query_gather_path = "all_gather"
+        return dcp_gather_query(query, self.group, self.padded_num_heads)
+
+    def kv_gather(self, gathered_kv: torch.Tensor, local_kv: torch.Tensor) -> torch.Tensor:
+        """``gathered_kv[:N*T]`` = every rank's ``local_kv [T, D]`` rank-major; returns that view."""
+        if self.selection.kv_gather == "direct":
+            ws = self.direct_kv_gather
+            assert ws is not None
+            n_rows = self.world_size * local_kv.shape[0]
+            target = gathered_kv[:n_rows] if gathered_kv.dim() == 2 else gathered_kv
+            reason = ws.unsupported_reason(target, local_kv)
+            if reason is None:
+                self.last_kv_gather_path = "direct"
+                ws.gather(target, local_kv)
+                return target
+            self._fallback("kv gather", reason)
+        self.last_kv_gather_path = "all_gather_into_tensor"
+        return dcp_gather_kv(gathered_kv, local_kv, self.group)

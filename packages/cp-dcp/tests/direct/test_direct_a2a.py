@@ -1,0 +1,297 @@
+"""Direct A2A LSE-reduce on simulated ranks (peer tables point at N buffers of one device).
+
+Data path against the float64 reference and the packed NCCL A2A; the signal/epoch protocol
+(timeouts never read stale data, parity-slot reuse across many calls and two micro-batches,
+a rank running one call ahead of a peer); validation errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from cpattn_common.ubatch import ubatch_context
+from cpattn_dcp.direct import DirectDCPA2AWorkspace, DirectProtocolError
+from cpattn_dcp.direct import a2a as a2a_module
+from cpattn_dcp.ops.a2a_combine import a2a_pack, a2a_unpack_combine
+from cpattn_testing.cases import make_dcp_decode_case
+from cpattn_testing.reference import lse_combine_ref
+from cpattn_testing.tolerances import assert_close_to_ref, coarsest
+
+Build = Callable[..., tuple[Any, list[Any]]]
+
+_EPS = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
+
+
+def _a2a(device: torch.device, t_max: int, h_r: int, d: int, dtype: torch.dtype, **kw: Any) -> Any:
+    return lambda g: DirectDCPA2AWorkspace(g, device, t_max, h_r, d, dtype, **kw)
+
+
+@pytest.mark.parametrize(
+    ("n", "dtype", "lse_dtype", "base_e", "qpr", "padded_view"),
+    [
+        pytest.param(2, torch.bfloat16, torch.float32, True, 1, False, id="N2-bf16-e-contig"),
+        pytest.param(
+            3, torch.float16, torch.bfloat16, False, 2, True, id="N3-fp16-bf16lse-b2-mtp-padded"
+        ),
+    ],
+)
+def test_direct_a2a_matches_reference_and_nccl_a2a(
+    sim_build: Build,
+    input_ref: Callable[[Any], tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    n: int,
+    dtype: torch.dtype,
+    lse_dtype: torch.dtype,
+    base_e: bool,
+    qpr: int,
+    padded_view: bool,
+) -> None:
+    h_r, d = 2, 16
+    h = n * h_r
+    # Request 0 has one KV token: every rank but 0 holds an empty shard (NaN output, garbage
+    # LSE); one CUDA-graph padding row sits past query_start_loc[-1].
+    case = make_dcp_decode_case(
+        seq_lens=[1, 7, 4], world_size=n, num_heads=h, head_dim=d, queries_per_request=qpr,
+        padding_rows=1, dtype=dtype, lse_dtype=lse_dtype, is_lse_base_on_e=base_e,
+        device=device, seed=11 + n,
+    )  # fmt: skip
+    b = case.num_rows
+    _, wss = sim_build(n, device, _a2a(device, b + 3, h_r, d, dtype))
+    qsl = case.query_start_loc
+    inputs = []
+    for r in range(n):
+        out, lse = case.rank_inputs(r)
+        if padded_view:  # [:, :H] view of 2 extra heads of storage: token stride > H*D
+            storage = torch.randn(b, h + 2, d, device=device).to(dtype)
+            storage[:, :h] = out
+            out = storage[:, :h]
+        inputs.append((out, lse))
+    for r in range(n):
+        wss[r].publish(inputs[r][0], inputs[r][1], case.local_seq_lens[r], qsl)
+    direct = [
+        wss[r].wait_and_combine(b, is_lse_base_on_e=base_e, return_lse=True) for r in range(n)
+    ]
+
+    # The packed NCCL A2A on the same inputs: its pack and unpack-combine kernels, with the
+    # all-to-all done as the permutation it is (one launch at a time: the Triton interpreter
+    # is not thread-safe, so simulated ranks must not launch concurrently).
+    sends = [
+        a2a_pack(
+            inputs[r][0], inputs[r][1], n, seq_lens=case.local_seq_lens[r], query_start_loc=qsl
+        )
+        for r in range(n)
+    ]
+    nccl = [
+        a2a_unpack_combine(
+            torch.stack([sends[s][r] for s in range(n)]), return_lse=True, is_lse_base_on_e=base_e
+        )
+        for r in range(n)
+    ]
+    exact_out, exact_lse = input_ref(case)
+    for r in range(n):
+        out, lse = direct[r]
+        heads = slice(r * h_r, (r + 1) * h_r)
+        assert_close_to_ref(out, exact_out[:, heads], dtype=dtype, name=f"rank {r} out (inputs)")
+        assert_close_to_ref(lse, exact_lse[:, heads], dtype=torch.float32, name=f"rank {r} lse")
+        assert out.shape == (b, h_r, d)
+        assert out.dtype == dtype
+        # Against full attention: also carries the rounding of the partials to lse_dtype.
+        tol = coarsest(dtype, lse_dtype)
+        assert_close_to_ref(out, case.ref_out[:, heads], dtype=tol, name=f"rank {r} out")
+        assert_close_to_ref(lse, case.ref_lse[:, heads], dtype=lse_dtype, name=f"rank {r} lse")
+        assert not torch.isnan(out).any()
+        assert torch.all(out[-1] == 0)
+        assert torch.all(lse[-1] == float("-inf"))
+        # Same inputs through the packed NCCL A2A: equal up to one rounding of the output dtype.
+        n_out, n_lse = nccl[r]
+        torch.testing.assert_close(out.float(), n_out.float(), rtol=_EPS[dtype], atol=1e-3)
+        assert n_lse is not None
+        torch.testing.assert_close(lse, n_lse, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tiling", ["small-batch", "large-batch"])
+def test_direct_a2a_unmasked_all_empty_and_nan_partials(
+    sim_build: Build, device: torch.device, monkeypatch: pytest.MonkeyPatch, tiling: str
+) -> None:
+    """No masking args: NaN/+inf LSEs count as empty; an all-empty row is exactly 0 / -inf.
+
+    Both combine tilings (small batches also split heads and D over programs).
+    """
+    if tiling == "large-batch":
+        monkeypatch.setattr(a2a_module, "_SMALL_BATCH_PROGRAMS", 0)
+    n, t, h_r, d = 2, 3, 6, 136  # non-power-of-two heads and D (2 D-blocks of 128)
+    _, wss = sim_build(n, device, _a2a(device, 4, h_r, d, torch.bfloat16))
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    outs = torch.randn(n, t, n * h_r, d, generator=gen).to(device, torch.bfloat16)
+    lses = torch.randn(n, t, n * h_r, generator=gen).to(device)
+    lses[:, 0] = float("-inf")  # row 0 empty everywhere
+    outs[:, 0] = float("nan")
+    lses[1, 1] = float("nan")  # rank 1 contributes nothing to row 1 ...
+    outs[1, 1] = float("nan")  # ... so its NaN payload must not leak
+    lses[0, 2] = float("inf")
+    for r in range(n):
+        wss[r].publish(outs[r], lses[r])
+    res = [wss[r].wait_and_combine(t, return_lse=True) for r in range(n)]
+    ref_out, ref_lse = lse_combine_ref(outs, lses)
+    for r in range(n):
+        out, lse = res[r]
+        assert torch.all(out[0] == 0)
+        assert torch.all(lse[0] == float("-inf"))
+        heads = slice(r * h_r, (r + 1) * h_r)
+        assert_close_to_ref(out, ref_out[:, heads], dtype=torch.bfloat16, name=f"rank {r}")
+        assert_close_to_ref(lse, ref_lse[:, heads], dtype=torch.float32, name=f"rank {r} lse")
+
+
+def test_timeout_sets_error_flag_and_never_reads_stale_data(
+    sim_build: Build, device: torch.device
+) -> None:
+    n, t, h_r, d = 2, 2, 1, 8
+    _, wss = sim_build(n, device, _a2a(device, 4, h_r, d, torch.bfloat16, max_spins=3))
+    gen = torch.Generator(device="cpu").manual_seed(5)
+
+    def data() -> tuple[torch.Tensor, torch.Tensor]:
+        o = torch.randn(n, t, n * h_r, d, generator=gen).to(device, torch.bfloat16)
+        return o, torch.randn(n, t, n * h_r, generator=gen).to(device)
+
+    for _ in range(2):  # two complete calls: both parity slots hold valid old data + signals
+        outs, lses = data()
+        for r in range(n):
+            wss[r].publish(outs[r], lses[r])
+        for r in range(n):
+            wss[r].wait_and_combine(t)
+    # Call 3 (parity of call 1): rank 1 never publishes. Rank 0 must not take call 1's signal
+    # (same slot, older epoch) as ready, nor read call 1's payload.
+    outs, lses = data()
+    wss[0].publish(outs[0], lses[0])
+    out = wss[0].wait_and_combine(t)
+    assert isinstance(out, torch.Tensor)
+    assert torch.isnan(out).all(), "a timed-out combine must not produce data"
+    assert int(wss[0].epoch[0]) == 3  # the call still completes and advances the epoch
+    with pytest.raises(DirectProtocolError, match=r"epoch 3 .*source rank\(s\) \[1\]"):
+        wss[0].check_error()
+    with pytest.raises(DirectProtocolError, match="timed out"):
+        wss[0].lse_reduce(outs[0], lses[0])
+    assert wss[0].failed
+
+
+def test_lazy_error_check_on_next_call(sim_build: Build, device: torch.device) -> None:
+    """The host learns of a timeout at the next call, with no explicit check."""
+    n, t = 2, 1
+    _, wss = sim_build(n, device, _a2a(device, 2, 1, 8, torch.bfloat16, max_spins=2))
+    o = torch.randn(t, n, 8, device=device).to(torch.bfloat16)
+    lse = torch.randn(t, n, device=device)
+    wss[0].publish(o, lse)
+    wss[0].wait_and_combine(t)  # rank 1 absent -> records the timeout, does not raise here
+    with pytest.raises(DirectProtocolError):
+        wss[0].lse_reduce(o, lse)
+
+
+def test_slot_reuse_many_calls_two_ubatches_and_a_rank_one_call_ahead(
+    sim_build: Build, device: torch.device
+) -> None:
+    n, t, h_r, d = 2, 2, 1, 8
+    _, wss = sim_build(n, device, _a2a(device, 3, h_r, d, torch.bfloat16, num_ubatches=2))
+    gen = torch.Generator(device="cpu").manual_seed(7)
+
+    def data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        o = torch.randn(n, t, n * h_r, d, generator=gen).to(device, torch.bfloat16)
+        lse = torch.randn(n, t, n * h_r, generator=gen).to(device) * 2
+        ref, _ = lse_combine_ref(o, lse)
+        return o, lse, ref
+
+    def check(res: Any, ref: torch.Tensor, r: int) -> None:
+        assert_close_to_ref(res, ref[:, r * h_r : (r + 1) * h_r], dtype=torch.bfloat16)
+
+    iters = 6
+    for k in range(iters):
+        # Both micro-batches in flight at once, interleaved (disjoint slots, signals, epochs).
+        (o0, l0, ref0), (o1, l1, ref1) = data(), data()
+        with ubatch_context(0):
+            for r in range(n):
+                wss[r].publish(o0[r], l0[r])
+        with ubatch_context(1):
+            for r in range(n):
+                wss[r].publish(o1[r], l1[r])
+            for r in range(n):
+                check(wss[r].wait_and_combine(t), ref1, r)
+        with ubatch_context(0):
+            # Rank 0 finishes call k and publishes call k+1 before rank 1 read call k:
+            # call k+1 uses the other parity slot, so rank 1 still reads call k's data.
+            check(wss[0].wait_and_combine(t), ref0, 0)
+            o2, l2, ref2 = data()
+            wss[0].publish(o2[0], l2[0])
+            check(wss[1].wait_and_combine(t), ref0, 1)
+            wss[1].publish(o2[1], l2[1])
+            for r in range(n):
+                check(wss[r].wait_and_combine(t), ref2, r)
+        for r in range(n):
+            assert wss[r].epoch.tolist() == [2 * (k + 1), k + 1]
+    for ws in wss:
+        ws.check_error()
+
+
+def test_lse_reduce_single_rank_after_peer_published(
+    sim_build: Build, device: torch.device
+) -> None:
+    """``lse_reduce`` (publish + wait in one call) on the last rank completes the rendezvous."""
+    n, t = 2, 3
+    _, wss = sim_build(n, device, _a2a(device, 4, 1, 8, torch.bfloat16))
+    o = torch.randn(n, t, n, 8, device=device).to(torch.bfloat16)
+    lse = torch.randn(n, t, n, device=device)
+    wss[0].publish(o[0], lse[0])
+    out1 = wss[1].lse_reduce(o[1], lse[1])
+    out0 = wss[0].wait_and_combine(t)
+    ref, _ = lse_combine_ref(o, lse)
+    assert_close_to_ref(out0, ref[:, :1], dtype=torch.bfloat16)
+    assert_close_to_ref(out1, ref[:, 1:], dtype=torch.bfloat16)
+
+
+def test_validation_errors(sim_build: Build, device: torch.device) -> None:
+    with pytest.raises(ValueError, match="does not support"):
+        sim_build(2, device, _a2a(device, 4, 1, 8, torch.float32))
+    with pytest.raises(ValueError, match="ubatch"):
+        sim_build(2, device, _a2a(device, 4, 1, 8, torch.bfloat16, num_ubatches=0))
+    with pytest.raises(ValueError, match="16-byte"):
+        sim_build(2, device, _a2a(device, 4, 1, 12, torch.bfloat16))
+    with pytest.raises(ValueError, match="at least two ranks"):
+        sim_build(1, device, _a2a(device, 4, 1, 8, torch.bfloat16))
+    with pytest.raises(ValueError, match="positive"):
+        sim_build(2, device, _a2a(device, 0, 1, 8, torch.bfloat16))
+
+    _, wss = sim_build(2, device, _a2a(device, 4, 1, 8, torch.bfloat16, num_ubatches=2))
+    ws = wss[0]
+    o = torch.randn(3, 2, 8, device=device).to(torch.bfloat16)
+    lse = torch.randn(3, 2, device=device)
+    with pytest.raises(ValueError, match=r"5 rows exceed the workspace capacity 4"):
+        ws.lse_reduce(
+            torch.zeros(5, 2, 8, device=device, dtype=torch.bfloat16),
+            torch.zeros(5, 2, device=device),
+        )
+    flat = torch.randn(3 * 2 * 8 + 1, device=device).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="16-byte"):
+        ws.lse_reduce(flat[1:].view(3, 2, 8), lse)
+    with pytest.raises(ValueError, match="dtype"):
+        ws.lse_reduce(o.half(), lse)
+    with pytest.raises(ValueError, match="geometry"):
+        ws.lse_reduce(
+            torch.zeros(3, 4, 8, device=device, dtype=torch.bfloat16),
+            torch.zeros(3, 4, device=device),
+        )
+    with pytest.raises(ValueError, match="does not match"):
+        ws.lse_reduce(o, torch.zeros(2, 2, device=device))
+    with pytest.raises(TypeError, match="floating"):
+        ws.lse_reduce(o, torch.zeros(3, 2, device=device, dtype=torch.int32))
+    with pytest.raises(ValueError, match="together"):
+        ws.lse_reduce(o, lse, True, torch.ones(1, dtype=torch.int32, device=device), None)
+    with pytest.raises(ValueError, match="one boundary per sequence"):
+        ws.lse_reduce(
+            o, lse, True, torch.ones(2, dtype=torch.int32, device=device),
+            torch.tensor([0, 3], dtype=torch.int32, device=device),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=r"ubatch 2 exceeds the 2 slot"):
+        ws.lse_reduce(o, lse, ubatch_id=2)
+    assert int(ws.epoch.sum()) == 0  # nothing was launched by a rejected call

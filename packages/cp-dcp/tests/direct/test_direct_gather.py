@@ -1,0 +1,223 @@
+"""Direct query / KV gathers on simulated ranks (data path with ``require_multicast=False``),
+their protocol, validation, and the rule that they are never created without multicast."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from cpattn_common import capability
+from cpattn_common.ubatch import ubatch_context
+from cpattn_dcp.direct import (
+    DirectDCPKVGatherWorkspace,
+    DirectDCPQGatherWorkspace,
+    DirectProtocolError,
+    get_direct_dcp_kv_gather_workspace,
+    get_direct_dcp_q_gather_workspace,
+)
+from cpattn_dcp.gather import reserve_query_head_storage
+
+Build = Callable[..., tuple[Any, list[Any]]]
+
+
+def _q(device: torch.device, t_max: int, h_r: int, d: int, dtype: torch.dtype, **kw: Any) -> Any:
+    kw.setdefault("require_multicast", False)
+    return lambda g: DirectDCPQGatherWorkspace(g, device, t_max, h_r, d, dtype, **kw)
+
+
+def _kv(device: torch.device, cap: int, d: int, dtype: torch.dtype, **kw: Any) -> Any:
+    kw.setdefault("require_multicast", False)
+    return lambda g: DirectDCPKVGatherWorkspace(g, device, cap, d, dtype, **kw)
+
+
+@pytest.mark.parametrize(
+    ("n", "dtype", "padded", "strided"),
+    [
+        pytest.param(2, torch.bfloat16, None, False, id="N2-bf16"),
+        pytest.param(3, torch.float8_e4m3fn, 8, True, id="N3-fp8-padded-strided"),
+        pytest.param(2, torch.float32, None, True, id="N2-fp32-strided"),
+    ],
+)
+def test_q_gather_matches_all_gather_bitwise(
+    sim_build: Build,
+    device: torch.device,
+    n: int,
+    dtype: torch.dtype,
+    padded: int | None,
+    strided: bool,
+) -> None:
+    t_max, h_r, d = 5, 2, 16
+    _, wss = sim_build(
+        n, device, _q(device, t_max, h_r, d, dtype, num_ubatches=2, padded_num_heads=padded)
+    )
+    gen = torch.Generator(device="cpu").manual_seed(n)
+    for ubatch, t in ((1, 5), (0, 3), (1, 1)):
+        full = torch.randn(t, n * h_r, d, generator=gen).to(device).to(dtype)
+        locals_ = []
+        for r in range(n):
+            x = full[:, r * h_r : (r + 1) * h_r]
+            if strided:  # [T, H_r + 2, D][:, :H_r]: token stride > H_r * D, heads packed
+                wide = torch.zeros(t, h_r + 2, d, device=device, dtype=dtype)
+                wide[:, :h_r] = x
+                x = wide[:, :h_r]
+            else:
+                x = x.contiguous()
+            locals_.append(x)
+        with ubatch_context(ubatch):
+            for r in range(n):
+                wss[r].publish(locals_[r])
+            outs = [wss[r].wait(t) for r in range(n)]
+        expect = reserve_query_head_storage(full, padded or n * h_r)
+        for r in range(n):
+            got = outs[r]
+            assert got.shape == (t, n * h_r, d)
+            assert got.is_contiguous()
+            assert got.stride() == expect.stride()
+            assert got.data_ptr() == wss[r].final_query[ubatch].data_ptr()
+            storage_left = (
+                got.untyped_storage().nbytes() - got.storage_offset() * got.element_size()
+            )
+            assert storage_left >= t * (padded or n * h_r) * d * got.element_size()
+            assert torch.equal(got.view(torch.uint8), full.view(torch.uint8))
+    for ws in wss:
+        assert ws.epoch.tolist() == [1, 2]
+        ws.check_error()
+
+
+def test_kv_gather_matches_all_gather_into_tensor_bitwise(
+    sim_build: Build, device: torch.device
+) -> None:
+    n, cap, d = 2, 8, 16
+    _, wss = sim_build(n, device, _kv(device, cap, d, torch.bfloat16, num_ubatches=2))
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    for k, t in enumerate((4, 1, 3, 4)):
+        ubatch = k % 2
+        local = [torch.randn(t, d, generator=gen).to(device, torch.bfloat16) for _ in range(n)]
+        gathered = [
+            torch.full((n * t, d), float("nan"), device=device, dtype=torch.bfloat16)
+            for _ in range(n)
+        ]
+        with ubatch_context(ubatch):
+            for r in range(n):
+                wss[r].publish(local[r])
+            for r in range(n):
+                wss[r].wait(gathered[r])
+        expect = torch.cat(local, dim=0)
+        for r in range(n):
+            assert torch.equal(gathered[r].view(torch.int16), expect.view(torch.int16))
+    for ws in wss:
+        assert ws.epoch.tolist() == [2, 2]
+
+
+def test_gather_timeouts_are_reported(sim_build: Build, device: torch.device) -> None:
+    _, qs = sim_build(2, device, _q(device, 2, 1, 8, torch.bfloat16, max_spins=2))
+    qs[0].publish(torch.randn(1, 1, 8, device=device).to(torch.bfloat16))
+    qs[0].wait(1)
+    with pytest.raises(DirectProtocolError, match=r"source rank\(s\) \[1\]"):
+        qs[0].check_error()
+    _, kvs = sim_build(2, device, _kv(device, 4, 8, torch.bfloat16, max_spins=2))
+    local = torch.randn(2, 8, device=device).to(torch.bfloat16)
+    out = torch.zeros(4, 8, device=device, dtype=torch.bfloat16)
+    kvs[1].publish(local)
+    kvs[1].wait(out)
+    assert torch.all(out == 0), "a timed-out KV gather must not copy anything"
+    with pytest.raises(DirectProtocolError):
+        kvs[1].gather(out, local)
+
+
+def test_q_gather_validation(sim_build: Build, device: torch.device) -> None:
+    with pytest.raises(ValueError, match="ubatch"):
+        sim_build(2, device, _q(device, 4, 1, 8, torch.bfloat16, num_ubatches=0))
+    with pytest.raises(ValueError, match="padded heads"):
+        sim_build(4, device, _q(device, 4, 2, 8, torch.bfloat16, padded_num_heads=7))
+    with pytest.raises(ValueError, match="16-byte"):
+        sim_build(2, device, _q(device, 4, 1, 3, torch.bfloat16))
+    with pytest.raises(ValueError, match="at least two ranks"):
+        sim_build(1, device, _q(device, 4, 1, 8, torch.bfloat16))
+    _, wss = sim_build(2, device, _q(device, 4, 2, 8, torch.bfloat16))
+    with pytest.raises(ValueError, match="expected 2 local query heads"):
+        wss[0].gather(torch.zeros(1, 3, 8, device=device, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="exceeds"):
+        wss[0].gather(torch.zeros(5, 2, 8, device=device, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="ubatch 1 exceeds"):
+        wss[0].gather(torch.zeros(1, 2, 8, device=device, dtype=torch.bfloat16), ubatch_id=1)
+
+
+def test_kv_gather_validation(sim_build: Build, device: torch.device) -> None:
+    with pytest.raises(ValueError, match="does not support"):
+        sim_build(2, device, _kv(device, 4, 8, torch.float32))
+    with pytest.raises(ValueError, match="ubatch"):
+        sim_build(2, device, _kv(device, 4, 8, torch.bfloat16, num_ubatches=0))
+    with pytest.raises(ValueError, match="16-byte"):
+        sim_build(2, device, _kv(device, 4, 4, torch.bfloat16))
+    with pytest.raises(ValueError, match=r"divide evenly.*63 % 4"):
+        sim_build(4, device, _kv(device, 63, 8, torch.bfloat16))
+    with pytest.raises(ValueError, match="at least two ranks"):
+        sim_build(1, device, _kv(device, 4, 8, torch.bfloat16))
+    _, wss = sim_build(2, device, _kv(device, 4, 8, torch.bfloat16))
+    local = torch.zeros(3, 8, device=device, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="exceed the kv-gather capacity"):
+        wss[0].gather(torch.zeros(6, 8, device=device, dtype=torch.bfloat16), local)
+    with pytest.raises(ValueError, match="expected N\\*T"):
+        wss[0].gather(torch.zeros(5, 8, device=device, dtype=torch.bfloat16), local[:2])
+
+
+def test_gathers_need_multicast_and_never_query_it_when_env_disables_it(
+    sim_build: Build, device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+
+    def forbidden(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a multicast query was made although the environment disables it")
+
+    monkeypatch.setattr(capability, "direct_cp_multicast_enabled", forbidden)
+    from cpattn_common import workspace
+
+    monkeypatch.setattr(workspace.DirectCPWorkspace, "multicast_ptrs", forbidden)
+    world, _ = sim_build(2, device, lambda g: None)
+    for use_direct in (None, True):
+        q = world.run(
+            lambda g, u=use_direct: get_direct_dcp_q_gather_workspace(
+                g, device, 4, 1, 8, torch.bfloat16, 1, None, u
+            )
+        )
+        kv = world.run(
+            lambda g, u=use_direct: get_direct_dcp_kv_gather_workspace(
+                g, device, 4, 8, torch.bfloat16, 1, u
+            )
+        )
+        assert q == [None, None]
+        assert kv == [None, None]
+    with pytest.raises(RuntimeError, match="multicast"):
+        sim_build(2, device, _q(device, 4, 1, 8, torch.bfloat16, require_multicast=True))
+    with pytest.raises(RuntimeError, match="multicast"):
+        sim_build(2, device, _kv(device, 4, 8, torch.bfloat16, require_multicast=True))
+
+
+def test_gather_factories_return_none_without_multicast(
+    sim_build: Build, device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Environment allows multicast but the group has none (simulated / this machine)."""
+    for var in ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):
+        monkeypatch.delenv(var, raising=False)
+    world, _ = sim_build(2, device, lambda g: None)
+    q = world.run(
+        lambda g: get_direct_dcp_q_gather_workspace(
+            g, device, 4, 1, 8, torch.bfloat16, 1, None, True
+        )
+    )
+    kv = world.run(
+        lambda g: get_direct_dcp_kv_gather_workspace(g, device, 4, 8, torch.bfloat16, 1, True)
+    )
+    off = world.run(
+        lambda g: get_direct_dcp_q_gather_workspace(
+            g, device, 4, 1, 8, torch.bfloat16, 1, None, False
+        )
+    )
+    assert q == [None, None]
+    assert kv == [None, None]
+    assert off == [None, None]

@@ -1,0 +1,124 @@
+"""NCCL-path query and KV gathers: simulated ranks (threads) and one real multi-process run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from cpattn_dcp.gather import dcp_gather_kv, dcp_gather_query, reserve_query_head_storage
+from cpattn_testing.pytest_plugin import RunRanks
+from cpattn_testing.simulated import SimulatedWorld
+
+
+def _queries(
+    n: int, t: int, h_r: int, d: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    gen = torch.Generator(device="cpu").manual_seed(100 * n + t)
+    return torch.randn(t, n * h_r, d, generator=gen).to(device, dtype)
+
+
+def test_reserve_query_head_storage(device: torch.device) -> None:
+    q = torch.randn(3, 24, 576, device=device).to(torch.bfloat16)
+    out = reserve_query_head_storage(q, 128)
+    assert out.shape == q.shape
+    assert out.stride() == (24 * 576, 576, 1)
+    assert out.storage_offset() == 0
+    assert out.untyped_storage().nbytes() >= 3 * 128 * 576 * 2
+    assert torch.equal(out, q)
+    with pytest.raises(ValueError, match="padded_num_heads 23 < query heads 24"):
+        reserve_query_head_storage(q, 23)
+    with pytest.raises(ValueError, match=r"\[T, H, D\]"):
+        reserve_query_head_storage(q[0], 128)
+
+
+@pytest.mark.parametrize(("n", "padded"), [(2, None), (3, 16), (1, None), (1, 8)], ids=str)
+def test_gather_query_simulated(device: torch.device, n: int, padded: int | None) -> None:
+    t, h_r, d = 3, 2, 8
+    full = _queries(n, t, h_r, d, torch.float16, device)
+    world = SimulatedWorld(n, device)
+
+    def body(g: Any) -> torch.Tensor:
+        r = g.rank_in_group
+        # Non-contiguous local query (head slice of the full tensor) is accepted.
+        return dcp_gather_query(full[:, r * h_r : (r + 1) * h_r], g, padded)
+
+    for out in world.run(body):
+        assert out.shape == (t, n * h_r, d)
+        assert out.is_contiguous()
+        assert torch.equal(out, full)
+        if padded is not None:
+            assert out.untyped_storage().nbytes() >= t * padded * d * out.element_size()
+
+
+def test_gather_query_rejects_too_few_padded_heads(device: torch.device) -> None:
+    world = SimulatedWorld(2, device)
+    with pytest.raises(ValueError, match="padded_num_heads 3 < gathered heads"):
+        world.run(lambda g: dcp_gather_query(torch.zeros(1, 2, 8, device=device), g, 3))
+
+
+def test_gather_kv_simulated(device: torch.device) -> None:
+    n, t, d = 3, 2, 8
+    gen = torch.Generator(device="cpu").manual_seed(9)
+    local = torch.randn(n, t, d, generator=gen).to(device, torch.bfloat16)
+    world = SimulatedWorld(n, device)
+
+    def body(g: Any) -> torch.Tensor:
+        buf = torch.full((n * t + 2, d), float("nan"), device=device, dtype=torch.bfloat16)
+        view = dcp_gather_kv(buf, local[g.rank_in_group], g)
+        assert view.data_ptr() == buf.data_ptr()
+        assert view.shape == (n * t, d)
+        assert torch.isnan(buf[n * t :]).all()  # rows past N*T untouched
+        return view.clone()
+
+    for out in world.run(body):
+        assert torch.equal(out, local.reshape(n * t, d))
+
+
+def test_gather_kv_validation(device: torch.device) -> None:
+    world = SimulatedWorld(2, device)
+    local = torch.zeros(3, 8, device=device)
+    cases = [
+        (torch.zeros(5, 8, device=device), "needs N\\*T = 2\\*3 = 6"),
+        (torch.zeros(6, 4, device=device), "row shapes differ"),
+        (torch.zeros(6, 8, device=device, dtype=torch.float16), "share dtype"),
+        (torch.zeros(8, 6, device=device).t(), "row shapes differ|contiguous"),
+    ]
+    for buf, match in cases:
+        with pytest.raises(ValueError, match=match):
+            world.run(lambda g, b=buf: dcp_gather_kv(b, local, g))
+
+
+def _dist_body(rank: int, world_size: int) -> dict[str, bool]:
+    import torch.distributed as dist
+
+    from cpattn_common.group import as_cp_group
+    from cpattn_dcp.gather import dcp_gather_kv, dcp_gather_query
+
+    group = dist.group.WORLD
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
+    t, h_r, d = 3, 2, 16
+    full = _queries(world_size, t, h_r, d, torch.bfloat16, device)
+    mine = full[:, rank * h_r : (rank + 1) * h_r]
+    results = {}
+    results["query"] = torch.equal(dcp_gather_query(mine, group), full)
+    padded = dcp_gather_query(mine, as_cp_group(group), padded_num_heads=world_size * h_r + 4)
+    results["query_padded"] = torch.equal(padded, full)
+    local = full[:, 0, :] + rank
+    buf = torch.empty(world_size * t, d, device=device, dtype=torch.bfloat16)
+    dcp_gather_kv(buf, local, group)
+    results["kv"] = all(
+        torch.equal(buf[s * t : (s + 1) * t], full[:, 0, :] + s) for s in range(world_size)
+    )
+    return results
+
+
+def test_gathers_multiprocess(run_ranks: RunRanks) -> None:
+    """One real process-group launch (gloo on CPU, nccl on GPU) covering both gathers."""
+    for res in run_ranks(_dist_body, 2):
+        assert res == {"query": True, "query_padded": True, "kv": True}

@@ -1,0 +1,317 @@
+"""DCPConfig validation, DCPManager selection / fallbacks / logging, and the manager's
+collectives end to end on real process groups (gloo on CPU, nccl on GPU)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+
+from cpattn_common import capability
+from cpattn_dcp import manager as manager_mod
+from cpattn_dcp.direct import DirectDCPA2AWorkspace
+from cpattn_dcp.manager import DCPConfig, DCPManager
+from cpattn_testing.cases import make_dcp_decode_case
+from cpattn_testing.pytest_plugin import RunRanks
+from cpattn_testing.simulated import SimulatedWorld
+from cpattn_testing.tolerances import assert_close_to_ref
+
+
+@pytest.fixture(autouse=True)
+def _fresh_workspaces() -> Any:
+    from cpattn_dcp.direct import clear_direct_workspace_cache
+
+    clear_direct_workspace_cache()
+    yield
+    clear_direct_workspace_cache()
+
+
+def _managers(world: SimulatedWorld, config: DCPConfig, **kw: Any) -> list[DCPManager]:
+    args = {"num_heads": 1, "head_dim": 8, "dtype": torch.bfloat16, **kw}
+    return list(world.run(lambda g: DCPManager(config, g, world.device, **args)))
+
+
+def test_config_validation() -> None:
+    assert DCPConfig().comm_backend == "ag_rs"
+    with pytest.raises(ValueError, match="comm_backend"):
+        DCPConfig(comm_backend="nccl")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_num_tokens"):
+        DCPConfig(max_num_tokens=0)
+    with pytest.raises(ValueError, match="num_ubatches"):
+        DCPConfig(num_ubatches=0)
+    with pytest.raises(TypeError, match="use_direct_a2a"):
+        DCPConfig(use_direct_a2a=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="use_pcp"):
+        DCPConfig(use_pcp="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("config", "combine", "query"),
+    [
+        (DCPConfig(), "ag_rs", "all_gather"),
+        (DCPConfig(comm_backend="a2a"), "a2a", "all_gather"),
+        (DCPConfig(comm_backend="auto"), "a2a", "all_gather"),
+        (DCPConfig(comm_backend="a2a", use_direct_a2a=False), "a2a", "all_gather"),
+        (DCPConfig(use_pcp=True), "ag_ar", "none"),
+        (DCPConfig(comm_backend="a2a", use_pcp=True), "ag_ar", "none"),
+        (DCPConfig(comm_backend="a2a", use_direct_a2a=True), "direct_a2a", "all_gather"),
+    ],
+    ids=["default", "a2a", "auto", "a2a-direct-off", "pcp", "pcp-a2a", "a2a-direct-forced"],
+)
+def test_selection(device: torch.device, config: DCPConfig, combine: str, query: str) -> None:
+    world = SimulatedWorld(2, device)
+    for m in _managers(world, config):
+        assert m.combine_path == combine
+        assert m.query_gather_path == query
+        assert m.kv_gather_path == "all_gather_into_tensor"
+        sel = m.selection
+        assert sel.combine_reason
+        assert sel.query_gather_reason
+        assert sel.kv_gather_reason
+        assert (m.direct_a2a is not None) == (combine == "direct_a2a")
+        assert m.has_query_gather == (query != "none")
+    if config.use_pcp and config.comm_backend == "a2a":
+        assert "overrides" in sel.combine_reason
+    if combine == "a2a" and config.use_direct_a2a is False:
+        assert "use_direct_a2a=False" in sel.combine_reason
+
+
+def test_forced_direct_a2a_with_unsupported_dtype_raises(device: torch.device) -> None:
+    world = SimulatedWorld(2, device)
+    with pytest.raises(ValueError, match="does not support"):
+        _managers(world, DCPConfig(comm_backend="a2a", use_direct_a2a=True), dtype=torch.float32)
+
+
+def test_pcp_has_no_query_gather(device: torch.device) -> None:
+    m = _managers(SimulatedWorld(2, device), DCPConfig(use_pcp=True))[0]
+    with pytest.raises(RuntimeError, match="use_pcp=True"):
+        m.query_gather(torch.zeros(1, 1, 8, device=device))
+
+
+def test_direct_gathers_fall_back_without_any_multicast_call(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+
+    def forbidden(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("multicast probed although the environment disables it")
+
+    monkeypatch.setattr(capability, "direct_cp_multicast_enabled", forbidden)
+    cfg = DCPConfig(comm_backend="a2a", use_direct_q_gather=True, use_direct_kv_gather=True)
+    ms = _managers(
+        SimulatedWorld(2, device),
+        cfg,
+        kv_token_dim=16,
+        max_gathered_kv_tokens=8,
+        padded_num_heads=4,
+    )
+    for m in ms:
+        assert m.query_gather_path == "all_gather"
+        assert m.direct_q_gather is None
+        assert m.kv_gather_path == "all_gather_into_tensor"
+        assert m.direct_kv_gather is None
+        assert "environment" in m.selection.query_gather_reason
+        assert "environment" in m.selection.kv_gather_reason
+
+
+def test_choice_is_logged_once(device: torch.device, caplog: pytest.LogCaptureFixture) -> None:
+    manager_mod._logged.clear()
+    world = SimulatedWorld(2, device)
+    with caplog.at_level(logging.INFO, logger="cpattn_dcp.manager"):
+        for _ in range(3):  # three layers, same configuration
+            _managers(world, DCPConfig(comm_backend="a2a"), head_dim=16)
+    records = [r for r in caplog.records if "DCP collectives" in r.getMessage()]
+    assert len(records) == 1
+    assert "combine=a2a" in records[0].getMessage()
+
+
+def test_direct_combine_dispatch_and_row_fallback(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Direct A2A for rows <= max_num_tokens (arguments forwarded), NCCL A2A beyond."""
+    n, h_r, d = 2, 1, 8
+    world = SimulatedWorld(n, device)
+    cfg = DCPConfig(comm_backend="a2a", use_direct_a2a=True, max_num_tokens=3)
+    ms = _managers(world, cfg, num_heads=h_r, head_dim=d, is_lse_base_on_e=False)
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    def fake_a2a(out: torch.Tensor, lse: torch.Tensor, group: Any, **kw: Any) -> torch.Tensor:
+        calls.append(("a2a", {"group": group, **kw}))
+        return out[:, :h_r]
+
+    monkeypatch.setattr(manager_mod, "dcp_a2a_lse_reduce", fake_a2a)
+    orig = DirectDCPA2AWorkspace.lse_reduce
+
+    def spy(self: Any, *args: Any, **kw: Any) -> Any:
+        calls.append(("direct", {"args": args, **kw}))
+        return orig(self, *args, **kw)
+
+    monkeypatch.setattr(DirectDCPA2AWorkspace, "lse_reduce", spy)
+
+    case = make_dcp_decode_case(
+        seq_lens=[1, 5], world_size=n, num_heads=n * h_r, head_dim=d, padding_rows=1,
+        dtype=torch.bfloat16, is_lse_base_on_e=False, device=device, seed=4,
+    )  # fmt: skip
+    b = case.num_rows
+    assert b <= 3
+    qsl = case.query_start_loc
+    # Rank 0 publishes through its workspace first (the interpreter runs one launch at a time),
+    # then rank 1 runs the whole manager call, then rank 0 finishes its wait.
+    o0, l0 = case.rank_inputs(0)
+    ws0 = ms[0].direct_a2a
+    assert ws0 is not None
+    ws0.publish(o0, l0, case.local_seq_lens[0], qsl)
+    o1, l1 = case.rank_inputs(1)
+    out1 = ms[1].combine(o1, l1, seq_lens=case.local_seq_lens[1], query_start_loc=qsl)
+    out0 = ws0.wait_and_combine(b, is_lse_base_on_e=False)
+    assert isinstance(out0, torch.Tensor)
+    assert isinstance(out1, torch.Tensor)
+    assert_close_to_ref(out0, case.ref_out[:, 0:1], dtype=torch.bfloat16)
+    assert_close_to_ref(out1, case.ref_out[:, 1:2], dtype=torch.bfloat16)
+    kind, kw = calls[-1]
+    # lse_reduce(partial_output, partial_lse, is_lse_base_on_e, seq_lens, query_start_loc)
+    assert kind == "direct"
+    assert kw["args"][2] is False
+    assert torch.equal(kw["args"][3], case.local_seq_lens[1])
+    assert kw["args"][4] is qsl
+    assert ms[1].last_combine_path == "direct_a2a"
+    assert ms[1].num_fallbacks == 0
+
+    big = torch.zeros(4, n * h_r, d, device=device, dtype=torch.bfloat16)
+    ms[1].combine(big, torch.zeros(4, n * h_r, device=device), return_lse=False)
+    kind, kw = calls[-1]
+    assert kind == "a2a"
+    assert kw["group"] is world.groups[1]
+    assert kw["is_lse_base_on_e"] is False
+    assert ms[1].last_combine_path == "a2a"
+    assert ms[1].num_fallbacks == 1
+
+
+# --- real process groups ---------------------------------------------------------------------
+
+
+def _manager_body(rank: int, world_size: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    group = dist.group.WORLD
+    cuda = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    h_r, d = 2, 16
+    case = make_dcp_decode_case(
+        seq_lens=[1, 6, 3], world_size=world_size, num_heads=world_size * h_r, head_dim=d,
+        queries_per_request=2, padding_rows=1, dtype=torch.bfloat16, device=device, seed=21,
+    )  # fmt: skip
+    heads = slice(rank * h_r, (rank + 1) * h_r)
+    report: dict[str, Any] = {}
+    configs = {
+        "ag_rs": DCPConfig(),
+        "a2a": DCPConfig(comm_backend="a2a", use_direct_a2a=False),
+        "auto": DCPConfig(comm_backend="auto", use_direct_a2a=False),
+        "pcp": DCPConfig(use_pcp=True),
+    }
+    for name, cfg in configs.items():
+        m = DCPManager(cfg, group, device, h_r, d, torch.bfloat16)
+        out, lse = case.rank_inputs(rank)
+        res = m.combine(
+            out, lse, seq_lens=case.local_seq_lens[rank], query_start_loc=case.query_start_loc,
+            return_lse=True,
+        )  # fmt: skip
+        assert isinstance(res, tuple)
+        o, l_ = res
+        ref_o = case.ref_out if name == "pcp" else case.ref_out[:, heads]
+        ref_l = case.ref_lse if name == "pcp" else case.ref_lse[:, heads]
+        assert_close_to_ref(o, ref_o, dtype=torch.bfloat16, name=f"{name} out")
+        assert_close_to_ref(l_, ref_l, dtype=torch.float32, name=f"{name} lse")
+        report[name] = (m.combine_path, m.last_combine_path)
+    # Query and KV gathers through the manager (NCCL paths here).
+    m = DCPManager(DCPConfig(), group, device, h_r, d, torch.bfloat16, padded_num_heads=8)
+    q_full = case.query.to(torch.bfloat16)
+    q = m.query_gather(q_full[:, heads])
+    assert torch.equal(q, q_full)
+    assert q.untyped_storage().nbytes() >= q.shape[0] * 8 * d * 2
+    local = q_full[:, rank] + 0
+    buf = torch.empty(world_size * local.shape[0] + 1, d, device=device, dtype=torch.bfloat16)
+    view = m.kv_gather(buf, local)
+    expect = torch.cat([q_full[:, s] for s in range(world_size)], dim=0)
+    assert torch.equal(view, expect)
+    report["gathers"] = (m.query_gather_path, m.kv_gather_path)
+    return report
+
+
+def test_manager_multiprocess(run_ranks: RunRanks) -> None:
+    """One launch of real ranks checks every NCCL-path combine and both gathers."""
+    for rep in run_ranks(_manager_body, 2):
+        assert rep["ag_rs"] == ("ag_rs", "ag_rs")
+        assert rep["a2a"] == ("a2a", "a2a")
+        assert rep["auto"] == ("a2a", "a2a")
+        assert rep["pcp"] == ("ag_ar", "ag_ar")
+        assert rep["gathers"] == ("all_gather", "all_gather_into_tensor")
+
+
+def test_direct_gathers_dispatch_and_fallback(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With direct gather workspaces available (simulated peers; no multicast here, so the
+    gating is patched), the manager uses them and falls back per call to the NCCL gathers."""
+    from cpattn_dcp.direct import DirectDCPKVGatherWorkspace, DirectDCPQGatherWorkspace
+
+    n, h_r, d, t_max = 2, 2, 8, 3
+    monkeypatch.setattr(manager_mod, "direct_gather_unavailable_reason", lambda *a, **k: None)
+    monkeypatch.setattr(
+        manager_mod,
+        "get_direct_dcp_q_gather_workspace",
+        lambda g, dev, t, hr, dq, dt, u, p, use: DirectDCPQGatherWorkspace(
+            g, dev, t, hr, dq, dt, u, p, require_multicast=False
+        ),
+    )
+    monkeypatch.setattr(
+        manager_mod,
+        "get_direct_dcp_kv_gather_workspace",
+        lambda g, dev, cap, dk, dt, u, use: DirectDCPKVGatherWorkspace(
+            g, dev, cap, dk, dt, u, require_multicast=False
+        ),
+    )
+    calls: list[str] = []
+    monkeypatch.setattr(
+        manager_mod, "dcp_gather_query", lambda q, g, p: calls.append("q_nccl") or q
+    )
+    monkeypatch.setattr(
+        manager_mod, "dcp_gather_kv", lambda buf, loc, g: calls.append("kv_nccl") or buf
+    )
+    cfg = DCPConfig(max_num_tokens=t_max)
+    ms = _managers(
+        SimulatedWorld(n, device), cfg, num_heads=h_r, head_dim=d, kv_token_dim=d,
+        max_gathered_kv_tokens=4,
+    )  # fmt: skip
+    for m in ms:
+        assert m.query_gather_path == "direct"
+        assert m.kv_gather_path == "direct"
+    full = torch.randn(2, n * h_r, d, device=device).to(torch.bfloat16)
+    qws = ms[0].direct_q_gather
+    assert qws is not None
+    qws.publish(full[:, :h_r])
+    got1 = ms[1].query_gather(full[:, h_r:])
+    got0 = qws.wait(2)
+    assert torch.equal(got0, full)
+    assert torch.equal(got1, full)
+    assert ms[1].last_query_gather_path == "direct"
+    ms[1].query_gather(torch.zeros(t_max + 1, h_r, d, device=device, dtype=torch.bfloat16))
+    assert calls == ["q_nccl"]
+    assert ms[1].last_query_gather_path == "all_gather"
+
+    local = [torch.randn(2, d, device=device).to(torch.bfloat16) for _ in range(n)]
+    bufs = [torch.zeros(n * 2 + 1, d, device=device, dtype=torch.bfloat16) for _ in range(n)]
+    kws = ms[0].direct_kv_gather
+    assert kws is not None
+    kws.publish(local[0])
+    view1 = ms[1].kv_gather(bufs[1], local[1])
+    kws.wait(bufs[0][: n * 2])
+    expect = torch.cat(local)
+    assert torch.equal(bufs[0][: n * 2], expect)
+    assert torch.equal(view1, expect)
+    assert ms[1].last_kv_gather_path == "direct"
+    ms[1].kv_gather(bufs[1], torch.zeros(3, d, device=device, dtype=torch.bfloat16))  # 6 > 4
+    assert calls == ["q_nccl", "kv_nccl"]
+    assert ms[1].num_fallbacks == 2
