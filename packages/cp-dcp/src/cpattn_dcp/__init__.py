@@ -1,5 +1,77 @@
-"""Decode context parallel (DCP) attention combine ops, Q/KV gathers and manager."""
+"""Decode context parallel (DCP) attention combine ops, Q/KV gathers and manager.
+
+The combine ops are imported eagerly; the gathers, the manager and the direct
+(symmetric-memory) workspaces are loaded on first attribute access, so ``import cpattn_dcp``
+stays light and never touches symmetric-memory probing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from cpattn_dcp.__about__ import __version__
+from cpattn_dcp.context import CPTritonContext
+from cpattn_dcp.ops.a2a_combine import (
+    a2a_pack,
+    a2a_pack_dim,
+    a2a_unpack_combine,
+    dcp_a2a_lse_reduce,
+)
+from cpattn_dcp.ops.ag_combine import cp_lse_ag_out_ar, cp_lse_ag_out_rs
+from cpattn_dcp.ops.correct_attn_out import correct_attn_out
+from cpattn_dcp.ops.mask_empty_shards import mask_dcp_empty_shards_
 
-__all__ = ["__version__"]
+if TYPE_CHECKING:
+    from cpattn_dcp.direct import (
+        DirectDCPA2AWorkspace,
+        DirectDCPKVGatherWorkspace,
+        DirectDCPQGatherWorkspace,
+    )
+    from cpattn_dcp.gather import dcp_gather_kv, dcp_gather_query, reserve_query_head_storage
+    from cpattn_dcp.manager import DCPConfig, DCPManager
+
+_LAZY: dict[str, str] = {
+    "DCPConfig": "cpattn_dcp.manager",
+    "DCPManager": "cpattn_dcp.manager",
+    "DirectDCPA2AWorkspace": "cpattn_dcp.direct",
+    "DirectDCPKVGatherWorkspace": "cpattn_dcp.direct",
+    "DirectDCPQGatherWorkspace": "cpattn_dcp.direct",
+    "dcp_gather_kv": "cpattn_dcp.gather",
+    "dcp_gather_query": "cpattn_dcp.gather",
+    "reserve_query_head_storage": "cpattn_dcp.gather",
+}
+
+__all__ = [
+    "CPTritonContext",
+    "DCPConfig",
+    "DCPManager",
+    "DirectDCPA2AWorkspace",
+    "DirectDCPKVGatherWorkspace",
+    "DirectDCPQGatherWorkspace",
+    "__version__",
+    "a2a_pack",
+    "a2a_pack_dim",
+    "a2a_unpack_combine",
+    "correct_attn_out",
+    "cp_lse_ag_out_ar",
+    "cp_lse_ag_out_rs",
+    "dcp_a2a_lse_reduce",
+    "dcp_gather_kv",
+    "dcp_gather_query",
+    "mask_dcp_empty_shards_",
+    "reserve_query_head_storage",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cpattn_dcp' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -271,6 +271,8 @@ class SimulatedWorld:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         self.world_size = world_size
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.timeout = timeout
         self._rendezvous = _Rendezvous(world_size, timeout)
         self._run_lock = threading.Lock()
@@ -293,7 +295,7 @@ class SimulatedWorld:
 
             def body(rank: int) -> None:
                 try:
-                    if self.device.type == "cuda":
+                    if self.device.type == "cuda" and self.device.index is not None:
                         torch.cuda.set_device(self.device)
                     results[rank] = fn(self.groups[rank], *args)
                     done[rank] = True

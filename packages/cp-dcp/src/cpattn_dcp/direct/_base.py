@@ -87,6 +87,8 @@ class DirectWorkspaceBase:
             )
         self.name = name
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.num_ubatches = num_ubatches
         self.max_spins = int(max_spins)
         self.error_check_interval = int(error_check_interval)

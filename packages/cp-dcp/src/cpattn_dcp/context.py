@@ -1,0 +1,28 @@
+"""``CPTritonContext``: accepted by the combine ops for drop-in compatibility with vLLM.
+
+vLLM's context cached one compiled kernel without keying it on the compile-time constants,
+so reusing a context across shapes could launch a wrongly specialised kernel. Here every
+launch goes through ``cpattn_common.launch.launch_cached``, whose cache is keyed on the full
+specialisation; the context only forwards to it, so it is safe to share or to omit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cpattn_common.launch import launch_cached
+
+__all__ = ["CPTritonContext"]
+
+
+class CPTritonContext:
+    """Launch context of the DCP combine ops (optional; safe to share between calls)."""
+
+    __slots__ = ()
+
+    def launch(self, kernel: Any, grid: tuple[int, ...], **kwargs: Any) -> None:
+        """Launch ``kernel`` on ``grid`` with keyword arguments through the cached launcher."""
+        launch_cached(kernel, grid, **kwargs)
+
+    def __repr__(self) -> str:
+        return "CPTritonContext()"

@@ -1,0 +1,89 @@
+"""Empty-shard row test and the LSE mask / masked-copy kernel.
+
+A row ``i`` of a DCP decode batch is *empty* on this rank when it is a padding row
+(``i >= query_start_loc[R]``) or its request ``s`` has no local KV (``seq_lens[s] == 0``),
+where ``s = min(#{k in 1..R : query_start_loc[k] <= i}, R - 1)``. Empty rows get LSE -inf.
+
+The request index ``#{k : query_start_loc[k] <= i}`` is counted directly over all ``R``
+boundaries (one round of independent loads: lowest latency at decode sizes) when
+``R < 2^COUNT_MAX_STEPS``, and found by a branchless binary search over the sorted boundaries
+otherwise (``SEARCH_STEPS`` dependent loads, O(log R) work per row). Only
+``SEARCH_STEPS = log2(next_pow2(R + 1))`` is a compile-time constant, never ``R``.
+``_row_is_empty`` is shared with the A2A pack kernel, which makes the fused mask
+bit-identical to ``mask_dcp_empty_shards_``.
+"""
+
+import triton
+import triton.language as tl
+
+COUNT_MAX_STEPS = tl.constexpr(8)
+
+
+@triton.jit
+def _row_is_empty(i_row, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS: tl.constexpr):
+    """Boolean vector: which rows ``i_row`` (int64) are empty (see module docstring)."""
+    if SEARCH_STEPS <= COUNT_MAX_STEPS:
+        # Count the boundaries query_start_loc[1..R] <= row: 2^SEARCH_STEPS >= R + 1 lanes.
+        i_k = 1 + tl.arange(0, 1 << SEARCH_STEPS)
+        b_bound = tl.load(qsl_ptr + i_k, mask=i_k <= num_seqs, other=2147483647).to(tl.int64)
+        b_pos = tl.sum((b_bound[None, :] <= i_row[:, None]).to(tl.int64), axis=1)
+    else:
+        b_pos = tl.zeros_like(i_row)
+        for i_step in tl.static_range(SEARCH_STEPS):
+            b_cand = b_pos + (1 << (SEARCH_STEPS - 1 - i_step))
+            m_cand = b_cand <= num_seqs
+            b_bound = tl.load(qsl_ptr + b_cand, mask=m_cand, other=0).to(tl.int64)
+            b_pos = tl.where(m_cand & (b_bound <= i_row), b_cand, b_pos)
+    b_seq = tl.minimum(b_pos, num_seqs - 1)
+    b_total = tl.load(qsl_ptr + num_seqs).to(tl.int64)
+    b_len = tl.load(seq_lens_ptr + b_seq, mask=b_seq >= 0, other=0)
+    return (i_row >= b_total) | (b_len == 0)
+
+
+@triton.jit
+def _mask_empty_shards_kernel(
+    src_ptr,
+    stride_src_b,
+    stride_src_h,
+    dst_ptr,
+    stride_dst_b,
+    stride_dst_h,
+    seq_lens_ptr,
+    qsl_ptr,
+    num_seqs,
+    num_rows,
+    num_heads,
+    HAS_MASK: tl.constexpr,
+    IS_COPY: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """``dst[b, h] = -inf if row b is empty else src[b, h]`` for ``[B, H]`` LSEs.
+
+    ``IS_COPY=False`` is the in-place mask (``dst is src``; only empty rows are stored).
+    ``IS_COPY=True`` writes every element of ``dst`` (``HAS_MASK=False``: a plain copy).
+    """
+    i_b = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B).to(tl.int64)
+    m_b = i_b < num_rows
+    if HAS_MASK:
+        m_empty = _row_is_empty(i_b, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS) & m_b
+    else:
+        m_empty = i_b < 0
+    for h0 in range(0, num_heads, BLOCK_H):
+        i_h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)
+        m_h = i_h < num_heads
+        o_dst = i_b[:, None] * stride_dst_b + i_h[None, :] * stride_dst_h
+        if IS_COPY:
+            o_src = i_b[:, None] * stride_src_b + i_h[None, :] * stride_src_h
+            m_all = m_b[:, None] & m_h[None, :]
+            b_lse = tl.load(src_ptr + o_src, mask=m_all, other=0.0)
+            b_lse = tl.where(m_empty[:, None], float("-inf"), b_lse)
+            tl.store(dst_ptr + o_dst, b_lse.to(dst_ptr.dtype.element_ty), mask=m_all)
+        else:
+            b_neg = tl.full((BLOCK_B, BLOCK_H), float("-inf"), tl.float32)
+            tl.store(
+                dst_ptr + o_dst,
+                b_neg.to(dst_ptr.dtype.element_ty),
+                mask=m_empty[:, None] & m_h[None, :],
+            )

@@ -1,0 +1,1 @@
+"""Typed launchers, validation and ``torch.library`` registration of the DCP combine ops."""

@@ -1,0 +1,60 @@
+"""Shared validation of the collective combine ops (AG+RS, AG+AR, A2A)."""
+
+from __future__ import annotations
+
+import torch
+
+from cpattn_dcp.ops._common import (
+    LSE_DTYPES,
+    OUT_DTYPES,
+    check_lse_dtype,
+    check_mask_args,
+    check_out_dtype,
+)
+
+__all__ = ["validate_combine_args"]
+
+
+def validate_combine_args(
+    op: str,
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    world_size: int,
+    seq_lens: torch.Tensor | None,
+    query_start_loc: torch.Tensor | None,
+    *,
+    heads_divisible: bool,
+) -> bool:
+    """Check shapes/dtypes/devices of a combine call; return whether masking is on."""
+    if not isinstance(cp_attn_out, torch.Tensor) or not isinstance(cp_attn_lse, torch.Tensor):
+        raise TypeError(
+            f"{op}: cp_attn_out and cp_attn_lse must be tensors, got "
+            f"{type(cp_attn_out).__name__} and {type(cp_attn_lse).__name__}"
+        )
+    if cp_attn_out.dim() != 3:
+        raise ValueError(
+            f"{op}: expected cp_attn_out [B, H, D], got shape {tuple(cp_attn_out.shape)}"
+        )
+    if cp_attn_lse.dim() != 2:
+        raise ValueError(f"{op}: expected cp_attn_lse [B, H], got shape {tuple(cp_attn_lse.shape)}")
+    b, h, _ = cp_attn_out.shape
+    lse_shape = cp_attn_lse.shape
+    if lse_shape[0] != b or lse_shape[1] != h:
+        raise ValueError(
+            f"{op}: cp_attn_out {tuple(cp_attn_out.shape)} and cp_attn_lse "
+            f"{tuple(cp_attn_lse.shape)} disagree on [B, H]"
+        )
+    if cp_attn_out.dtype not in OUT_DTYPES:
+        check_out_dtype("cp_attn_out", cp_attn_out)
+    if cp_attn_lse.dtype not in LSE_DTYPES:
+        check_lse_dtype("cp_attn_lse", cp_attn_lse)
+    if cp_attn_out.device != cp_attn_lse.device:
+        raise ValueError(
+            f"{op}: cp_attn_out is on {cp_attn_out.device} but cp_attn_lse is on "
+            f"{cp_attn_lse.device}"
+        )
+    if heads_divisible and h % world_size != 0:
+        raise ValueError(f"{op}: H={h} must be divisible by DCP world size {world_size}.")
+    if seq_lens is None and query_start_loc is None:
+        return False
+    return check_mask_args(cp_attn_lse, seq_lens, query_start_loc)

@@ -1,0 +1,156 @@
+"""Validation helpers and launch heuristics shared by the DCP combine ops.
+
+Everything here is host-side and cheap: shape/dtype/device checks read tensor metadata only
+(no ``.item()``, no device sync) and the tile heuristic is memoised per shape.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+__all__ = [
+    "LSE_DTYPES",
+    "OUT_DTYPES",
+    "check_lse_dtype",
+    "check_mask_args",
+    "check_out_dtype",
+    "next_pow2",
+    "search_steps",
+    "tile_config",
+]
+
+#: Output (partial attention) dtypes every combine kernel supports.
+OUT_DTYPES: frozenset[torch.dtype] = frozenset({torch.float16, torch.bfloat16, torch.float32})
+#: LSE dtypes every combine kernel reads (converted to fp32 inside the kernels).
+LSE_DTYPES: frozenset[torch.dtype] = frozenset({torch.float16, torch.bfloat16, torch.float32})
+
+# Bytes one program moves per direction (read or write); 16 KiB keeps plenty of 16-byte
+# vector accesses in flight per SM while the register tile stays small.
+_TARGET_BYTES = 16384
+# Below this many programs, shrink the row tile so that small (decode) batches still spread
+# over the SMs (an H200 has 132); each program then moves at least one head row.
+# Under TRITON_INTERPRET=1 (CPU tests) every program is interpreted one by one: use the
+# largest tile instead so that tests stay fast.
+_MIN_PROGRAMS = 1 if os.environ.get("TRITON_INTERPRET", "0") == "1" else 264
+_MAX_BLOCK_R = 64
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= ``max(n, 1)``."""
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+def search_steps(num_seqs: int) -> int:
+    """Binary-search steps over ``num_seqs`` sorted boundaries: ``log2(next_pow2(R + 1))``."""
+    return num_seqs.bit_length()
+
+
+def _block_d(head_dim: int) -> int:
+    """Power-of-two chunk of the head dim.
+
+    The whole dim when it is a power of two; else its largest power-of-two divisor when that
+    is at least 64 (no masked lanes: 576 -> 64, 192 -> 64); else the largest power of two
+    that pads ``D`` by at most 1/8.
+    """
+    divisor = head_dim & -head_dim
+    if divisor == head_dim or divisor >= 64:
+        return min(divisor, 1024)
+    block = next_pow2(head_dim)
+    while block > 16:
+        padded = -(-head_dim // block) * block
+        if (padded - head_dim) * 8 <= head_dim:
+            return block
+        block //= 2
+    return 16
+
+
+@functools.lru_cache(maxsize=4096)
+def tile_config(
+    num_rows: int, head_dim: int, elem_size: int, target_bytes: int = _TARGET_BYTES
+) -> tuple[int, int, int]:
+    """Pick ``(BLOCK_R, BLOCK_D, num_warps)`` for a row-tiled kernel over ``[rows, D]``.
+
+    Args:
+        num_rows: rows (flattened (token, head) pairs) the grid covers.
+        head_dim: D.
+        elem_size: bytes per element of the payload.
+        target_bytes: bytes one program should read (per source).
+
+    Returns:
+        ``BLOCK_R`` rows per program (power of two), ``BLOCK_D`` head-dim chunk (power of
+        two) and ``num_warps`` (about two 16-byte vectors per thread per chunk).
+    """
+    block_d = _block_d(head_dim)
+    padded = -(-head_dim // block_d) * block_d
+    block_r = 1
+    while block_r * 2 * padded * elem_size <= target_bytes and block_r < _MAX_BLOCK_R:
+        block_r *= 2
+    # A chunked head dim (576 = 9 x 64) gets taller tiles so that each chunk still spans
+    # about 2048 elements (several warps) instead of one warp looping over many chunks.
+    while padded > block_d and block_r * block_d < 2048 and block_r < _MAX_BLOCK_R:
+        block_r *= 2
+    while block_r > 1 and -(-num_rows // block_r) < _MIN_PROGRAMS:
+        block_r //= 2
+    vec = max(1, 16 // elem_size)
+    per_warp = vec * 32 * 2
+    num_warps = 1
+    while num_warps < 8 and num_warps * per_warp < block_r * block_d:
+        num_warps *= 2
+    return block_r, block_d, num_warps
+
+
+def check_out_dtype(name: str, t: torch.Tensor) -> None:
+    """``TypeError`` for a non-floating ``t``, ``ValueError`` for an unsupported float dtype."""
+    dtype = t.dtype
+    if dtype not in OUT_DTYPES:
+        if not dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating tensor (fp16/bf16/fp32), got {dtype}")
+        raise ValueError(f"{name} dtype {dtype} is not supported (fp16, bf16 or fp32)")
+
+
+def check_lse_dtype(name: str, t: torch.Tensor) -> None:
+    """``TypeError`` for a non-floating LSE, ``ValueError`` for an unsupported float dtype."""
+    dtype = t.dtype
+    if dtype not in LSE_DTYPES:
+        if not dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating tensor (fp16/bf16/fp32), got {dtype}")
+        raise ValueError(f"{name} dtype {dtype} is not supported (fp16, bf16 or fp32)")
+
+
+def check_mask_args(
+    lse: torch.Tensor, seq_lens: torch.Tensor | None, query_start_loc: torch.Tensor | None
+) -> bool:
+    """Validate the empty-shard mask arguments; return whether masking is on.
+
+    Both ``None`` disables masking. Exactly one ``None``, non-1-D tensors, a length mismatch
+    (``len(query_start_loc) != len(seq_lens) + 1``), non-integer dtypes or another device
+    than ``lse`` raise. Metadata only: no device work, CUDA-graph safe.
+    """
+    if seq_lens is None and query_start_loc is None:
+        return False
+    if seq_lens is None or query_start_loc is None:
+        raise ValueError("seq_lens and query_start_loc must be provided together")
+    if seq_lens.dim() != 1 or query_start_loc.dim() != 1:
+        raise ValueError(
+            f"seq_lens and query_start_loc must be 1-D, got shapes {tuple(seq_lens.shape)} and "
+            f"{tuple(query_start_loc.shape)}"
+        )
+    if query_start_loc.shape[0] != seq_lens.shape[0] + 1:
+        raise ValueError(
+            "query_start_loc must contain one boundary per sequence: got "
+            f"{query_start_loc.shape[0]} boundaries for {seq_lens.shape[0]} sequences "
+            f"(expected {seq_lens.shape[0] + 1})"
+        )
+    if seq_lens.dtype.is_floating_point or seq_lens.dtype == torch.bool:
+        raise TypeError(f"seq_lens must be an integer tensor, got {seq_lens.dtype}")
+    if query_start_loc.dtype.is_floating_point or query_start_loc.dtype == torch.bool:
+        raise TypeError(f"query_start_loc must be an integer tensor, got {query_start_loc.dtype}")
+    if seq_lens.device != lse.device or query_start_loc.device != lse.device:
+        raise ValueError(
+            f"seq_lens ({seq_lens.device}) and query_start_loc ({query_start_loc.device}) must "
+            f"be on the LSE's device {lse.device}"
+        )
+    return True

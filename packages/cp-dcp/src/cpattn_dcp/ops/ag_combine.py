@@ -1,0 +1,414 @@
+"""AG+RS and AG+AR combines: all-gather the LSEs, rescale, reduce-scatter / all-reduce.
+
+Per call: one masked-LSE copy kernel (skipped when there is no mask and the LSE is
+contiguous), one LSE all-gather, one correction kernel writing a fresh buffer laid out for
+the collective (``[N, B, H/N, D]`` for the reduce-scatter, ``[B, H, D]`` for the all-reduce,
+so no transpose or copy surrounds it), and the output collective. The caller's tensors are
+never modified. World size 1 runs the single-source combine (empty rows → 0 / -inf) with no
+communication and always returns the same type as for N > 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, overload
+
+import torch
+
+from cpattn_common.alloc import empty_output
+from cpattn_common.group import CPGroupLike
+from cpattn_dcp.comm.collectives import all_gather_lse, all_reduce_, reduce_scatter_heads
+from cpattn_dcp.comm.groups import (
+    group_from_token,
+    group_rank,
+    group_token,
+    group_world_size,
+    resolve_group,
+)
+from cpattn_dcp.context import CPTritonContext
+from cpattn_dcp.ops._collective_common import validate_combine_args
+from cpattn_dcp.ops.correct_attn_out import launch_correct
+from cpattn_dcp.ops.mask_empty_shards import masked_lse_copy
+
+__all__ = ["ag_combine_fwd", "cp_lse_ag_out_ar", "cp_lse_ag_out_rs"]
+
+
+def ag_combine_fwd(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    group: CPGroupLike,
+    *,
+    reduce_scatter: bool,
+    return_lse: bool,
+    is_lse_base_on_e: bool,
+    seq_lens: torch.Tensor | None,
+    query_start_loc: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """AG+RS (``reduce_scatter=True``) or AG+AR combine; arguments already validated.
+
+    Returns:
+        ``(out, lse)``: ``out [B, H/N, D]`` (RS) or ``[B, H, D]`` (AR) in the output dtype,
+        ``lse`` ``[B, H/N]`` / ``[B, H]`` in ``cp_attn_lse.dtype`` or ``None``.
+    """
+    n = group.world_size
+    rank = group.rank_in_group
+    b, h, d = cp_attn_out.shape
+    has_mask = seq_lens is not None
+    if has_mask or not cp_attn_lse.is_contiguous():
+        lse_local = masked_lse_copy(cp_attn_lse, seq_lens, query_start_loc)
+    else:
+        lse_local = cp_attn_lse
+    lses = all_gather_lse(group, lse_local)
+    dev = cp_attn_out.device
+    if reduce_scatter:
+        hr = h // n
+        buf = empty_output((n, b, hr, d), dtype=cp_attn_out.dtype, device=dev)
+        strides = (hr * d, b * hr * d, d, 1)
+        lse_out = empty_output((b, hr), dtype=lses.dtype, device=dev) if return_lse else None
+        launch_correct(
+            cp_attn_out, buf, strides, hr, lses, lse_out, rank * hr, rank, is_lse_base_on_e
+        )
+        out = reduce_scatter_heads(group, buf)
+    else:
+        buf = empty_output((b, h, d), dtype=cp_attn_out.dtype, device=dev)
+        strides = (h * d, 0, d, 1)
+        lse_out = empty_output((b, h), dtype=lses.dtype, device=dev) if return_lse else None
+        launch_correct(cp_attn_out, buf, strides, h, lses, lse_out, 0, rank, is_lse_base_on_e)
+        out = all_reduce_(group, buf)
+    return out, lse_out
+
+
+def _fake_ag(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    world_size: int,
+    return_lse: bool,
+    reduce_scatter: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    b, h, d = cp_attn_out.shape
+    hh = h // world_size if reduce_scatter else h
+    out = cp_attn_out.new_empty((b, hh, d))
+    lse = cp_attn_lse.new_empty((b, hh) if return_lse else (0,))
+    return out, lse
+
+
+def _op_body(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    group_tok: str,
+    return_lse: bool,
+    is_lse_base_on_e: bool,
+    seq_lens: torch.Tensor | None,
+    query_start_loc: torch.Tensor | None,
+    reduce_scatter: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = ag_combine_fwd(
+        cp_attn_out,
+        cp_attn_lse,
+        group_from_token(group_tok),
+        reduce_scatter=reduce_scatter,
+        return_lse=return_lse,
+        is_lse_base_on_e=is_lse_base_on_e,
+        seq_lens=seq_lens,
+        query_start_loc=query_start_loc,
+    )
+    if lse is None:
+        lse = cp_attn_lse.new_empty((0,))
+    return out, lse
+
+
+@torch.library.custom_op("cpattn_dcp::cp_lse_ag_out_rs", mutates_args=())
+def _ag_rs_op(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    group_tok: str,
+    world_size: int,
+    rank: int,
+    return_lse: bool,
+    is_lse_base_on_e: bool,
+    seq_lens: torch.Tensor | None,
+    query_start_loc: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _op_body(
+        cp_attn_out,
+        cp_attn_lse,
+        group_tok,
+        return_lse,
+        is_lse_base_on_e,
+        seq_lens,
+        query_start_loc,
+        True,
+    )
+
+
+@_ag_rs_op.register_fake
+def _(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    group_tok: str,
+    world_size: int,
+    rank: int,
+    return_lse: bool,
+    is_lse_base_on_e: bool,
+    seq_lens: torch.Tensor | None,
+    query_start_loc: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fake_ag(cp_attn_out, cp_attn_lse, world_size, return_lse, True)
+
+
+@torch.library.custom_op("cpattn_dcp::cp_lse_ag_out_ar", mutates_args=())
+def _ag_ar_op(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    group_tok: str,
+    world_size: int,
+    rank: int,
+    return_lse: bool,
+    is_lse_base_on_e: bool,
+    seq_lens: torch.Tensor | None,
+    query_start_loc: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _op_body(
+        cp_attn_out,
+        cp_attn_lse,
+        group_tok,
+        return_lse,
+        is_lse_base_on_e,
+        seq_lens,
+        query_start_loc,
+        False,
+    )
+
+
+@_ag_ar_op.register_fake
+def _(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    group_tok: str,
+    world_size: int,
+    rank: int,
+    return_lse: bool,
+    is_lse_base_on_e: bool,
+    seq_lens: torch.Tensor | None,
+    query_start_loc: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fake_ag(cp_attn_out, cp_attn_lse, world_size, return_lse, False)
+
+
+def _ag_entry(
+    name: str,
+    reduce_scatter: bool,
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    cp_group: Any,
+    return_lse: bool,
+    is_lse_base_on_e: bool,
+    seq_lens: torch.Tensor | None,
+    query_start_loc: torch.Tensor | None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    if torch.compiler.is_compiling():
+        n = group_world_size(cp_group)
+        validate_combine_args(
+            name,
+            cp_attn_out,
+            cp_attn_lse,
+            n,
+            seq_lens,
+            query_start_loc,
+            heads_divisible=reduce_scatter,
+        )
+        op = (
+            torch.ops.cpattn_dcp.cp_lse_ag_out_rs
+            if reduce_scatter
+            else torch.ops.cpattn_dcp.cp_lse_ag_out_ar
+        )
+        out, lse_or_empty = op(
+            cp_attn_out,
+            cp_attn_lse,
+            group_token(cp_group),
+            n,
+            group_rank(cp_group),
+            bool(return_lse),
+            bool(is_lse_base_on_e),
+            seq_lens,
+            query_start_loc,
+        )
+        return (out, lse_or_empty) if return_lse else out
+    group = resolve_group(cp_group)
+    validate_combine_args(
+        name,
+        cp_attn_out,
+        cp_attn_lse,
+        group.world_size,
+        seq_lens,
+        query_start_loc,
+        heads_divisible=reduce_scatter,
+    )
+    out, lse = ag_combine_fwd(
+        cp_attn_out,
+        cp_attn_lse,
+        group,
+        reduce_scatter=reduce_scatter,
+        return_lse=bool(return_lse),
+        is_lse_base_on_e=bool(is_lse_base_on_e),
+        seq_lens=seq_lens,
+        query_start_loc=query_start_loc,
+    )
+    if return_lse:
+        assert lse is not None
+        return out, lse
+    return out
+
+
+@overload
+def cp_lse_ag_out_rs(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    cp_group: Any,
+    ctx: CPTritonContext | None = None,
+    return_lse: Literal[False] = False,
+    is_lse_base_on_e: bool = True,
+    seq_lens: torch.Tensor | None = None,
+    query_start_loc: torch.Tensor | None = None,
+) -> torch.Tensor: ...
+@overload
+def cp_lse_ag_out_rs(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    cp_group: Any,
+    ctx: CPTritonContext | None = None,
+    *,
+    return_lse: Literal[True],
+    is_lse_base_on_e: bool = True,
+    seq_lens: torch.Tensor | None = None,
+    query_start_loc: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def cp_lse_ag_out_rs(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    cp_group: Any,
+    ctx: CPTritonContext | None = None,
+    return_lse: bool = False,
+    is_lse_base_on_e: bool = True,
+    seq_lens: torch.Tensor | None = None,
+    query_start_loc: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+def cp_lse_ag_out_rs(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    cp_group: Any,
+    ctx: CPTritonContext | None = None,
+    return_lse: bool = False,
+    is_lse_base_on_e: bool = True,
+    seq_lens: torch.Tensor | None = None,
+    query_start_loc: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """DCP combine by LSE all-gather + rescale + reduce-scatter over heads.
+
+    Args:
+        cp_attn_out: ``[B, H, D]`` this rank's partial output (fp16/bf16/fp32, any strides);
+            not modified.
+        cp_attn_lse: ``[B, H]`` its LSE (fp32/fp16/bf16, any strides); not modified.
+        cp_group: a ``torch.distributed.ProcessGroup`` or a ``CPGroupLike``
+            (``cpattn_common.CPGroup``); N ranks, this is rank r.
+        ctx: accepted for compatibility (``CPTritonContext``); unused.
+        return_lse: also return this rank's slice of the global LSE.
+        is_lse_base_on_e: natural-log (True) or base-2 (False) LSEs.
+        seq_lens: ``[R]`` local KV length per request (empty-shard mask), or ``None``.
+        query_start_loc: ``[R + 1]`` query offsets per request, or ``None``.
+
+    Returns:
+        ``out [B, H/N, D]`` (heads ``[r*H/N, (r+1)*H/N)`` of the exact combine, output
+        dtype), or ``(out, lse [B, H/N])`` (``cp_attn_lse.dtype``) with ``return_lse``.
+
+    Raises:
+        ValueError: bad shapes, ``H % N != 0``, unsupported dtypes, device mismatch,
+            inconsistent ``seq_lens``/``query_start_loc``.
+        TypeError: non-floating tensors.
+
+    Example:
+        >>> out = cp_lse_ag_out_rs(partial_out, partial_lse, dist.group.WORLD)
+        >>> out, lse = cp_lse_ag_out_rs(partial_out, partial_lse, group, return_lse=True,
+        ...                             seq_lens=local_lens, query_start_loc=qsl)
+    """
+    del ctx
+    return _ag_entry(
+        "cp_lse_ag_out_rs",
+        True,
+        cp_attn_out,
+        cp_attn_lse,
+        cp_group,
+        return_lse,
+        is_lse_base_on_e,
+        seq_lens,
+        query_start_loc,
+    )
+
+
+@overload
+def cp_lse_ag_out_ar(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    cp_group: Any,
+    ctx: CPTritonContext | None = None,
+    return_lse: Literal[False] = False,
+    is_lse_base_on_e: bool = True,
+    seq_lens: torch.Tensor | None = None,
+    query_start_loc: torch.Tensor | None = None,
+) -> torch.Tensor: ...
+@overload
+def cp_lse_ag_out_ar(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    cp_group: Any,
+    ctx: CPTritonContext | None = None,
+    *,
+    return_lse: Literal[True],
+    is_lse_base_on_e: bool = True,
+    seq_lens: torch.Tensor | None = None,
+    query_start_loc: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def cp_lse_ag_out_ar(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    cp_group: Any,
+    ctx: CPTritonContext | None = None,
+    return_lse: bool = False,
+    is_lse_base_on_e: bool = True,
+    seq_lens: torch.Tensor | None = None,
+    query_start_loc: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+def cp_lse_ag_out_ar(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    cp_group: Any,
+    ctx: CPTritonContext | None = None,
+    return_lse: bool = False,
+    is_lse_base_on_e: bool = True,
+    seq_lens: torch.Tensor | None = None,
+    query_start_loc: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """DCP combine by LSE all-gather + rescale + all-reduce (every rank gets all heads).
+
+    Same arguments as :func:`cp_lse_ag_out_rs`; ``H`` need not be divisible by N.
+
+    Returns:
+        ``out [B, H, D]`` (output dtype), or ``(out, lse [B, H])`` (``cp_attn_lse.dtype``)
+        with ``return_lse``.
+
+    Example:
+        >>> out = cp_lse_ag_out_ar(partial_out, partial_lse, group)   # PCP: replicated heads
+    """
+    del ctx
+    return _ag_entry(
+        "cp_lse_ag_out_ar",
+        False,
+        cp_attn_out,
+        cp_attn_lse,
+        cp_group,
+        return_lse,
+        is_lse_base_on_e,
+        seq_lens,
+        query_start_loc,
+    )

@@ -1,0 +1,191 @@
+"""A2A pack / unpack-combine kernels on one process (the all-to-all done by indexing)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from cpattn_dcp import a2a_pack, a2a_pack_dim, a2a_unpack_combine, mask_dcp_empty_shards_
+from cpattn_testing.reference import lse_combine_ref, mask_empty_shards_ref
+from cpattn_testing.tolerances import assert_close_to_ref, coarsest
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+_BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+
+
+def _partials(
+    n: int, b: int, h: int, d: int, seed: int, dtype: torch.dtype, lse_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    outs = torch.randn(n, b, h, d, generator=gen, dtype=torch.float64)
+    lses = torch.randn(n, b, h, generator=gen, dtype=torch.float64) * 5.0
+    pick = torch.rand(n, b, h, generator=gen)
+    lses = torch.where(pick < 0.1, -math.inf, lses)
+    lses = torch.where((pick >= 0.1) & (pick < 0.15), math.nan, lses)
+    lses = torch.where((pick >= 0.15) & (pick < 0.2), math.inf, lses)
+    lses[:, 0, 0] = -math.inf
+    outs[torch.isnan(lses) | torch.isinf(lses)] = math.nan
+    return outs.to(dtype), lses.to(lse_dtype)
+
+
+def _exchange(sends: list[torch.Tensor], dst: int) -> torch.Tensor:
+    return torch.stack([s[dst] for s in sends]).contiguous()
+
+
+@pytest.mark.parametrize(
+    ("n", "h", "d", "dtype", "lse_dtype", "base_e"),
+    [
+        (2, 4, 32, torch.bfloat16, torch.float32, True),
+        (4, 8, 32, torch.float16, torch.float32, False),
+        (4, 4, 64, torch.float32, torch.float32, True),
+        (3, 6, 80, torch.bfloat16, torch.bfloat16, False),
+        (6, 6, 192, torch.float32, torch.float16, True),
+        (2, 2, 576, torch.bfloat16, torch.float32, True),
+        (1, 3, 48, torch.float16, torch.float16, True),
+    ],
+    ids=["n2-bf16", "n4-fp16-base2", "n4-fp32", "n3-d80-lse16", "n6-d192", "n2-d576", "n1"],
+)
+def test_pack_unpack_combine(
+    device: torch.device,
+    n: int,
+    h: int,
+    d: int,
+    dtype: torch.dtype,
+    lse_dtype: torch.dtype,
+    base_e: bool,
+) -> None:
+    b = 5
+    outs, lses = _partials(n, b, h, d, seed=n * d, dtype=dtype, lse_dtype=lse_dtype)
+    ref_out, ref_lse = lse_combine_ref(outs, lses, is_lse_base_on_e=base_e)
+    hr = h // n
+    sends = []
+    for r in range(n):
+        # Padded-head, non-contiguous inputs.
+        big = torch.randn(b, h + 2, d, dtype=torch.float64).to(dtype).to(device)
+        big[:, 1 : 1 + h] = outs[r].to(device)
+        lbig = torch.zeros(b, h + 3, dtype=lse_dtype, device=device)
+        lbig[:, 2 : 2 + h] = lses[r].to(device)
+        send = a2a_pack(big[:, 1 : 1 + h], lbig[:, 2 : 2 + h], n)
+        assert send.shape == (n, b, hr, d + a2a_pack_dim(dtype))
+        # Payload lanes are bit copies.
+        bits = _BITS[dtype]
+        want = outs[r].view(b, n, hr, d).permute(1, 0, 2, 3).contiguous()
+        assert torch.equal(send[..., :d].cpu().view(bits), want.view(bits))
+        sends.append(send)
+    for dst in range(n):
+        out, lse = a2a_unpack_combine(
+            _exchange(sends, dst), return_lse=True, is_lse_base_on_e=base_e
+        )
+        assert out.dtype == dtype
+        assert lse is not None
+        assert lse.dtype == torch.float32
+        heads = slice(dst * hr, (dst + 1) * hr)
+        assert_close_to_ref(
+            out, ref_out[:, heads], dtype=coarsest(dtype, lse_dtype), name=f"out rank {dst}"
+        )
+        assert_close_to_ref(lse, ref_lse[:, heads], dtype=lse_dtype, name=f"lse rank {dst}")
+        out2, none = a2a_unpack_combine(_exchange(sends, dst), is_lse_base_on_e=base_e)
+        assert none is None
+        assert torch.equal(out2, out)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_lse_lanes_hold_fp32_bits(device: torch.device, dtype: torch.dtype) -> None:
+    lse = torch.tensor([[1.5, -math.inf, 3.25e-3, 7.0e4]], device=device)
+    out = torch.randn(1, 4, 8, device=device).to(dtype)
+    send = a2a_pack(out, lse, 2)
+    lanes = send[..., 8:].cpu().contiguous()
+    if dtype == torch.float32:
+        assert torch.equal(lanes.reshape(-1), lse.cpu().reshape(-1))
+    else:
+        words = lanes.view(torch.int16).to(torch.int32) & 0xFFFF
+        fp32 = (words[..., 0] | (words[..., 1] << 16)).view(torch.float32)
+        assert torch.equal(fp32.reshape(-1), lse.cpu().reshape(-1))
+
+
+# (N, H_r) x queries per request x padding x seq_lens: the fused mask is bit-identical to the
+# eager mask followed by an unmasked pack. Grid pruned to keep the interpreter run short.
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("n", "hr"), [(8, 2), (4, 4), (2, 1)])
+@pytest.mark.parametrize(
+    ("lens", "qpr", "padding"),
+    [
+        ([16, 0, 16, 0], 1, 0),
+        ([0, 0, 0, 0], 2, 2),
+        ([0, 16, 16, 16], 3, 2),
+        ([16] * 52, 1, 2),
+        ([7], 2, 0),
+        ([16, 0, 3, 0, 0] * 60, 1, 1),  # R = 300: binary-search path
+    ],
+    ids=["alt", "all-empty", "first-empty-mtp3", "many-seqs", "one", "300-seqs"],
+)
+def test_fused_mask_bit_exact(
+    device: torch.device,
+    dtype: torch.dtype,
+    n: int,
+    hr: int,
+    lens: list[int],
+    qpr: int,
+    padding: int,
+) -> None:
+    d = 32
+    r = len(lens)
+    b = r * qpr + padding
+    h = n * hr
+    gen = torch.Generator().manual_seed(r * 31 + qpr)
+    out = torch.randn(b, h, d, generator=gen).to(dtype).to(device)
+    lse = torch.randn(b, h, generator=gen).to(device)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    qsl = torch.arange(0, (r + 1) * qpr, qpr, dtype=torch.int32, device=device)
+    masked = mask_dcp_empty_shards_(lse.clone(), seq_lens, qsl)
+    assert torch.equal(masked.cpu(), mask_empty_shards_ref(lse.cpu(), seq_lens.cpu(), qsl.cpu()))
+    expected = a2a_pack(out, masked, n)
+    actual = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
+    assert torch.equal(actual.cpu().view(torch.int16), expected.cpu().view(torch.int16))
+    # Without a mask every payload lane and every reassembled fp32 LSE is finite (the 16-bit
+    # LSE halves themselves may look like inf/NaN and are not numbers).
+    unmasked = a2a_pack(out, lse, n).cpu()
+    assert torch.isfinite(unmasked[..., :d].float()).all()
+    words = unmasked[..., d:].contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    assert torch.isfinite((words[..., 0] | (words[..., 1] << 16)).view(torch.float32)).all()
+
+
+def test_preallocated_send(device: torch.device) -> None:
+    out = torch.randn(3, 4, 16, device=device)
+    lse = torch.randn(3, 4, device=device)
+    send = torch.empty(2, 3, 2, 17, device=device)
+    assert a2a_pack(out, lse, 2, send=send) is send
+    with pytest.raises(ValueError, match=r"send must be a contiguous"):
+        a2a_pack(out, lse, 2, send=torch.empty(2, 3, 2, 16, device=device))
+
+
+def test_pack_dim() -> None:
+    assert a2a_pack_dim(torch.bfloat16) == 2
+    assert a2a_pack_dim(torch.float16) == 2
+    assert a2a_pack_dim(torch.float32) == 1
+    with pytest.raises(ValueError, match=r"Cannot pack fp32 LSE into output dtype torch\.float64"):
+        a2a_pack_dim(torch.float64)
+
+
+def test_bad_inputs(device: torch.device) -> None:
+    out = torch.randn(3, 6, 16, device=device)
+    lse = torch.randn(3, 6, device=device)
+    with pytest.raises(ValueError, match="H=6 must be divisible by DCP world size 4"):
+        a2a_pack(out, lse, 4)
+    with pytest.raises(ValueError, match=r"disagree on \[B, H\]"):
+        a2a_pack(out, lse[:2], 2)
+    with pytest.raises(ValueError, match=r"expected cp_attn_out \[B, H, D\]"):
+        a2a_pack(out[0], lse, 2)
+    with pytest.raises(ValueError, match="not supported"):
+        a2a_pack(out.double(), lse, 2)
+    with pytest.raises(TypeError, match="floating"):
+        a2a_pack(out, lse.int(), 2)
+    with pytest.raises(ValueError, match="provided together"):
+        a2a_pack(out, lse, 2, seq_lens=torch.tensor([1], device=device))
+    with pytest.raises(ValueError, match=r"expected recv \[N, B, H_r, D \+ 2\]"):
+        a2a_unpack_combine(torch.randn(2, 3, 4, device=device).half())
+    with pytest.raises(ValueError, match="Cannot pack"):
+        a2a_unpack_combine(torch.randn(2, 3, 4, 5, device=device).double())

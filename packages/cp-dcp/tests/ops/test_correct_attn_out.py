@@ -1,0 +1,201 @@
+"""correct_attn_out: kernel vs the float64 LSE combine (cpattn_testing.reference)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from cpattn_dcp import CPTritonContext, correct_attn_out
+from cpattn_testing.reference import lse_combine_ref
+from cpattn_testing.tolerances import assert_close_to_ref, coarsest
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+def adversarial_partials(
+    n: int, b: int, h: int, d: int, *, seed: int, dtype: torch.dtype, lse_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``outs [N, B, H, D]`` / ``lses [N, B, H]`` with NaN/+inf/-inf LSEs, NaN partials on
+    non-contributing sources, an all-empty (row 0, head 0) and large LSE spreads."""
+    gen = torch.Generator().manual_seed(seed)
+    outs = torch.randn(n, b, h, d, generator=gen, dtype=torch.float64)
+    lses = torch.randn(n, b, h, generator=gen, dtype=torch.float64) * 6.0
+    pick = torch.rand(n, b, h, generator=gen)
+    lses = torch.where(pick < 0.08, -math.inf, lses)
+    lses = torch.where((pick >= 0.08) & (pick < 0.12), math.nan, lses)
+    lses = torch.where((pick >= 0.12) & (pick < 0.15), math.inf, lses)
+    lses[:, 0, 0] = torch.tensor([math.nan, math.inf, -math.inf] * n)[:n]
+    if b > 1:
+        lses[:, 1, 0] = torch.linspace(-100.0, 0.0, n)
+    dead = torch.isnan(lses) | torch.isinf(lses)
+    outs[dead] = math.nan
+    return outs.to(dtype), lses.to(lse_dtype)
+
+
+def _check(
+    device: torch.device,
+    n: int,
+    b: int,
+    h: int,
+    d: int,
+    dtype: torch.dtype,
+    lse_dtype: torch.dtype,
+    base_e: bool,
+    seed: int,
+) -> None:
+    outs, lses = adversarial_partials(n, b, h, d, seed=seed, dtype=dtype, lse_dtype=lse_dtype)
+    ref_out, ref_lse = lse_combine_ref(outs, lses, is_lse_base_on_e=base_e)
+    lses_dev = lses.to(device)
+    total = torch.zeros(b, h, d, dtype=torch.float64)
+    for r in range(n):
+        part = outs[r].to(device)
+        out, lse = correct_attn_out(part, lses_dev, r, is_lse_base_on_e=base_e)
+        assert out.data_ptr() == part.data_ptr()
+        assert lse.dtype == lse_dtype
+        assert lse.shape == (b, h)
+        assert_close_to_ref(lse, ref_lse, dtype=lse_dtype, name=f"lse rank {r}")
+        total += out.cpu().double()
+    tol = coarsest(dtype, lse_dtype)
+    assert_close_to_ref(total, ref_out, dtype=tol, name="sum of corrected outputs", reduction_len=n)
+
+
+@pytest.mark.parametrize("d", [32, 80, 128, 192, 576])
+@pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+def test_head_dims(device: torch.device, d: int, base_e: bool) -> None:
+    _check(device, 2, 4, 8, d, torch.float32, torch.float32, base_e, seed=d)
+
+
+@pytest.mark.parametrize("n", [1, 3, 6, 10])
+def test_world_sizes(device: torch.device, n: int) -> None:
+    _check(device, n, 3, 4, 64, torch.float32, torch.float32, n % 2 == 0, seed=100 + n)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "lse_dtype"),
+    [
+        (torch.bfloat16, torch.float32),
+        (torch.float16, torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.float16),
+    ],
+    ids=["bf16", "fp16", "bf16-lse16", "fp32-lsefp16"],
+)
+def test_dtypes(device: torch.device, dtype: torch.dtype, lse_dtype: torch.dtype) -> None:
+    _check(device, 4, 5, 6, 48, dtype, lse_dtype, True, seed=7)
+
+
+def test_nan_guard(device: torch.device) -> None:
+    out = torch.full((1, 2, 16), math.nan, device=device)
+    lses = torch.tensor([[[-math.inf, -math.inf]], [[1.0, 1.0]]], device=device)
+    out, lse = correct_attn_out(out, lses, 0)
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.allclose(lse, torch.ones_like(lse))
+
+
+@pytest.mark.parametrize("x", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("base_e", [True, False])
+def test_empty_partition(device: torch.device, x: float, base_e: bool) -> None:
+    lses = torch.tensor([[[0.0, 0.0]], [[x, x]]], device=device)
+    out = torch.full((1, 2, 8), math.nan, device=device)
+    out, lse = correct_attn_out(out, lses, 1, is_lse_base_on_e=base_e)
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(lse, torch.zeros_like(lse))
+
+
+def test_all_empty_row(device: torch.device) -> None:
+    lses = torch.tensor([[[math.nan]], [[math.inf]], [[-math.inf]]], device=device)
+    out = torch.full((1, 1, 8), math.nan, device=device)
+    out, lse = correct_attn_out(out, lses, 2)
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.isneginf(lse).all()
+
+
+def test_layouts(device: torch.device) -> None:
+    """[B, 1, H, D] out, padded-head non-contiguous storage, 4-D lses, shared ctx."""
+    n, b, h, d = 3, 4, 5, 40
+    outs, lses = adversarial_partials(
+        n, b, h, d, seed=3, dtype=torch.float32, lse_dtype=torch.float32
+    )
+    ref_out, ref_lse = lse_combine_ref(outs, lses)
+    ctx = CPTritonContext()
+    total = torch.zeros(b, h, d, dtype=torch.float64)
+    for r in range(n):
+        storage = torch.randn(b, 1, h + 3, d + 8, dtype=torch.float32).to(device)
+        view = storage[:, :, 2 : 2 + h, 4 : 4 + d]
+        view.copy_(outs[r][:, None].to(device))
+        lses4 = lses.to(device)[:, :, :, None] if r % 2 else lses.to(device)[:, None]
+        out, lse = correct_attn_out(view, lses4, r, ctx)
+        assert out.shape == (b, h, d)
+        assert_close_to_ref(lse, ref_lse, dtype=torch.float32, name="lse")
+        total += out.cpu().double()
+        # Storage outside the view is untouched.
+        assert not torch.isnan(storage[:, :, :2]).any()
+    assert_close_to_ref(total, ref_out, dtype=torch.float32, name="out", reduction_len=n)
+
+
+def test_empty_batch(device: torch.device) -> None:
+    out = torch.randn(0, 4, 16, device=device)
+    out2, lse = correct_attn_out(out, torch.randn(2, 0, 4, device=device), 1)
+    assert out2.shape == (0, 4, 16)
+    assert lse.shape == (0, 4)
+
+
+def test_bad_inputs(device: torch.device) -> None:
+    out = torch.randn(3, 4, 8, device=device)
+    lses = torch.randn(2, 3, 4, device=device)
+    with pytest.raises(
+        ValueError, match=r"expected out \[B, H, D\] or \[B, 1, H, D\], got shape \(3, 4\)"
+    ):
+        correct_attn_out(out[:, :, 0], lses, 0)
+    with pytest.raises(ValueError, match=r"got shape \(3, 2, 4, 8\)"):
+        correct_attn_out(out[:, None].expand(3, 2, 4, 8), lses, 0)
+    with pytest.raises(ValueError, match=r"expected lses \[N,? ?B,? ?H\]"):
+        correct_attn_out(out, lses[0], 0)
+    with pytest.raises(ValueError, match=r"disagree.*B=3, H=5"):
+        correct_attn_out(out, torch.randn(2, 3, 5, device=device), 0)
+    with pytest.raises(ValueError, match=r"disagree.*B=2"):
+        correct_attn_out(out, torch.randn(2, 2, 4, device=device), 0)
+    with pytest.raises(ValueError, match="cp_rank 2 is out of range for 2"):
+        correct_attn_out(out, lses, 2)
+    with pytest.raises(TypeError, match="cp_rank must be an int"):
+        correct_attn_out(out, lses, 0.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="lses must be a floating"):
+        correct_attn_out(out, lses.long(), 0)
+    with pytest.raises(TypeError, match="out must be a floating"):
+        correct_attn_out(out.int(), lses, 0)
+    with pytest.raises(ValueError, match="float64 is not supported"):
+        correct_attn_out(out.double(), lses, 0)
+    if device.type == "cuda":
+        with pytest.raises(ValueError, match="device"):
+            correct_attn_out(out, lses.cpu(), 0)
+
+
+def test_opcheck(device: torch.device) -> None:
+    out = torch.randn(3, 4, 24, device=device)
+    lses = torch.randn(2, 3, 4, device=device)
+    for base_e in (True, False):
+        torch.library.opcheck(
+            torch.ops.cpattn_dcp.correct_attn_out.default, (out.clone(), lses, 1, base_e)
+        )
+
+
+# inductor also lowers the mutation of a [B, 1, H, D] view (auto_functionalized) around the op.
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compile_fullgraph(device: torch.device, backend: str) -> None:
+    outs, lses = adversarial_partials(
+        2, 3, 4, 32, seed=11, dtype=torch.float32, lse_dtype=torch.float32
+    )
+
+    def fn(o: torch.Tensor, ls: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        o = o * 1.0
+        out, lse = correct_attn_out(o[:, None], ls, 1)
+        return out + 0.0, lse
+
+    compiled = torch.compile(fn, fullgraph=True, backend=backend)
+    o, ls = outs[1].to(device), lses.to(device)
+    got_out, got_lse = compiled(o, ls)
+    want_out, want_lse = fn(o, ls)
+    torch.testing.assert_close(got_out, want_out, equal_nan=True)
+    torch.testing.assert_close(got_lse, want_lse, equal_nan=True)
