@@ -23,7 +23,17 @@ IMPORT_NAMES = {p: "cpattn_" + p.removeprefix("cp-") for p in PACKAGES}
 CONSTRAINTS = str(ROOT / "testing" / "constraints.txt")
 SRC_DIRS = [str(ROOT / "packages" / p / "src") for p in PACKAGES]
 TEST_DIRS = [f"packages/{p}/tests" for p in PACKAGES] + ["tests"]
-TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "import-linter>=2.1"]
+# numpy: the Triton interpreter (TRITON_INTERPRET=1) imports it; torch does not pull it in.
+# matplotlib/tqdm: the benchmark harness's plumbing tests (cpattn-testing[bench]).
+TEST_DEPS = [
+    "pytest>=8",
+    "pytest-timeout>=2.2",
+    "hypothesis>=6.100",
+    "import-linter>=2.1",
+    "numpy",
+    "matplotlib>=3.7",
+    "tqdm>=4.60",
+]
 # Multicast must stay off wherever our processes run; children inherit these.
 NO_MULTICAST_ENV = {
     "NCCL_NVLS_ENABLE": "0",
@@ -76,7 +86,7 @@ def layers(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """CPU tests of every package: Triton kernels under TRITON_INTERPRET=1, ranks on gloo."""
     _install_packages(session, *TEST_DEPS)
-    args = session.posargs or ["-q", "-x", "--durations=15", *TEST_DIRS]
+    args = session.posargs or ["-q", "--durations=20", "--timeout=900", *TEST_DIRS]
     session.run(
         "python",
         "-m",
@@ -148,22 +158,43 @@ def build(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job: an end-to-end context-parallel attention check (4 ranks on CPU/gloo)."""
-    _install_packages(session)
+    """The main job: an end-to-end context-parallel attention check (4 ranks on CPU/gloo).
+
+    ``nox -s demo -- --backend nccl`` (one GPU per rank) runs on the machine's CUDA torch and
+    triton instead, like ``gpu_tests``: no install, the packages from source, no interpreter.
+    """
+    args = list(session.posargs)
+    joined = " ".join(args)
+    nccl = "--backend nccl" in joined or "--backend=nccl" in joined
+    if nccl:
+        python = shutil.which("python3") or sys.executable  # the machine's, not this venv's
+        session.run(
+            python, "-m", "cpattn_testing.demo", *args,
+            env={"PYTHONPATH": _src_pythonpath(), "TRITON_INTERPRET": "0", **NO_MULTICAST_ENV},
+            external=True,
+        )  # fmt: skip
+        return
+    # numpy: the Triton interpreter (TRITON_INTERPRET=1) needs it; torch does not pull it in.
+    _install_packages(session, "numpy")
     session.run(
         "python",
         "-m",
         "cpattn_testing.demo",
-        *session.posargs,
+        *args,
         env={"TRITON_INTERPRET": "1", **NO_MULTICAST_ENV},
     )
 
 
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
-    """Benchmarks on the machine's CUDA torch/triton; writes results JSON + docs/performance.md."""
+    """Benchmarks on the machine's CUDA torch/triton; writes results JSON + docs/performance.md.
+
+    ``nox -s bench -- --quick`` (< 2 min), ``-- --render-only <results.json>`` (no GPU). The
+    same without nox: ``python3 benchmarks/run.py [args]`` from the repository root.
+    """
+    python = shutil.which("python3") or sys.executable  # the machine's, not nox's
     session.run(
-        "python",
+        python,
         "benchmarks/run.py",
         *session.posargs,
         env={"PYTHONPATH": _src_pythonpath(), **NO_MULTICAST_ENV},
@@ -173,6 +204,20 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def docs(session: nox.Session) -> None:
-    """Build the documentation site with mkdocs, warnings as errors."""
-    _install_packages(session, "mkdocs>=1.5")
+    """Build the documentation site with mkdocs, warnings as errors.
+
+    The site needs no package import (no API autodoc), so only mkdocs is installed. The
+    ```python examples on the pages are executed by ``tests/test_docs_examples.py`` (part of
+    ``nox -s tests``); ``nox -s docs -- --examples`` runs them here too.
+    """
+    examples = "--examples" in session.posargs
+    if examples:
+        _install_packages(session, "mkdocs>=1.5", "numpy", *TEST_DEPS)
+    else:
+        session.install("mkdocs>=1.5")
     session.run("mkdocs", "build", "--strict", "--site-dir", "build/site")
+    if examples:
+        session.run(
+            "python", "-m", "pytest", "-q", "tests/test_docs_examples.py",
+            env={"TRITON_INTERPRET": "1", "CPATTN_TEST_DEVICE": "cpu", **NO_MULTICAST_ENV},
+        )  # fmt: skip

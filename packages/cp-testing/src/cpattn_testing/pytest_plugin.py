@@ -121,7 +121,8 @@ def device() -> torch.device:
     dev = _requested_device()
     if dev.type == "cuda" and available_gpus() == 0:
         pytest.skip(f"{_DEVICE_ENV}={dev} but no CUDA GPU is visible to torch")
-    if dev.type == "cuda" and dev.index is None:
+    index: int | None = dev.index  # None for a bare "cuda"
+    if dev.type == "cuda" and index is None:
         # An indexed device: torch.cuda.set_device / current_stream reject a bare "cuda".
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev

@@ -271,7 +271,8 @@ class SimulatedWorld:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         self.world_size = world_size
         self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
+        index: int | None = self.device.index  # None for a bare "cuda"
+        if self.device.type == "cuda" and index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.timeout = timeout
         self._rendezvous = _Rendezvous(world_size, timeout)

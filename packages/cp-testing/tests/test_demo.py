@@ -1,0 +1,223 @@
+"""The end-to-end demo (``python -m cpattn_testing.demo``): passes clean, fails on planted faults.
+
+Two real launches (they dominate this file's time): the command-line entry point at the default
+world size (4 ranks) must pass every path, and an in-process run at world size 2 with faults
+planted in several paths must fail exactly those paths, naming each. The rest checks the
+reporting and the argument validation without launching ranks. On machines with two GPUs
+(``gpu_tests``) the nccl demo runs too, clean and with planted faults (direct path included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from cpattn_testing import demo
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+SRC_DIRS = [ROOT / "packages" / p / "src" for p in ("cp-common", "cp-dcp", "cp-pcp", "cp-testing")]
+# Small shapes: these run the Triton kernels under TRITON_INTERPRET=1 on the CPU.
+SMALL = ["--heads", "4", "--head-dim", "16", "--rope-dim", "8", "--kv-heads", "2",
+         "--batch", "4", "--max-seq-len", "12", "--prefill-batch", "3",
+         "--max-prompt-len", "10", "--repeats", "1"]  # fmt: skip
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(p) for p in SRC_DIRS]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.setdefault("TRITON_INTERPRET", "1")
+    env.pop(demo.PLANT_FAULT_ENV, None)
+    return env
+
+
+def test_cli_default_world_size_passes_every_path(device: object) -> None:
+    if str(device) != "cpu":
+        pytest.skip(
+            "the CPU demo runs on gloo; GPUs run it through `nox -s demo -- --backend nccl`"
+        )
+    proc = subprocess.run(
+        [sys.executable, "-m", "cpattn_testing.demo", "--json", "-", "--quiet", *SMALL],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    payload = json.loads(proc.stdout)
+    assert payload["ok"] is True
+    assert payload["world_size"] == 4
+    assert payload["failed"] == []
+    results = payload["results"]
+    assert [r["path"] for r in results] == demo.all_path_names()
+    for r in results:
+        if r["status"] == "skipped":
+            # Only the direct (symmetric-memory) paths may be skipped, and never silently.
+            assert r["path"].endswith("/direct"), r
+            assert r["reason"], r
+        else:
+            assert r["status"] == "pass", r
+            assert r["rel_err"] <= r["tol"], r
+            assert r["time_per_call_ms"] is not None
+    # The table went to stderr (stdout holds the JSON) and names every path.
+    for name in demo.all_path_names():
+        assert name in proc.stderr
+    assert "OK: all" in proc.stderr
+
+
+def test_planted_faults_fail_naming_each_path(
+    device: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    tmp_path: pathlib.Path,
+) -> None:  # fmt: skip
+    if str(device) != "cpu":
+        pytest.skip("CPU/gloo launch")
+    planted = ["dcp/gqa/ag_rs", "dcp/gqa/ag_ar", "dcp/mla/a2a", "dcp/gqa/manager", "pcp/prefill",
+               "pcp/mla/cache_gather"]  # fmt: skip
+    monkeypatch.setenv(demo.PLANT_FAULT_ENV, ",".join(planted))
+    out = tmp_path / "result.json"
+    status = demo.main(["--world-size", "2", "--json", str(out), "--quiet", *SMALL])
+    captured = capsys.readouterr()
+    assert status == 1, captured.out + captured.err
+    payload = json.loads(out.read_text())
+    assert payload["ok"] is False
+    assert sorted(payload["failed"]) == sorted(planted)
+    by_path = {r["path"]: r for r in payload["results"]}
+    for name in demo.all_path_names():
+        if name in planted:
+            assert by_path[name]["status"] == "fail"
+            assert f"MISMATCH in {name}" in captured.out
+        elif not name.endswith("/direct") or by_path[name]["status"] != "skipped":
+            assert by_path[name]["status"] == "pass", by_path[name]
+    assert f"FAILED: {len(planted)} of" in captured.out
+
+
+def test_list_paths(capsys: pytest.CaptureFixture[str]) -> None:
+    assert demo.main(["--list"]) == 0
+    assert capsys.readouterr().out.split() == demo.all_path_names()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--world-size", "4", "--heads", "6"], "--heads 6 must be divisible by --world-size 4"),
+        (["--heads", "8", "--kv-heads", "3"], "--heads 8 must be divisible by --kv-heads 3"),
+        (["--batch", "0"], "--batch must be >= 1, got 0"),
+        (["--only", "nothing/*"], "matches no path"),
+    ],
+    ids=["heads-vs-ranks", "heads-vs-kv-heads", "empty-batch", "only-matches-nothing"],
+)
+def test_bad_arguments_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert demo.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_decode_batch_has_empty_shards() -> None:
+    from cpattn_testing.reference import interleaved_shard_positions
+
+    cfg = demo.DemoConfig(world_size=4, batch=5, max_seq_len=20)
+    lens = demo.decode_seq_lens(cfg)
+    empty = {
+        (req, rank)
+        for req, s in enumerate(lens)
+        for rank in range(4)
+        if interleaved_shard_positions(s, 4, rank).numel() == 0
+    }
+    # The short requests leave the last rank empty.
+    assert (0, 3) in empty
+    assert (1, 3) in empty
+    assert all(s >= 1 for s in lens)
+    assert min(demo.prompt_lens(cfg)) == 1
+
+
+def _record(path: str, status: str = "ran", **kw: object) -> dict[str, object]:
+    rec = demo.RankRecord(path, status, **kw)  # type: ignore[arg-type]
+    return {k: getattr(rec, k) for k in rec.__dataclass_fields__}
+
+
+def test_aggregate_and_table_report_failures_and_skips() -> None:
+    cfg = demo.DemoConfig(world_size=2, dtype="float32")
+    per_rank = [
+        [
+            _record("dcp/mla/ag_rs", diff_sq=1e-12, ref_sq=1.0, times_s=[1e-3, 2e-3]),
+            _record("dcp/mla/a2a", diff_sq=0.25, ref_sq=1.0, times_s=[1e-3]),
+            _record("dcp/mla/direct", "skipped", reason="no symmetric memory"),
+            _record("pcp/prefill", nonfinite=3, ref_sq=1.0, times_s=[1e-3]),
+            _record("pcp/gqa/cache_gather", "error", reason="ValueError: boom"),
+        ]
+    ] * 2
+    results = {r.path: r for r in demo.aggregate(cfg, per_rank)}
+    assert results["dcp/mla/ag_rs"].status == "pass"
+    assert results["dcp/mla/ag_rs"].time_per_call_ms == pytest.approx(1.5)
+    assert results["dcp/mla/a2a"].status == "fail"
+    assert results["dcp/mla/a2a"].rel_err == pytest.approx(0.5)
+    assert results["dcp/mla/direct"].status == "skipped"
+    assert results["pcp/prefill"].status == "fail"
+    assert results["pcp/gqa/cache_gather"].status == "fail"
+    table = demo.format_table(cfg, list(results.values()))
+    assert "MISMATCH in dcp/mla/a2a: relative error 5.0e-01 > tolerance" in table
+    assert "MISMATCH in pcp/prefill: 6 non-finite values" in table
+    assert "MISMATCH in pcp/gqa/cache_gather: ValueError: boom" in table
+    assert "skipped: dcp/mla/direct: no symmetric memory" in table
+    assert "FAILED: 3 of 4 checked paths" in table
+    json.dumps([r.to_json() for r in results.values()])  # inf/nan are stringified
+
+
+def test_fault_patterns_match_by_fnmatch() -> None:
+    cfg = demo.DemoConfig(plant_fault="dcp/*/a2a,pcp/prefill")
+    assert cfg.faulty("dcp/mla/a2a")
+    assert cfg.faulty("dcp/gqa/a2a")
+    assert cfg.faulty("pcp/prefill")
+    assert not cfg.faulty("dcp/mla/ag_rs")
+    assert not demo.DemoConfig().faulty("dcp/mla/a2a")
+
+
+def test_ranks_that_disagree_on_a_skip_fail_the_path() -> None:
+    cfg = demo.DemoConfig(world_size=2)
+    per_rank = [
+        [_record("dcp/mla/direct", "skipped", reason="no symmetric memory")],
+        [_record("dcp/mla/direct", ref_sq=1.0, times_s=[1e-3])],
+    ]
+    (result,) = demo.aggregate(cfg, per_rank)
+    assert result.status == "fail"
+    assert "ranks disagree" in result.reason
+
+
+def _gpu_env() -> dict[str, str]:
+    env = _env()
+    env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+@pytest.mark.multigpu(2)
+def test_nccl_demo_passes_and_catches_planted_faults() -> None:
+    """On GPUs: every path passes (direct too, where symmetric memory spans the ranks), and a
+    planted wrong weight fails exactly the planted paths, the direct one included if it ran."""
+    argv = [sys.executable, "-m", "cpattn_testing.demo", "--backend", "nccl", "--world-size",
+            "2", "--json", "-", "--quiet", "--repeats", "3"]  # fmt: skip
+    clean = subprocess.run(
+        argv, env=_gpu_env(), capture_output=True, text=True, timeout=300, check=False
+    )
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    payload = json.loads(clean.stdout)
+    ran = {r["path"] for r in payload["results"] if r["status"] == "pass"}
+    assert ran | set(payload["skipped"]) == set(demo.all_path_names())
+
+    env = _gpu_env()
+    env[demo.PLANT_FAULT_ENV] = "dcp/*/direct,dcp/mla/a2a"
+    faulty = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert faulty.returncode == 1, faulty.stdout + faulty.stderr
+    failed = set(json.loads(faulty.stdout)["failed"])
+    expected = {"dcp/mla/a2a"} | {p for p in ran if p.endswith("/direct")}
+    assert failed == expected
+    for name in expected:
+        assert f"MISMATCH in {name}" in faulty.stderr
