@@ -27,13 +27,22 @@ if TYPE_CHECKING:
         DirectDCPA2AWorkspace,
         DirectDCPKVGatherWorkspace,
         DirectDCPQGatherWorkspace,
+        DirectProtocolError,
+        get_direct_dcp_a2a_workspace,
+        get_direct_dcp_kv_gather_workspace,
+        get_direct_dcp_q_gather_workspace,
     )
     from cpattn_dcp.gather import dcp_gather_kv, dcp_gather_query, reserve_query_head_storage
-    from cpattn_dcp.manager import DCPConfig, DCPManager
+    from cpattn_dcp.manager import DCPConfig, DCPManager, DCPSelection
 
 _LAZY: dict[str, str] = {
     "DCPConfig": "cpattn_dcp.manager",
     "DCPManager": "cpattn_dcp.manager",
+    "DCPSelection": "cpattn_dcp.manager",
+    "DirectProtocolError": "cpattn_dcp.direct",
+    "get_direct_dcp_a2a_workspace": "cpattn_dcp.direct",
+    "get_direct_dcp_kv_gather_workspace": "cpattn_dcp.direct",
+    "get_direct_dcp_q_gather_workspace": "cpattn_dcp.direct",
     "DirectDCPA2AWorkspace": "cpattn_dcp.direct",
     "DirectDCPKVGatherWorkspace": "cpattn_dcp.direct",
     "DirectDCPQGatherWorkspace": "cpattn_dcp.direct",
@@ -46,9 +55,11 @@ __all__ = [
     "CPTritonContext",
     "DCPConfig",
     "DCPManager",
+    "DCPSelection",
     "DirectDCPA2AWorkspace",
     "DirectDCPKVGatherWorkspace",
     "DirectDCPQGatherWorkspace",
+    "DirectProtocolError",
     "__version__",
     "a2a_pack",
     "a2a_pack_dim",
@@ -59,6 +70,9 @@ __all__ = [
     "dcp_a2a_lse_reduce",
     "dcp_gather_kv",
     "dcp_gather_query",
+    "get_direct_dcp_a2a_workspace",
+    "get_direct_dcp_kv_gather_workspace",
+    "get_direct_dcp_q_gather_workspace",
     "mask_dcp_empty_shards_",
     "reserve_query_head_storage",
 ]
