@@ -13,6 +13,7 @@ from triton.runtime.jit import JITFunction
 
 from cpattn_common import launch as launch_mod
 from cpattn_common.launch import (
+    CachedKernel,
     clear_launch_cache,
     launch_cache_info,
     launch_cached,
@@ -38,6 +39,31 @@ def scale_copy_body(
 
 
 scale_copy = triton.jit(scale_copy_body)
+
+
+def scale_copy_fixed_body(
+    x_ptr,
+    y_ptr,
+    n: tl.int32,
+    stride_x: tl.int64,
+    alpha: tl.float32,
+    BLOCK: tl.constexpr,
+    FLAG: tl.constexpr = False,
+):
+    """``scale_copy`` with its ints annotated and not specialized (the fast-path style)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs * stride_x, mask=mask).to(tl.float32)
+    y = x * alpha
+    if FLAG:
+        y = y + 1.0
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+_FIXED_INTS = ["n", "stride_x"]
+scale_copy_fixed = triton.jit(scale_copy_fixed_body, do_not_specialize=_FIXED_INTS)
+scale_copy_fixed_ck = CachedKernel(scale_copy_fixed)
+scale_copy_ck = CachedKernel(scale_copy)
 
 
 @triton.jit
@@ -337,3 +363,392 @@ def test_gpu_launch_overhead_report(device: torch.device) -> None:
         f"torch add_ {torch_op:.1f}, merge_attn_states {merge:.1f} "
         f"(fast path: {launch_fast_path_reason(empty_kernel) or 'on'}, {launch_cache_info()})"
     )
+
+
+# ---- CachedKernel / Specialization (fake runtime) ----------------------------------------
+
+
+def _rt_args(x: torch.Tensor, y: torch.Tensor, **over: Any) -> tuple[Any, ...]:
+    kw = _kwargs(x, y, **over)
+    return (kw["x_ptr"], kw["y_ptr"], kw["n"], kw["stride_x"], kw["alpha"])
+
+
+def test_cached_kernel_hits_misses_and_call_layout(fake_runtime: dict[str, Any]) -> None:
+    ck = CachedKernel(fake_runtime["kernel"])
+    x, y = torch.empty(100), torch.empty(100)
+    ck((2,), *_rt_args(x, y), BLOCK=64, num_warps=4)
+    assert len(fake_runtime["plain"]) == 1
+    assert fake_runtime["plain"][0] == _kwargs(x, y)
+    ck((3, 2), *_rt_args(x, y, alpha=3.0, n=50), BLOCK=64, num_warps=4)  # same classes
+    assert len(fake_runtime["plain"]) == 1
+    ((_tag, *call),) = fake_runtime["fast"]
+    assert call[:4] == [3, 2, 1, 777]
+    assert call[4:9] == [1001, ("meta", 1), None, None, None]
+    assert call[9:] == [x, y, 50, 1, 3.0, 64, False]  # runtime args, then the constexpr tail
+    misses: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+        (_rt_args(x.bfloat16(), y), {"BLOCK": 64}),  # dtype
+        (_rt_args(x[1:], y), {"BLOCK": 64}),  # alignment of data_ptr
+        (_rt_args(x, y, stride_x=2), {"BLOCK": 64}),  # int class 1 -> other
+        (_rt_args(x, y, n=64), {"BLOCK": 64}),  # % 16 class
+        (_rt_args(x, y, n=2**33), {"BLOCK": 64}),  # i64
+        (_rt_args(x, y), {"BLOCK": 128}),  # constexpr value
+        (_rt_args(x, y), {"BLOCK": 64, "num_warps": 8}),  # launch option
+        (_rt_args(x, y), {"BLOCK": 64, "FLAG": True}),  # explicit constexpr default
+        (_rt_args(x, y), {"BLOCK": 64, "FLAG": 1}),  # same value, other type
+    ]
+    for i, (args, cx) in enumerate(misses):
+        ck((1,), *args, **cx)
+        assert len(fake_runtime["plain"]) == 2 + i, cx
+        ck((1,), *args, **cx)  # now cached
+        assert len(fake_runtime["plain"]) == 2 + i, cx
+    assert launch_fast_path_reason(ck) is None
+
+
+def test_specialization_keys_only_runtime_args(fake_runtime: dict[str, Any]) -> None:
+    ck = CachedKernel(fake_runtime["kernel"])
+    spec = ck.specialize(BLOCK=64, FLAG=True, num_warps=2)
+    x, y = torch.empty(100), torch.empty(100)
+    spec((1,), *_rt_args(x, y))
+    spec((1,), *_rt_args(x, y, n=33, alpha=0.5))
+    assert len(fake_runtime["plain"]) == 1
+    assert fake_runtime["plain"][0]["FLAG"] is True
+    assert list(fake_runtime["fast"][-1][10:]) == [x, y, 33, 1, 0.5, 64, True]
+    spec((1,), *_rt_args(x.half(), y))  # dtype: a new entry
+    spec((1,), *_rt_args(x.half(), y))
+    assert len(fake_runtime["plain"]) == 2
+    other = ck.specialize(BLOCK=64, FLAG=False, num_warps=2)  # its own entries
+    other((1,), *_rt_args(x, y))
+    assert len(fake_runtime["plain"]) == 3
+    clear_launch_cache()  # forgets the specializations' entries too
+    spec((1,), *_rt_args(x, y))
+    assert len(fake_runtime["plain"]) == 4
+    spec((1,), *_rt_args(x, y))
+    assert len(fake_runtime["plain"]) == 4
+
+
+def test_annotated_unspecialized_ints_are_not_keyed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``n: tl.int32`` / ``stride_x: tl.int64`` in do_not_specialize: one entry for all values."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    kernel = JITFunction(scale_copy_fixed_body, do_not_specialize=_FIXED_INTS)
+    runtime = launch_mod._get_runtime()
+    if runtime.reason is not None:
+        pytest.skip(runtime.reason)
+    plain: list[dict[str, Any]] = []
+    fast: list[tuple[Any, ...]] = []
+
+    def fake_plain(k: Any, grid: tuple[int, ...], kwargs: dict[str, Any]) -> Any:
+        plain.append(dict(kwargs))
+        return _FakeCompiled(k, fast, len(plain))
+
+    monkeypatch.setattr(launch_mod, "_plain", fake_plain)
+    monkeypatch.setattr(runtime, "driver", _FakeDriver)
+    clear_launch_cache()
+    try:
+        info = launch_mod._info_for(kernel)
+        assert info.kinds == {
+            "x_ptr": launch_mod._ANY,
+            "y_ptr": launch_mod._ANY,
+            "n": launch_mod._FREE,
+            "stride_x": launch_mod._FREE,
+            "alpha": launch_mod._FREE,  # Triton never specializes annotated floats
+            "BLOCK": launch_mod._VALUE,
+            "FLAG": launch_mod._VALUE,
+        }
+        ck = CachedKernel(kernel)
+        x, y = torch.empty(64), torch.empty(64)
+        for n, stride in ((1, 1), (16, 2), (17, 2**40), (2**31 - 1, 48)):
+            ck((1,), x, y, n, stride, 2.0, BLOCK=32)
+            launch_cached(kernel, (1,), x_ptr=x, y_ptr=y, n=n, stride_x=stride, alpha=1.0, BLOCK=32)
+        assert len(plain) == 2  # one per entry point
+        assert len(fast) == 6
+    finally:
+        clear_launch_cache()
+
+
+def test_cached_kernel_plain_fallbacks(
+    fake_runtime: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    k = fake_runtime["kernel"]
+    ck = CachedKernel(k)
+    x, y = torch.empty(64), torch.empty(64)
+    args = _rt_args(x, y)
+    # a runtime parameter by keyword, an unknown keyword, an unhashable constexpr, a tensor
+    # constexpr, a missing constexpr: all plain (Triton decides), nothing cached
+    for _ in range(2):
+        ck((1,), *args[:4], alpha=2.0, BLOCK=64)
+        ck((1,), *args, BLOCK=64, bogus=1)
+        ck((1,), *args, BLOCK=[64])
+        ck((1,), *args, BLOCK=x)
+        ck((1,), *args)
+    assert len(fake_runtime["plain"]) == 10
+    assert not fake_runtime["fast"]
+    with pytest.raises(TypeError, match="runtime arguments"):
+        ck((1,), *args, *args, BLOCK=64)
+    set_launch_cache_enabled(False)
+    try:
+        assert "disabled" in str(launch_fast_path_reason(ck))
+        ck((1,), *args, BLOCK=64)
+        ck((1,), *args, BLOCK=64)
+        ck.specialize(BLOCK=64)((1,), *args)
+    finally:
+        set_launch_cache_enabled(True)
+    assert len(fake_runtime["plain"]) == 13
+    assert not fake_runtime["fast"]
+    ck((1,), *args, BLOCK=64)
+    ck((1,), *args, BLOCK=64)
+    assert len(fake_runtime["fast"]) == 1
+
+
+def test_cached_kernel_hooks_and_launcher_errors(fake_runtime: dict[str, Any]) -> None:
+    k = fake_runtime["kernel"]
+    ck = CachedKernel(k)
+    spec = ck.specialize(BLOCK=64)
+    x, y = torch.empty(64), torch.empty(64)
+    args = _rt_args(x, y)
+    spec((1,), *args)
+    ck((1,), *args, BLOCK=64)
+    hook = triton.knobs.runtime.launch_enter_hook
+
+    def enter(*a: Any) -> None:
+        pass
+
+    if not hasattr(hook, "add"):
+        pytest.skip("this triton has no HookChain")
+    hook.add(enter)
+    try:
+        spec((1,), *args)
+        ck((1,), *args, BLOCK=64)
+    finally:
+        hook.remove(enter)
+    k.pre_run_hooks.append(enter)
+    try:
+        spec((1,), *args)
+    finally:
+        k.pre_run_hooks.remove(enter)
+    assert len(fake_runtime["plain"]) == 5
+    assert not fake_runtime["fast"]
+    spec((1,), *args)
+    assert len(fake_runtime["fast"]) == 1
+    # A launcher that rejects the argument list: plain launch now, plain from then on.
+    st = ck._state
+    assert st is not None
+    key = next(iter(spec.entries))
+    spec.entries[key] = (_raise_type_error, *spec.entries[key][1:])
+    spec((1,), *args)
+    assert len(fake_runtime["plain"]) == 6
+    assert launch_fast_path_reason(ck) is not None
+    spec((1,), *args)
+    ck((1,), *args, BLOCK=64)
+    assert len(fake_runtime["plain"]) == 8
+
+
+def _raise_type_error(*args: Any) -> None:
+    raise TypeError("wrong number of arguments")
+
+
+def test_cached_kernel_needs_trailing_constexprs(fake_runtime: dict[str, Any]) -> None:
+    def body(BLOCK: tl.constexpr, x_ptr, n):  # type: ignore[no-untyped-def]
+        pass
+
+    ck = CachedKernel(JITFunction(body))
+    x = torch.empty(4)
+    for _ in range(2):
+        ck((1,), x, 4, BLOCK=4)
+    assert "follow the runtime parameters" in str(launch_fast_path_reason(ck))
+    assert not fake_runtime["fast"]
+
+
+def test_kernels_without_runtime_args_or_constexprs(fake_runtime: dict[str, Any]) -> None:
+    def only_constexpr(BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+        pass
+
+    def only_runtime(x_ptr, n):  # type: ignore[no-untyped-def]
+        pass
+
+    def nothing():  # type: ignore[no-untyped-def]
+        pass
+
+    x = torch.empty(4)
+    calls = [
+        (JITFunction(only_constexpr), (), {"BLOCK": 4}),
+        (JITFunction(only_runtime), (x, 4), {}),
+        (JITFunction(nothing), (), {}),
+    ]
+    for kernel, args, cx in calls:
+        ck = CachedKernel(kernel)
+        spec = ck.specialize(**cx)
+        for _ in range(2):
+            ck((1,), *args, **cx)
+            spec((1,), *args)
+            launch_cached(kernel, (1,), **dict(zip(ck.runtime_names, args, strict=True)), **cx)
+    assert len(fake_runtime["plain"]) == 3 * 3 + 1  # launch_cached(nothing) stays plain
+    assert len(fake_runtime["fast"]) == 3 * 3 - 1
+
+
+def test_interpreted_cached_kernel_runs(device: torch.device) -> None:
+    """CachedKernel / Specialization really launch (interpreter on CPU, fast path on GPU)."""
+    if not triton_usable(device):
+        pytest.skip("needs TRITON_INTERPRET=1 on the CPU")
+    x = torch.randn(100, device=device)
+    y = torch.empty(100, device=device)
+    scale_copy_fixed_ck((2,), x, y, 100, 1, 0.5, BLOCK=64)
+    torch.testing.assert_close(y, x * 0.5)
+    y2 = torch.empty(50, device=device)
+    scale_copy_fixed_ck.specialize(BLOCK=32, FLAG=True)((2,), x, y2, 50, 2, 2.0)
+    torch.testing.assert_close(y2, x[::2] * 2.0 + 1.0)
+
+
+class CudaLauncher:
+    """Stands in for triton 3.6's launcher class: same name, same ``__call__`` source."""
+
+    def __init__(self) -> None:
+        self.global_scratch_size = 0
+        self.global_scratch_align = 1
+        self.profile_scratch_size = 0
+        self.profile_scratch_align = 1
+        self.num_ctas = 1
+        self.launch_cooperative_grid = False
+        self.launch_pdl = True
+        self.calls: list[tuple[Any, ...]] = []
+        self.launch = lambda *a: self.calls.append(a)
+
+    # fmt: off
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):  # type: ignore[no-untyped-def]
+
+        def allocate_scratch(size, align, allocator):  # type: ignore[no-untyped-def]
+            if size > 0:
+                grid_size = gridX * gridY * gridZ
+                alloc_size = grid_size * self.num_ctas * size
+                alloc_fn = allocator.get()
+                return alloc_fn(alloc_size, align, stream)
+            return None
+
+        global_scratch = allocate_scratch(self.global_scratch_size, self.global_scratch_align, _allocation._allocator)
+        profile_scratch = allocate_scratch(self.profile_scratch_size, self.profile_scratch_align,
+                                           _allocation._profile_allocator)
+        self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,
+                    global_scratch, profile_scratch, *args)
+    # fmt: on
+
+
+class _allocation:  # the name the copied __call__ refers to
+    _allocator = None
+    _profile_allocator = None
+
+
+def test_direct_native_launch_matches_launcher_call() -> None:
+    """The 3.6 direct path passes the native launch exactly what ``__call__`` would."""
+    launcher = CudaLauncher()
+    direct = launch_mod._direct_launch(launcher, ("meta",))
+    assert direct is not None
+    native, prefix = direct
+    native(1, 2, 3, 7, 99, *prefix, "a0", "a1")
+    launcher(1, 2, 3, 7, 99, ("meta",), None, None, None, "a0", "a1")
+    assert launcher.calls[0] == launcher.calls[1]
+    launcher.global_scratch_size = 128  # needs a scratch buffer: keep the Python launcher
+    assert launch_mod._direct_launch(launcher, ("meta",)) is None
+
+    class Other(CudaLauncher):
+        def __call__(self, *args: Any) -> None:  # a different launcher source: no direct path
+            pass
+
+    Other.__name__ = "CudaLauncher"
+    assert launch_mod._direct_launch(Other(), ("meta",)) is None
+
+
+@pytest.mark.gpu
+def test_gpu_cached_kernel_matches_plain_when_args_change(device: torch.device) -> None:
+    """CachedKernel / Specialization vs the plain JIT launch while dtypes, sizes, strides,
+    alignments and constexprs change between calls: bit-identical results."""
+    clear_launch_cache()
+    for _round in range(2):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for n, stride, offset, flag in (
+                (100, 1, 0, False),
+                (64, 2, 0, True),
+                (33, 3, 1, False),
+                (1, 1, 1, True),
+                (4096, 1, 3, False),
+            ):
+                base = torch.randn(n * stride + offset + 4, device=device).to(dtype)
+                x = base[offset : offset + n * stride : stride]
+                grid = (triton.cdiv(n, 32),)
+                want = torch.full((n,), float("nan"), device=device, dtype=dtype)
+                scale_copy_fixed[grid](x, want, n, stride, 1.5, BLOCK=32, FLAG=flag)
+                for ck in (scale_copy_fixed_ck, scale_copy_ck):
+                    y = torch.full((n,), float("nan"), device=device, dtype=dtype)
+                    ck(grid, x, y, n, stride, 1.5, BLOCK=32, FLAG=flag)
+                    assert torch.equal(y, want), (ck, dtype, n, stride, offset, flag)
+                    y.fill_(float("nan"))
+                    ck.specialize(BLOCK=32, FLAG=flag)(grid, x, y, n, stride, 1.5)
+                    assert torch.equal(y, want), (ck, dtype, n, stride, offset, flag)
+    info = launch_cache_info()
+    assert info["fast"] > 0, info
+    print(f"\nlaunch cache: {info}, reason: {launch_fast_path_reason(scale_copy_fixed_ck)}")
+
+
+@pytest.mark.gpu
+def test_gpu_specialization_under_cuda_graph(device: torch.device) -> None:
+    spec = scale_copy_fixed_ck.specialize(BLOCK=64)
+    x = torch.randn(256, device=device)
+    y = torch.zeros(256, device=device)
+    spec((4,), x, y, 256, 1, 2.0)  # compile + cache outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        spec((4,), x, y, 256, 1, 2.0)
+    y.zero_()
+    x.copy_(torch.randn(256, device=device))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, x * 2.0)
+
+
+@pytest.mark.gpu
+def test_gpu_host_overhead_vs_add(device: torch.device) -> None:
+    """Host µs per call, as ratios to a torch ``add_`` timed in the same run (printed; loose
+    bounds only, so a busy host does not fail the suite)."""
+    from cpattn_common.ops.merge_attn_states import merge_attn_states
+
+    x = torch.empty(1024, device=device)
+    outs = torch.randn(4, 1, 128, 512, device=device, dtype=torch.bfloat16)
+    lses = torch.randn(4, 1, 128, device=device)
+    spec = scale_copy_fixed_ck.specialize(BLOCK=128)
+
+    def per_call(fn: Any, iters: int = 2000) -> float:
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / iters * 1e6)
+            torch.cuda.synchronize()
+        return best
+
+    add = per_call(lambda: x.add_(1.0))
+    rows = {
+        "triton plain": per_call(lambda: scale_copy_fixed[(1,)](x, x, 16, 1, 1.0, BLOCK=128)),
+        "launch_cached": per_call(
+            lambda: launch_cached(
+                scale_copy_fixed,
+                (1,),
+                x_ptr=x,
+                y_ptr=x,
+                n=16,
+                stride_x=1,
+                alpha=1.0,
+                BLOCK=128,
+            )
+        ),
+        "CachedKernel": per_call(lambda: scale_copy_fixed_ck((1,), x, x, 16, 1, 1.0, BLOCK=128)),
+        "Specialization": per_call(lambda: spec((1,), x, x, 16, 1, 1.0)),
+        "merge_attn_states": per_call(lambda: merge_attn_states(outs, lses)),
+    }
+    print(f"\nhost us/call: torch add_ {add:.1f}")
+    for name, us in rows.items():
+        print(f"  {name:18s} {us:6.1f} us  = {us / add:4.2f} x add_")
+    print(f"  fast path: {launch_fast_path_reason(scale_copy_fixed_ck) or 'on'}")
+    assert rows["Specialization"] < rows["triton plain"]

@@ -11,7 +11,7 @@ import torch
 
 from cpattn_common import capability
 from cpattn_dcp import manager as manager_mod
-from cpattn_dcp.direct import DirectDCPA2AWorkspace
+from cpattn_dcp.direct import DIRECT_A2A_DTYPES, DirectDCPA2AWorkspace
 from cpattn_dcp.manager import DCPConfig, DCPManager
 from cpattn_testing.cases import make_dcp_decode_case
 from cpattn_testing.pytest_plugin import RunRanks
@@ -28,9 +28,37 @@ def _fresh_workspaces() -> Any:
     clear_direct_workspace_cache()
 
 
-def _managers(world: SimulatedWorld, config: DCPConfig, **kw: Any) -> list[DCPManager]:
+def _managers(
+    world: SimulatedWorld, config: DCPConfig, device: Any = None, **kw: Any
+) -> list[DCPManager]:
     args = {"num_heads": 1, "head_dim": 8, "dtype": torch.bfloat16, **kw}
-    return list(world.run(lambda g: DCPManager(config, g, world.device, **args)))
+    dev = world.device if device is None else device
+    return list(world.run(lambda g: DCPManager(config, g, dev, **args)))
+
+
+def _auto_direct_a2a_off_reason(
+    group: Any, device: torch.device, dtype: torch.dtype = torch.bfloat16
+) -> str | None:
+    """Why the automatic choice (``use_direct_a2a=None``) must not take the direct A2A for
+    ``group`` / ``dtype`` on ``device`` (``None``: it must take it), from the capability gate.
+
+    The gate is on wherever symmetric memory is importable, CUDA is available and the group is
+    on one node (e.g. simulated ranks on a GPU machine); it is always off on the CPU.
+    """
+    if device.type != "cuda":
+        return "not a CUDA device"
+    if capability.direct_cp_enabled(group, dtype, None, DIRECT_A2A_DTYPES):
+        return None
+    reason = capability.direct_cp_disabled_reason(group, dtype, None, DIRECT_A2A_DTYPES)
+    assert reason, "the gate said no without a reason"
+    return reason
+
+
+def _expected_auto_combine(group: Any, device: torch.device) -> str:
+    """``"direct_a2a"`` where the gate is on, else ``"a2a"`` (always ``"a2a"`` on the CPU)."""
+    off = _auto_direct_a2a_off_reason(group, device)
+    assert off is not None or device.type == "cuda"
+    return "a2a" if off is not None else "direct_a2a"
 
 
 def test_config_validation() -> None:
@@ -47,12 +75,15 @@ def test_config_validation() -> None:
         DCPConfig(use_pcp="yes")  # type: ignore[arg-type]
 
 
+_AUTO = "a2a, or direct_a2a where the capability gate is on"
+
+
 @pytest.mark.parametrize(
     ("config", "combine", "query"),
     [
         (DCPConfig(), "ag_rs", "all_gather"),
-        (DCPConfig(comm_backend="a2a"), "a2a", "all_gather"),
-        (DCPConfig(comm_backend="auto"), "a2a", "all_gather"),
+        (DCPConfig(comm_backend="a2a"), _AUTO, "all_gather"),
+        (DCPConfig(comm_backend="auto"), _AUTO, "all_gather"),
         (DCPConfig(comm_backend="a2a", use_direct_a2a=False), "a2a", "all_gather"),
         (DCPConfig(use_pcp=True), "ag_ar", "none"),
         (DCPConfig(comm_backend="a2a", use_pcp=True), "ag_ar", "none"),
@@ -62,6 +93,11 @@ def test_config_validation() -> None:
 )
 def test_selection(device: torch.device, config: DCPConfig, combine: str, query: str) -> None:
     world = SimulatedWorld(2, device)
+    auto = combine == _AUTO
+    if auto:
+        combine = _expected_auto_combine(world.groups[0], device)
+    # Simulated groups have no process group, hence never multicast: no direct q-gather.
+    assert not capability.direct_cp_multicast_enabled(world.groups[0], torch.bfloat16, None)
     for m in _managers(world, config):
         assert m.combine_path == combine
         assert m.query_gather_path == query
@@ -76,6 +112,58 @@ def test_selection(device: torch.device, config: DCPConfig, combine: str, query:
         assert "overrides" in sel.combine_reason
     if combine == "a2a" and config.use_direct_a2a is False:
         assert "use_direct_a2a=False" in sel.combine_reason
+    if auto and combine == "a2a":  # the gate's reason is in the selection
+        reason = _auto_direct_a2a_off_reason(world.groups[0], device)
+        assert reason is not None
+        assert reason in sel.combine_reason, (reason, sel.combine_reason)
+    if combine == "direct_a2a":
+        assert "direct symmetric-memory A2A" in sel.combine_reason
+
+
+def test_auto_never_takes_a_direct_path_on_a_cpu_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even where the capability gate is on (a GPU machine), a CPU-device layer keeps the NCCL
+    paths automatically; forcing still builds the direct workspace (interpreter tests)."""
+    from cpattn_dcp.direct import get_direct_dcp_a2a_workspace
+
+    for var in capability.MULTICAST_ENV_VARS:  # scripts/gpu_tests.sh turns multicast off
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(capability, "direct_cp_enabled", lambda *a, **k: True)
+    monkeypatch.setattr(capability, "direct_cp_disabled_reason", lambda *a, **k: None)
+    monkeypatch.setattr(capability, "direct_cp_multicast_enabled", lambda *a, **k: True)
+    world = SimulatedWorld(2, "cpu")
+    cfg = DCPConfig(comm_backend="a2a")
+    ms = _managers(world, cfg, kv_token_dim=8, max_gathered_kv_tokens=4)
+    for m in ms:
+        assert m.combine_path == "a2a"
+        assert m.direct_a2a is None
+        assert "device cpu is not a CUDA device" in m.selection.combine_reason
+        assert m.query_gather_path == "all_gather"
+        assert "not a CUDA device" in m.selection.query_gather_reason
+        assert m.kv_gather_path == "all_gather_into_tensor"
+        assert "not a CUDA device" in m.selection.kv_gather_reason
+    auto = world.run(
+        lambda g: get_direct_dcp_a2a_workspace(g, "cpu", 2, 1, 8, torch.bfloat16, 1, None)
+    )
+    assert auto == [None, None]
+    forced = world.run(
+        lambda g: get_direct_dcp_a2a_workspace(g, "cpu", 2, 1, 8, torch.bfloat16, 1, True)
+    )
+    assert all(isinstance(ws, DirectDCPA2AWorkspace) for ws in forced)
+
+
+def test_bare_device_is_normalised(device: torch.device) -> None:
+    """``DCPManager(..., device="cuda")`` holds the indexed current device, and so does its
+    direct workspace: inputs on ``cuda:<i>`` take the direct path."""
+    bare = torch.device(device.type)
+    world = SimulatedWorld(2, device)
+    cfg = DCPConfig(comm_backend="a2a", use_direct_a2a=True)
+    for m in _managers(world, cfg, device=bare):
+        assert m.device == device
+        ws = m.direct_a2a
+        assert ws is not None
+        assert ws.device == device
+        out = torch.randn(1, 2, 8, device=device).to(torch.bfloat16)
+        assert ws.unsupported_reason(out, torch.randn(1, 2, device=device)) is None
 
 
 def test_forced_direct_a2a_with_unsupported_dtype_raises(device: torch.device) -> None:
@@ -124,7 +212,8 @@ def test_choice_is_logged_once(device: torch.device, caplog: pytest.LogCaptureFi
             _managers(world, DCPConfig(comm_backend="a2a"), head_dim=16)
     records = [r for r in caplog.records if "DCP collectives" in r.getMessage()]
     assert len(records) == 1
-    assert "combine=a2a" in records[0].getMessage()
+    combine = _expected_auto_combine(world.groups[0], device)
+    assert f"combine={combine} (" in records[0].getMessage()
 
 
 def test_direct_combine_dispatch_and_row_fallback(
@@ -205,11 +294,14 @@ def _manager_body(rank: int, world_size: int) -> dict[str, Any]:
     )  # fmt: skip
     heads = slice(rank * h_r, (rank + 1) * h_r)
     report: dict[str, Any] = {}
+    # The automatic combine choice follows the capability gate (collective probe, cached).
+    report["a2a_auto_expected"] = _expected_auto_combine(group, device)
     configs = {
         "ag_rs": DCPConfig(),
         "a2a": DCPConfig(comm_backend="a2a", use_direct_a2a=False),
         "auto": DCPConfig(comm_backend="auto", use_direct_a2a=False),
         "pcp": DCPConfig(use_pcp=True),
+        "a2a_auto": DCPConfig(comm_backend="a2a"),
     }
     for name, cfg in configs.items():
         m = DCPManager(cfg, group, device, h_r, d, torch.bfloat16)
@@ -225,8 +317,9 @@ def _manager_body(rank: int, world_size: int) -> dict[str, Any]:
         assert_close_to_ref(o, ref_o, dtype=torch.bfloat16, name=f"{name} out")
         assert_close_to_ref(l_, ref_l, dtype=torch.float32, name=f"{name} lse")
         report[name] = (m.combine_path, m.last_combine_path)
-    # Query and KV gathers through the manager (NCCL paths here).
-    m = DCPManager(DCPConfig(), group, device, h_r, d, torch.bfloat16, padded_num_heads=8)
+    # Query and KV gathers through the manager (NCCL paths: the direct ones forced off).
+    cfg = DCPConfig(use_direct_q_gather=False, use_direct_kv_gather=False)
+    m = DCPManager(cfg, group, device, h_r, d, torch.bfloat16, padded_num_heads=8)
     q_full = case.query.to(torch.bfloat16)
     q = m.query_gather(q_full[:, heads])
     assert torch.equal(q, q_full)
@@ -240,13 +333,18 @@ def _manager_body(rank: int, world_size: int) -> dict[str, Any]:
     return report
 
 
-def test_manager_multiprocess(run_ranks: RunRanks) -> None:
-    """One launch of real ranks checks every NCCL-path combine and both gathers."""
+def test_manager_multiprocess(run_ranks: RunRanks, dist_backend: str) -> None:
+    """One launch of real ranks checks every NCCL-path combine, the automatic a2a choice
+    (direct A2A where the gate is on: nccl on one node) and both gathers."""
     for rep in run_ranks(_manager_body, 2):
         assert rep["ag_rs"] == ("ag_rs", "ag_rs")
         assert rep["a2a"] == ("a2a", "a2a")
         assert rep["auto"] == ("a2a", "a2a")
         assert rep["pcp"] == ("ag_ar", "ag_ar")
+        expected = rep["a2a_auto_expected"]
+        if dist_backend == "gloo":
+            assert expected == "a2a"
+        assert rep["a2a_auto"] == (expected, expected)
         assert rep["gathers"] == ("all_gather", "all_gather_into_tensor")
 
 

@@ -14,6 +14,16 @@ pytest_plugins = ["pytester"]
 def test_device_and_backend_fixtures(device: torch.device, dist_backend: str) -> None:
     assert device.type in ("cpu", "cuda")
     assert dist_backend == ("nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":  # indexed: torch.cuda.set_device / tensor.device compare equal
+        assert device.index is not None
+        assert torch.empty(1, device=device).device == device
+
+
+def _fake_gpu_count(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    """Make the plugin (markers, ``device`` fixture) see ``count`` GPUs, on any machine."""
+    from cpattn_testing import pytest_plugin
+
+    monkeypatch.setattr(pytest_plugin, "available_gpus", lambda: count)
 
 
 def test_outputs_are_poisoned_during_tests() -> None:
@@ -61,28 +71,31 @@ def test_four_ranks(run_ranks, world_size):
 """
 
 
-def test_markers_and_run_ranks_in_a_downstream_project(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize("gpus", [0, 2])
+def test_markers_and_run_ranks_in_a_downstream_project(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, gpus: int
+) -> None:
+    """The inner project runs on the CPU (gloo ranks) with the plugin seeing ``gpus`` GPUs,
+    so the outcome is the same on a machine with or without GPUs."""
+    monkeypatch.setenv("CPATTN_TEST_DEVICE", "cpu")
+    _fake_gpu_count(monkeypatch, gpus)
     pytester.makepyfile(test_downstream=_INNER_TESTS)
     result = pytester.runpytest_inprocess("-rs", "-p", "no:cacheprovider", "--strict-markers")
     outcomes = result.parseoutcomes()
-    if torch.cuda.is_available():
-        pytest.skip("this check is written for a machine without GPUs")
-    assert outcomes.get("passed") == 2, result.stdout.str()
-    assert outcomes.get("skipped") == 2, result.stdout.str()
-    result.stdout.fnmatch_lines(
-        [
-            "*needs a CUDA GPU; none is visible to torch on this machine*",
-            "*needs 64 CUDA GPUs; 0 visible to torch on this machine*",
-        ]
-    )
+    needs_gpu_ran = gpus >= 1
+    assert outcomes.get("passed") == 2 + needs_gpu_ran, result.stdout.str()
+    assert outcomes.get("skipped") == 2 - needs_gpu_ran, result.stdout.str()
+    lines = [f"*needs 64 CUDA GPUs; {gpus} visible to torch on this machine*"]
+    if not needs_gpu_ran:
+        lines.insert(0, "*needs a CUDA GPU; none is visible to torch on this machine*")
+    result.stdout.fnmatch_lines(lines)
 
 
 def test_cuda_device_without_gpu_skips_run_ranks(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if torch.cuda.is_available():
-        pytest.skip("this check is written for a machine without GPUs")
     monkeypatch.setenv("CPATTN_TEST_DEVICE", "cuda")
+    _fake_gpu_count(monkeypatch, 0)  # a GPU machine behaves like one without GPUs here
     pytester.makepyfile(
         test_cuda=textwrap.dedent(
             """
@@ -131,17 +144,41 @@ def _python_blocks(markdown: str) -> list[str]:
 
 
 def test_readme_four_rank_example_runs(pytester: pytest.Pytester) -> None:
-    """The README's downstream example (conftest + 4-rank test) passes as written."""
+    """The README's downstream example (conftest + 4-rank test) passes as written.
+
+    On the CPU every world size (1, 2, 4) runs over gloo. With ``CPATTN_TEST_DEVICE=cuda`` the
+    ranks use nccl, one GPU per rank: world sizes above the visible GPU count are skipped with
+    the launcher's reason (all of them when no GPU is visible), the others must pass.
+    """
+    import os
     import pathlib
+
+    from cpattn_testing.launcher import available_gpus
 
     readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
     blocks = _python_blocks(readme)
     conftest = next(b for b in blocks if b.startswith("# conftest.py"))
     test = next(b for b in blocks if b.startswith("# test_my_combine.py"))
+    assert "[1, 2, 4]" in test, "the README example's world sizes changed: update this test"
     pytester.makeconftest(conftest)
     pytester.makepyfile(test_my_combine=test)
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-q")
-    result.assert_outcomes(passed=3)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-q", "-rs")
+    world_sizes = (1, 2, 4)
+    requested = os.environ.get("CPATTN_TEST_DEVICE", "cpu").strip() or "cpu"
+    if torch.device(requested).type == "cuda":
+        gpus = available_gpus()
+        runnable = [w for w in world_sizes if w <= gpus]
+        too_big = [w for w in world_sizes if w > gpus]
+    else:
+        gpus, runnable, too_big = 0, list(world_sizes), []
+    result.assert_outcomes(passed=len(runnable), skipped=len(too_big))
+    if too_big and gpus == 0:
+        result.stdout.fnmatch_lines(["*CPATTN_TEST_DEVICE=cuda but no CUDA GPU is visible*"])
+    elif too_big:
+        for w in too_big:  # the launcher's reason, one line per world size
+            result.stdout.fnmatch_lines(
+                [f"*world_size {w} needs {w} GPUs (one per rank on nccl), but {gpus} * visible*"]
+            )
 
 
 @pytest.mark.parametrize(

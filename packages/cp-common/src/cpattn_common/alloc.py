@@ -59,9 +59,11 @@ def empty_output(
         A contiguous tensor of ``shape``. Integer and bool outputs are poisoned with the
         dtype's maximum (NaN has no integer form) so that stale values remain visible.
     """
-    out = torch.empty(tuple(shape), dtype=dtype, device=device)
+    out = torch.empty(shape, dtype=dtype, device=device)
     value = _poison
-    if value is not None and out.numel() > 0:
+    if value is None:  # the common case: one module-global read, no other work
+        return out
+    if out.numel() > 0:
         if dtype.is_floating_point or dtype.is_complex:
             out.fill_(value)
         elif dtype == torch.bool:

@@ -37,6 +37,7 @@ from typing import Any, Literal
 import torch
 
 from cpattn_common.group import as_cp_group
+from cpattn_dcp.direct._base import indexed_device
 from cpattn_dcp.direct.a2a import DirectDCPA2AWorkspace
 from cpattn_dcp.direct.factories import (
     direct_a2a_unavailable_reason,
@@ -155,7 +156,8 @@ class DCPManager:
     Args:
         config: the ``DCPConfig``.
         group: the DCP group (``ProcessGroup`` or ``CPGroupLike``), N ranks.
-        device: device of the layer.
+        device: device of the layer (a bare ``"cuda"`` means the current CUDA device). The
+            automatic choice (``use_direct_* = None``) takes a direct path only on CUDA.
         num_heads: H_r, the attention heads each rank owns (query heads before the gather,
             output heads after the combine; the combine input has N*H_r heads).
         head_dim: D of the attention output (MLA: the latent dim, e.g. 512).
@@ -199,7 +201,7 @@ class DCPManager:
         self.cp_group = as_cp_group(group)
         self.world_size = self.cp_group.world_size
         self.rank = self.cp_group.rank_in_group
-        self.device = torch.device(device)
+        self.device = indexed_device(device)
         self.num_heads = int(num_heads)
         self.head_dim = int(head_dim)
         self.dtype = dtype
@@ -252,7 +254,9 @@ class DCPManager:
         )
         if self.world_size < 2:
             return "a2a", f"{why}; world size 1 (no communication)"
-        reason = direct_a2a_unavailable_reason(self.group, self.dtype, cfg.use_direct_a2a)
+        reason = direct_a2a_unavailable_reason(
+            self.group, self.dtype, cfg.use_direct_a2a, device=self.device
+        )
         if reason is None:
             ws = get_direct_dcp_a2a_workspace(
                 self.group, self.device, cfg.max_num_tokens, self.num_heads, self.head_dim,
@@ -274,8 +278,9 @@ class DCPManager:
         if self.world_size < 2:
             return "all_gather", "world size 1 (no communication)"
         reason = direct_gather_unavailable_reason(
-            self.group, self.query_dtype, cfg.use_direct_q_gather, what="direct q-gather"
-        )
+            self.group, self.query_dtype, cfg.use_direct_q_gather, what="direct q-gather",
+            device=self.device,
+        )  # fmt: skip
         if reason is None:
             try:
                 ws = get_direct_dcp_q_gather_workspace(
@@ -301,7 +306,7 @@ class DCPManager:
             return "all_gather_into_tensor", "no direct KV-gather geometry configured"
         reason = direct_gather_unavailable_reason(
             self.group, self.kv_dtype, cfg.use_direct_kv_gather, DIRECT_KV_GATHER_DTYPES,
-            what="direct kv-gather",
+            what="direct kv-gather", device=self.device,
         )  # fmt: skip
         if reason is None:
             try:

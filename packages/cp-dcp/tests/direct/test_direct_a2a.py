@@ -178,16 +178,104 @@ def test_timeout_sets_error_flag_and_never_reads_stale_data(
     assert wss[0].failed
 
 
-def test_lazy_error_check_on_next_call(sim_build: Build, device: torch.device) -> None:
-    """The host learns of a timeout at the next call, with no explicit check."""
+def _settle(device: torch.device) -> None:
+    """Let every launch and non-blocking copy on ``device`` land (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@pytest.mark.parametrize("interval", [1, 3])
+def test_lazy_error_check_without_explicit_check(
+    sim_build: Build, device: torch.device, interval: int
+) -> None:
+    """The host learns of a timeout at a later call, with no ``check_error()``.
+
+    CPU: the error record is host memory, the very next call raises. CUDA: the record is
+    mirrored to pinned memory by a non-blocking copy every ``error_check_interval`` eager calls
+    (no host sync on the hot path), so calls before the interval's copy do not raise, and the
+    first call after that copy landed does.
+    """
     n, t = 2, 1
-    _, wss = sim_build(n, device, _a2a(device, 2, 1, 8, torch.bfloat16, max_spins=2))
+    _, wss = sim_build(
+        n,
+        device,
+        _a2a(device, 2, 1, 8, torch.bfloat16, max_spins=2, error_check_interval=interval),
+    )
     o = torch.randn(t, n, 8, device=device).to(torch.bfloat16)
     lse = torch.randn(t, n, device=device)
     wss[0].publish(o, lse)
-    wss[0].wait_and_combine(t)  # rank 1 absent -> records the timeout, does not raise here
-    with pytest.raises(DirectProtocolError):
+    out = wss[0].wait_and_combine(t)  # rank 1 absent -> records the timeout, does not raise here
+    assert isinstance(out, torch.Tensor)
+    assert torch.isnan(out).all()
+    silent_calls = interval - 1 if device.type == "cuda" else 0
+    for _ in range(silent_calls):
+        _settle(device)  # even with everything landed: no copy yet, so no report yet
+        late = wss[0].lse_reduce(o, lse)  # rank 1 is still absent: times out as well
+        assert isinstance(late, torch.Tensor)
+        assert torch.isnan(late).all()
+        assert not wss[0].failed
+    _settle(device)
+    # The record holds the latest timed-out call when it was mirrored (CUDA) / read (CPU).
+    epoch = 1 + silent_calls
+    with pytest.raises(
+        DirectProtocolError,
+        match=rf"Direct DCP A2A: rank 0, ubatch 0: bounded wait timed out at epoch {epoch} "
+        r"after 2 polls; no signal from source rank\(s\) \[1\]",
+    ):
         wss[0].lse_reduce(o, lse)
+    assert wss[0].failed
+    epochs = wss[0].epoch.tolist()
+    with pytest.raises(DirectProtocolError, match="timed out"):  # and at every call after
+        wss[0].lse_reduce(o, lse)
+    with pytest.raises(DirectProtocolError, match="timed out"):
+        wss[0].check_error()
+    assert wss[0].epoch.tolist() == epochs == [epoch]  # a refused call launches nothing
+
+
+def test_error_check_interval_zero_reports_only_through_check_error_on_cuda(
+    sim_build: Build, device: torch.device
+) -> None:
+    """``error_check_interval=0``: on CUDA no call reports (no mirror), ``check_error()`` does;
+    on the CPU the next call still sees the host-memory record."""
+    n, t = 2, 1
+    _, wss = sim_build(
+        n, device, _a2a(device, 2, 1, 8, torch.bfloat16, max_spins=2, error_check_interval=0)
+    )
+    o = torch.randn(t, n, 8, device=device).to(torch.bfloat16)
+    lse = torch.randn(t, n, device=device)
+    wss[0].publish(o, lse)
+    wss[0].wait_and_combine(t)
+    _settle(device)
+    if device.type == "cuda":
+        wss[0].lse_reduce(o, lse)  # no mirror: the lazy check cannot see it
+        assert not wss[0].failed
+        with pytest.raises(DirectProtocolError, match=r"source rank\(s\) \[1\]"):
+            wss[0].check_error()
+    else:
+        with pytest.raises(DirectProtocolError, match=r"source rank\(s\) \[1\]"):
+            wss[0].lse_reduce(o, lse)
+    assert wss[0].failed
+
+
+def test_bare_device_is_normalised(sim_build: Build, device: torch.device) -> None:
+    """A workspace built with a bare ``torch.device("cuda")`` stores the indexed current device,
+    so the device checks against tensors (always ``cuda:<i>``) accept the inputs."""
+    n, t, h_r, d = 2, 2, 1, 8
+    bare = torch.device(device.type)  # "cuda" without an index on GPU runs; "cpu" on the CPU
+    _, wss = sim_build(n, device, _a2a(bare, 4, h_r, d, torch.bfloat16))
+    o = torch.randn(n, t, n * h_r, d, device=device).to(torch.bfloat16)
+    lse = torch.randn(n, t, n * h_r, device=device)
+    for r in range(n):
+        assert wss[r].device == device
+        assert wss[r].unsupported_reason(o[r], lse[r]) is None
+        assert wss[r].recv_out.device == device
+    for r in range(n):
+        wss[r].publish(o[r], lse[r], torch.ones(1, dtype=torch.int32, device=device),
+                       torch.tensor([0, t], dtype=torch.int32, device=device))  # fmt: skip
+    res = [wss[r].wait_and_combine(t) for r in range(n)]
+    ref, _ = lse_combine_ref(o, lse)
+    for r in range(n):
+        assert_close_to_ref(res[r], ref[:, r * h_r : (r + 1) * h_r], dtype=torch.bfloat16)
 
 
 def test_slot_reuse_many_calls_two_ubatches_and_a_rank_one_call_ahead(

@@ -112,20 +112,65 @@ def test_kv_gather_matches_all_gather_into_tensor_bitwise(
         assert ws.epoch.tolist() == [2, 2]
 
 
+def _settle(device: torch.device) -> None:
+    """Let every launch and non-blocking copy on ``device`` land (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def test_gather_timeouts_are_reported(sim_build: Build, device: torch.device) -> None:
+    """A gather whose peer never calls times out, copies nothing and is reported: explicitly by
+    ``check_error()``, lazily at a later call (CPU: the next one; CUDA: the first after the
+    ``error_check_interval``-th call mirrored the record, here every call), and at every call
+    after that."""
     _, qs = sim_build(2, device, _q(device, 2, 1, 8, torch.bfloat16, max_spins=2))
-    qs[0].publish(torch.randn(1, 1, 8, device=device).to(torch.bfloat16))
+    q = torch.randn(1, 1, 8, device=device).to(torch.bfloat16)
+    qs[0].publish(q)
     qs[0].wait(1)
-    with pytest.raises(DirectProtocolError, match=r"source rank\(s\) \[1\]"):
+    with pytest.raises(
+        DirectProtocolError,
+        match=r"Direct DCP q-gather: rank 0, ubatch 0: bounded wait timed out at epoch 1 .*"
+        r"source rank\(s\) \[1\]",
+    ):
         qs[0].check_error()
-    _, kvs = sim_build(2, device, _kv(device, 4, 8, torch.bfloat16, max_spins=2))
+    assert qs[0].failed
+    with pytest.raises(DirectProtocolError, match="timed out"):
+        qs[0].gather(q)
+
+    _, kvs = sim_build(
+        2, device, _kv(device, 4, 8, torch.bfloat16, max_spins=2, error_check_interval=1)
+    )
     local = torch.randn(2, 8, device=device).to(torch.bfloat16)
     out = torch.zeros(4, 8, device=device, dtype=torch.bfloat16)
     kvs[1].publish(local)
     kvs[1].wait(out)
     assert torch.all(out == 0), "a timed-out KV gather must not copy anything"
-    with pytest.raises(DirectProtocolError):
+    assert not kvs[1].failed  # nothing raised on the host yet: no sync on the hot path
+    _settle(device)  # CUDA: the non-blocking copy of the error record has landed
+    with pytest.raises(
+        DirectProtocolError,
+        match=r"Direct DCP kv-gather: rank 1, ubatch 0: bounded wait timed out at epoch 1 .*"
+        r"source rank\(s\) \[0\]",
+    ):
         kvs[1].gather(out, local)
+    assert kvs[1].failed
+    assert kvs[1].epoch.tolist() == [1]  # the refused call launched nothing
+    assert torch.all(out == 0)
+
+
+def test_gathers_normalise_a_bare_device(sim_build: Build, device: torch.device) -> None:
+    """Built with a bare ``torch.device("cuda")``, the gathers hold the indexed current device
+    and accept tensors of it (a tensor's ``.device`` is always indexed on CUDA)."""
+    bare = torch.device(device.type)
+    _, qs = sim_build(2, device, _q(bare, 2, 1, 8, torch.bfloat16))
+    _, kvs = sim_build(2, device, _kv(bare, 4, 8, torch.bfloat16))
+    q = torch.randn(2, 1, 8, device=device).to(torch.bfloat16)
+    local = torch.randn(2, 8, device=device).to(torch.bfloat16)
+    for ws in (*qs, *kvs):
+        assert ws.device == device
+    for r in range(2):
+        assert qs[r].unsupported_reason(q) is None
+        assert kvs[r].unsupported_reason(torch.empty(4, 8, device=device).to(local), local) is None
 
 
 def test_q_gather_validation(sim_build: Build, device: torch.device) -> None:

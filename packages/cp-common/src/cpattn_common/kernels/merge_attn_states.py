@@ -8,24 +8,44 @@ For one (row b, head h) and sources n = 0..N-1 with partial outputs ``o_n [D]`` 
     L     = log_b(sum_n b^(l_n - m)) + m            (-inf when every l_n is -inf)
     w_n   = b^(l_n - m) / sum_k b^(l_k - m)  (= b^(l_n - L)), exactly 0 where l_n is -inf
     O     = sum_n w_n * o_n, where a source with w_n == 0 contributes exactly 0
-            (its partial is not even loaded, so NaN / garbage in empty shards never leaks)
+            (NaN / garbage in the partials of empty shards never leaks)
 
-Layout: ``partial_out [N, B, H, D]`` and ``partial_lse [N, B, H]`` with arbitrary strides,
-``out [B, H, D]`` and ``out_lse [B, H]`` (fp32) with arbitrary strides. Math in fp32.
+Layout: ``partial_out [N, B, H, D]`` and ``partial_lse [N, B, H]`` with arbitrary strides
+(the partial's N / B / H strides arrive in units of ``VEC`` elements, see below),
+``out [B, H, D]`` and ``out_lse [B, H]`` (fp32) contiguous (the launcher allocates them).
+Math in fp32.
 
 Tiling: program (pid_b, pid_h) handles row ``pid_b`` and heads
 ``[pid_h * BLOCK_H, (pid_h + 1) * BLOCK_H)`` with ``BLOCK_D >= D`` (power of two, masked),
-so each partial element is read exactly once: the LSE passes (tiny) come first, then one
-weighted accumulation pass over the N partials. ``N`` and ``D`` are constexpr: the source loop
-is unrolled (all loads can be in flight together) and the D mask folds away when
-``D == BLOCK_D``. Offsets are int64; per-source pointers advance by addition so ``n * stride``
-never overflows 32 bits.
+so each partial element is read exactly once. ``N`` and ``D`` are constexpr: the source loop
+is unrolled and the D mask folds away when ``D == BLOCK_D``. Offsets are int64; per-source
+pointers advance by addition so ``n * stride`` never overflows 32 bits.
+
+Host cost: every int parameter is annotated (``tl.int32`` / ``tl.int64``) and listed in
+``do_not_specialize``, so Triton's specialization (and ``cpattn_common.launch``'s cache key)
+depends only on the tensors and the constexprs. What value specialization used to give comes
+back through constexprs: ``VEC`` (the widest power-of-two element count, at most 16 bytes,
+dividing the N / B / H strides; the kernel multiplies the strides by it, so the compiler knows
+each row start is ``VEC``-aligned and emits 16-byte vector loads) and ``D_CONTIG``
+(``stride_po_d == 1``).
+
+Two variants (``EAGER``):
+
+- ``EAGER`` (latency-bound grids, e.g. decode): every load first (N partial tiles, then N
+  LSE rows, all ``volatile`` so the machine code keeps that order; without it ptxas sinks the
+  partial loads below the weight math, which waits for the LSEs: a second DRAM round trip),
+  then the weights, then ``sum_n where(w_n == 0, 0, w_n * o_n)``;
+- otherwise (large grids): the LSE passes first, then one weighted pass that loads a partial
+  only where its weight is nonzero (saves the bandwidth of empty shards; other programs on the
+  SM hide the LSE round trip).
 
 Local-name prefixes: ``o_`` offsets, ``m_`` masks, ``p_`` pointers, ``b_`` block values.
 Written for this project (no adapted code).
 """
 
 from __future__ import annotations
+
+from typing import Any  # noqa: F401  (used by type comments in the kernel)
 
 import triton
 import triton.language as tl
@@ -51,29 +71,39 @@ def _log_b(x, IS_BASE_E: tl.constexpr):
     return y
 
 
-@triton.jit
+_INT_PARAMS = [
+    "H",
+    "stride_po_n",
+    "stride_po_b",
+    "stride_po_h",
+    "stride_po_d",
+    "stride_pl_n",
+    "stride_pl_b",
+    "stride_pl_h",
+]
+
+
+@triton.jit(do_not_specialize=_INT_PARAMS)
 def _merge_attn_states_fwd_kernel(
     out_ptr,
     out_lse_ptr,
     partial_out_ptr,
     partial_lse_ptr,
-    H,
-    stride_po_n,
-    stride_po_b,
-    stride_po_h,
-    stride_po_d,
-    stride_pl_n,
-    stride_pl_b,
-    stride_pl_h,
-    stride_o_b,
-    stride_o_h,
-    stride_o_d,
-    stride_ol_b,
-    stride_ol_h,
+    H: tl.int32,
+    stride_po_n: tl.int64,
+    stride_po_b: tl.int64,
+    stride_po_h: tl.int64,
+    stride_po_d: tl.int64,
+    stride_pl_n: tl.int64,
+    stride_pl_b: tl.int64,
+    stride_pl_h: tl.int64,
     N: tl.constexpr,
     D: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    VEC: tl.constexpr,
+    D_CONTIG: tl.constexpr,
+    EAGER: tl.constexpr,
     IS_BASE_E: tl.constexpr,
 ):
     i_b = tl.program_id(0).to(tl.int64)
@@ -83,46 +113,85 @@ def _merge_attn_states_fwd_kernel(
     o_d = tl.arange(0, BLOCK_D).to(tl.int64)
     m_h = o_h < H
     m_d = o_d < D
-
-    # ---- LSE passes: stabiliser m, then the global LSE L. LSEs are tiny (re-reads hit cache).
-    p_l0 = partial_lse_ptr + i_b * stride_pl_b + o_h * stride_pl_h
-    b_m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    p_l = p_l0
-    for _ in tl.static_range(N):
-        b_l = _sanitize_lse(tl.load(p_l, mask=m_h, other=float("-inf")).to(tl.float32))
-        b_m = tl.maximum(b_m, b_l)
-        p_l += stride_pl_n
-    b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
-
-    b_s = tl.zeros([BLOCK_H], dtype=tl.float32)
-    p_l = p_l0
-    for _ in tl.static_range(N):
-        b_l = _sanitize_lse(tl.load(p_l, mask=m_h, other=float("-inf")).to(tl.float32))
-        b_s += _pow_b(b_l - b_m, IS_BASE_E)
-        p_l += stride_pl_n
-    b_lse = _log_b(b_s, IS_BASE_E) + b_m
-    b_inv_s = 1.0 / b_s  # inf for an all-empty row, whose weights are all forced to 0
-
-    # ---- One weighted pass over the partials; a zero weight skips the load entirely.
-    b_acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    p_o = (
-        partial_out_ptr
-        + i_b * stride_po_b
-        + o_h[:, None] * stride_po_h
-        + o_d[None, :] * stride_po_d
-    )
     m_hd = m_h[:, None] & m_d[None, :]
-    p_l = p_l0
-    for _ in tl.static_range(N):
-        b_l = _sanitize_lse(tl.load(p_l, mask=m_h, other=float("-inf")).to(tl.float32))
-        # b^(l - m) / S: l - m is exact for close values, so large LSEs (1e4) lose nothing.
-        b_w = _pow_b(b_l - b_m, IS_BASE_E) * b_inv_s
-        b_w = tl.where(b_l == float("-inf"), 0.0, b_w)
-        b_o = tl.load(p_o, mask=m_hd & (b_w != 0.0)[:, None], other=0.0).to(tl.float32)
-        b_acc += b_w[:, None] * b_o
-        p_l += stride_pl_n
-        p_o += stride_po_n
 
-    p_out = out_ptr + i_b * stride_o_b + o_h[:, None] * stride_o_h + o_d[None, :] * stride_o_d
+    # Partial pointers. The n / b / h strides arrive in units of VEC elements, so the compiler
+    # knows every row start is VEC-aligned (16-byte vectors) without specializing on values.
+    o_pd = o_d if D_CONTIG else o_d * stride_po_d
+    p_o0 = (
+        partial_out_ptr
+        + i_b * (stride_po_b * VEC)
+        + (o_h * (stride_po_h * VEC))[:, None]
+        + o_pd[None, :]
+    )
+
+    p_l0 = partial_lse_ptr + i_b * stride_pl_b + o_h * stride_pl_h
+    b_acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    if EAGER:
+        # Every load first: the N partial tiles, then the N LSE rows. Volatile loads keep their
+        # program order in the machine code, so every weight computation (which waits for the
+        # LSEs) is scheduled after the last partial load has been issued: one DRAM round trip
+        # per program instead of two (ptxas otherwise sinks the independent partial loads
+        # below the weight math). A zero weight zeroes its term with a select, so NaN / garbage
+        # partials of empty sources never leak.
+        b_os = ()  # type: tuple[Any, ...]
+        p_o = p_o0
+        for _ in tl.static_range(N):
+            b_os = b_os + (tl.load(p_o, mask=m_hd, other=0.0, volatile=True),)  # noqa: RUF005
+            p_o += stride_po_n * VEC
+        b_ls = ()  # type: tuple[Any, ...]
+        p_l = p_l0
+        for _ in tl.static_range(N):
+            b_l = tl.load(p_l, mask=m_h, other=float("-inf"), volatile=True)
+            b_ls = b_ls + (_sanitize_lse(b_l.to(tl.float32)),)  # noqa: RUF005
+            p_l += stride_pl_n
+        b_m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        for i in tl.static_range(N):
+            b_m = tl.maximum(b_m, b_ls[i])
+        b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
+        b_s = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for i in tl.static_range(N):
+            b_s += _pow_b(b_ls[i] - b_m, IS_BASE_E)
+        b_lse = _log_b(b_s, IS_BASE_E) + b_m
+        b_inv_s = 1.0 / b_s  # inf for an all-empty row, whose weights are all forced to 0
+        for i in tl.static_range(N):
+            b_w = _pow_b(b_ls[i] - b_m, IS_BASE_E) * b_inv_s
+            b_w = tl.where(b_ls[i] == float("-inf"), 0.0, b_w)
+            b_c = b_w[:, None] * b_os[i].to(tl.float32)
+            b_acc += tl.where(b_w[:, None] == 0.0, 0.0, b_c)
+    else:
+        # LSE passes (stabiliser m, then the global LSE L; re-reads hit cache), then one
+        # weighted pass where a zero weight skips the partial's load entirely (saves the
+        # bandwidth of empty shards; the partial loads wait for the LSEs).
+        b_m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        p_l = p_l0
+        for _ in tl.static_range(N):
+            b_l = _sanitize_lse(tl.load(p_l, mask=m_h, other=float("-inf")).to(tl.float32))
+            b_m = tl.maximum(b_m, b_l)
+            p_l += stride_pl_n
+        b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
+        b_s = tl.zeros([BLOCK_H], dtype=tl.float32)
+        p_l = p_l0
+        for _ in tl.static_range(N):
+            b_l = _sanitize_lse(tl.load(p_l, mask=m_h, other=float("-inf")).to(tl.float32))
+            b_s += _pow_b(b_l - b_m, IS_BASE_E)
+            p_l += stride_pl_n
+        b_lse = _log_b(b_s, IS_BASE_E) + b_m
+        b_inv_s = 1.0 / b_s
+        p_o = p_o0
+        p_l = p_l0
+        for _ in tl.static_range(N):
+            b_l = _sanitize_lse(tl.load(p_l, mask=m_h, other=float("-inf")).to(tl.float32))
+            # b^(l - m) / S: l - m is exact for close values, so large LSEs (1e4) lose nothing.
+            b_w = _pow_b(b_l - b_m, IS_BASE_E) * b_inv_s
+            b_w = tl.where(b_l == float("-inf"), 0.0, b_w)
+            b_o = tl.load(p_o, mask=m_hd & (b_w != 0.0)[:, None], other=0.0).to(tl.float32)
+            b_acc += b_w[:, None] * b_o
+            p_l += stride_pl_n
+            p_o += stride_po_n * VEC
+
+    # Outputs are contiguous [B, H, D] / [B, H] (allocated by the launcher).
+    o_row = i_b * H + o_h
+    p_out = out_ptr + (o_row * D)[:, None] + o_d[None, :]
     tl.store(p_out, b_acc.to(out_ptr.dtype.element_ty), mask=m_hd)
-    tl.store(out_lse_ptr + i_b * stride_ol_b + o_h * stride_ol_h, b_lse, mask=m_h)
+    tl.store(out_lse_ptr + o_row, b_lse, mask=m_h)

@@ -4,6 +4,12 @@ Chain: ``_merge_attn_states_fwd_kernel`` (kernels/) -> ``merge_attn_states_fwd``
 launcher) -> ``cpattn_common::merge_attn_states`` (``torch.library`` op with a fake impl) ->
 ``merge_attn_states`` (public functional). ``cpattn_common.lse.merge_attn_states_torch`` is the
 pure-torch twin, used where Triton cannot run (CPU without ``TRITON_INTERPRET=1``).
+
+Eager host path (the common case: plain CUDA tensors): one cheap validation
+(``_valid_cuda``; the detailed ``_validate`` only runs when it fails, and raises on bad
+input), two ``new_empty`` allocations (``empty_output`` only while poisoning is on), two
+``lru_cache`` lookups (the configuration, its ``Specialization`` of the kernel), then the
+specialization's cached launch (key: the four tensors' dtypes and alignments).
 """
 
 from __future__ import annotations
@@ -14,22 +20,33 @@ import os
 import torch
 import triton
 
+from cpattn_common import alloc as _alloc
 from cpattn_common.alloc import empty_output
 from cpattn_common.kernels.merge_attn_states import _merge_attn_states_fwd_kernel
-from cpattn_common.launch import launch_cached
+from cpattn_common.launch import CachedKernel, Specialization
 
 __all__ = [
     "merge_attn_states",
     "merge_attn_states_block_sizes",
+    "merge_attn_states_config",
     "merge_attn_states_fwd",
     "triton_usable",
 ]
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LSE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# Elements of one (heads x D) tile: enough bytes in flight per program that D=128 is not
-# tiny-program-bound, small enough to keep the fp32 accumulator in registers.
-_TILE_ELEMS = 4096
+_OUT_SET = frozenset(OUT_DTYPES)
+_LSE_SET = frozenset(LSE_DTYPES)
+_Tensor = torch.Tensor
+# A grid with fewer programs than this is latency-bound (H200: 132 SMs): tiles shrink (down to
+# one head per program) until the grid reaches it, so each program's serial chain is short.
+_MIN_PROGRAMS = 4 * 132
+# Up to about four waves of programs the merge is latency-bound: the EAGER kernel variant
+# (every load issued up front, one DRAM round trip per program). Larger grids keep the
+# variant that skips the loads of zero-weight partials (bandwidth of empty shards).
+_EAGER_MAX_PROGRAMS = 4096
+
+_merge_kernel = CachedKernel(_merge_attn_states_fwd_kernel)
 
 
 def triton_usable(device: torch.device) -> bool:
@@ -41,16 +58,41 @@ def triton_usable(device: torch.device) -> bool:
 
 @functools.lru_cache(maxsize=256)
 def merge_attn_states_block_sizes(num_heads: int, head_dim: int) -> tuple[int, int, int]:
-    """Autotune-free tile choice: ``(BLOCK_H, BLOCK_D, num_warps)``.
+    """Large-batch tile choice for 16-bit partials: ``(BLOCK_H, BLOCK_D, num_warps)``.
 
-    ``BLOCK_D`` is the next power of two >= ``head_dim`` (masked); ``BLOCK_H`` heads share one
-    program so a tile holds about 4096 elements; 8 warps for 4096-element tiles, else 4.
+    Same as ``merge_attn_states_config(batch=_MIN_PROGRAMS, ...)`` for 2-byte elements.
+    """
+    block_h, block_d, num_warps, _ = merge_attn_states_config(_MIN_PROGRAMS, num_heads, head_dim, 2)
+    return block_h, block_d, num_warps
+
+
+@functools.lru_cache(maxsize=4096)
+def merge_attn_states_config(
+    batch: int, num_heads: int, head_dim: int, elem_size: int
+) -> tuple[int, int, int, bool]:
+    """Autotune-free launch configuration: ``(BLOCK_H, BLOCK_D, num_warps, EAGER)``.
+
+    ``BLOCK_D`` is the next power of two >= ``head_dim`` (masked). Large grids: ``BLOCK_H``
+    heads per program so a tile holds 4096 elements for ``BLOCK_D >= 512``, else 2048 (more,
+    shorter programs for small head dims), with two 16-byte vectors per thread and source
+    (8 warps for 4096 16-bit elements). Grids under ``_MIN_PROGRAMS`` programs (decode) shrink
+    ``BLOCK_H`` (down to 1) until they reach it, with one vector per thread. ``EAGER`` (every
+    load issued up front, independent of the weights) for grids of at most
+    ``_EAGER_MAX_PROGRAMS`` programs, where latency dominates; it costs the bandwidth of
+    zero-weight partials, which the other variant does not load.
     """
     block_d = triton.next_power_of_2(max(head_dim, 1))
-    block_h = max(1, min(triton.next_power_of_2(max(num_heads, 1)), _TILE_ELEMS // block_d))
-    tile = block_h * block_d
-    num_warps = 8 if tile >= 4096 else (4 if tile >= 1024 else 2)
-    return block_h, block_d, num_warps
+    vec = max(1, 16 // max(elem_size, 1))
+    tile = 4096 if block_d >= 512 else 2048
+    block_h = max(1, min(triton.next_power_of_2(max(num_heads, 1)), tile // block_d))
+    per_thread = 2 * vec
+    while block_h > 1 and batch * triton.cdiv(num_heads, block_h) < _MIN_PROGRAMS:
+        block_h //= 2
+        per_thread = vec
+    vectors = max(1, block_h * block_d // per_thread)
+    num_warps = max(1, min(8, triton.next_power_of_2(triton.cdiv(vectors, 32))))
+    eager = batch * triton.cdiv(num_heads, block_h) <= _EAGER_MAX_PROGRAMS
+    return block_h, block_d, num_warps, eager
 
 
 def _validate(partial_outs: torch.Tensor, partial_lses: torch.Tensor) -> None:
@@ -79,11 +121,32 @@ def _validate(partial_outs: torch.Tensor, partial_lses: torch.Tensor) -> None:
         )
 
 
+def _valid_cuda(partial_outs: torch.Tensor, partial_lses: torch.Tensor) -> bool:
+    """Cheap check: plain CUDA tensors on one device that ``_validate`` would accept.
+
+    False means "not proven": the caller runs ``_validate`` (which raises on bad input) and
+    the general path.
+    """
+    if partial_outs.__class__ is not _Tensor or partial_lses.__class__ is not _Tensor:
+        return False
+    shape = partial_outs.shape
+    return (
+        partial_outs.is_cuda
+        and len(shape) == 4
+        and partial_lses.shape == shape[:3]
+        and shape[0] >= 1
+        and partial_outs.dtype in _OUT_SET
+        and partial_lses.dtype in _LSE_SET
+        and partial_lses.get_device() == partial_outs.get_device()
+    )
+
+
 def merge_attn_states_fwd(
     partial_outs: torch.Tensor,
     partial_lses: torch.Tensor,
     *,
     is_lse_base_on_e: bool = True,
+    eager: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Typed launcher of the Triton merge kernel (CUDA, or CPU under ``TRITON_INTERPRET=1``).
 
@@ -91,46 +154,91 @@ def merge_attn_states_fwd(
         partial_outs: ``[N, B, H, D]`` fp16/bf16/fp32, any strides.
         partial_lses: ``[N, B, H]`` fp32/fp16/bf16, any strides.
         is_lse_base_on_e: LSE base e (True) or 2 (False).
+        eager: load every partial unconditionally (True) or only where its weight is nonzero
+            (False); ``None``: ``merge_attn_states_config``'s choice. Same results either way.
 
     Returns:
         ``(out [B, H, D]`` in ``partial_outs.dtype``, ``lse [B, H]`` fp32), both contiguous.
     """
-    _validate(partial_outs, partial_lses)
-    n, b, h, d = partial_outs.shape
-    device = partial_outs.device
-    out = empty_output((b, h, d), dtype=partial_outs.dtype, device=device)
-    out_lse = empty_output((b, h), dtype=torch.float32, device=device)
-    if b == 0 or h == 0:
-        return out, out_lse
-    block_h, block_d, num_warps = merge_attn_states_block_sizes(h, d)
-    grid = (b, triton.cdiv(h, block_h))
-    po, pl = partial_outs, partial_lses
-    launch_cached(
-        _merge_attn_states_fwd_kernel,
-        grid,
-        out_ptr=out,
-        out_lse_ptr=out_lse,
-        partial_out_ptr=po,
-        partial_lse_ptr=pl,
-        H=h,
-        stride_po_n=po.stride(0),
-        stride_po_b=po.stride(1),
-        stride_po_h=po.stride(2),
-        stride_po_d=po.stride(3),
-        stride_pl_n=pl.stride(0),
-        stride_pl_b=pl.stride(1),
-        stride_pl_h=pl.stride(2),
-        stride_o_b=out.stride(0),
-        stride_o_h=out.stride(1),
-        stride_o_d=out.stride(2),
-        stride_ol_b=out_lse.stride(0),
-        stride_ol_h=out_lse.stride(1),
+    if not _valid_cuda(partial_outs, partial_lses):
+        _validate(partial_outs, partial_lses)
+    return _launch(partial_outs, partial_lses, bool(is_lse_base_on_e), eager)
+
+
+@functools.lru_cache(maxsize=1024)
+def _specialization(
+    n: int,
+    d: int,
+    cfg: tuple[int, int, int, bool],
+    vec: int,
+    d_contig: bool,
+    base_e: bool,
+    eager: bool | None,
+) -> Specialization:
+    """The merge kernel specialized on its constexprs for one configuration (kept per
+    configuration, not per batch size, so its cached compiled kernels are shared)."""
+    block_h, block_d, num_warps, eager_cfg = cfg
+    return _merge_kernel.specialize(
         N=n,
         D=d,
         BLOCK_H=block_h,
         BLOCK_D=block_d,
-        IS_BASE_E=bool(is_lse_base_on_e),
+        VEC=vec,
+        D_CONTIG=d_contig,
+        EAGER=eager_cfg if eager is None else bool(eager),
+        IS_BASE_E=base_e,
         num_warps=num_warps,
+    )
+
+
+def _launch(
+    po: torch.Tensor, pl: torch.Tensor, base_e: bool, eager: bool | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate the outputs and launch; inputs already validated."""
+    n, b, h, d = po.shape
+    if _alloc._poison is None:  # the common case: plain allocations, no poison fill
+        out = po.new_empty((b, h, d))
+        out_lse = pl.new_empty((b, h), dtype=torch.float32)
+    else:
+        out = empty_output((b, h, d), dtype=po.dtype, device=po.device)
+        out_lse = empty_output((b, h), dtype=torch.float32, device=po.device)
+    if b == 0 or h == 0:
+        return out, out_lse
+    es = po.element_size()
+    s_n, s_b, s_h, s_d = po.stride()
+    # Strides of size-1 dims are never used: 0 keeps them from limiting the vector width.
+    if n == 1:
+        s_n = 0
+    if b == 1:
+        s_b = 0
+    if h == 1:
+        s_h = 0
+    # Widest power-of-two element count (<= 16 bytes) dividing the row strides: the kernel
+    # takes the strides in these units, so its loads are 16-byte vectors whenever possible.
+    vec = 16 // es
+    bits = s_n | s_b | s_h
+    if bits & (vec - 1):
+        vec = bits & -bits
+    l_n, l_b, l_h = pl.stride()
+    cfg = merge_attn_states_config(
+        b if b <= _EAGER_MAX_PROGRAMS else _EAGER_MAX_PROGRAMS + 1, h, d, es
+    )  # b only matters up to there: fewer cache entries
+    block_h = cfg[0]
+    spec = _specialization(n, d, cfg, vec, s_d == 1 or d == 1, base_e, eager)
+    spec(
+        (b, (h + block_h - 1) // block_h),
+        out,
+        out_lse,
+        po,
+        pl,
+        h,
+        s_n // vec,
+        s_b // vec,
+        s_h // vec,
+        s_d,
+        l_n,
+        l_b,
+        l_h,
     )
     return out, out_lse
 
@@ -138,9 +246,11 @@ def merge_attn_states_fwd(
 def _merge_any_backend(
     partial_outs: torch.Tensor, partial_lses: torch.Tensor, is_lse_base_on_e: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if _valid_cuda(partial_outs, partial_lses):  # the hot path: validated once, cheaply
+        return _launch(partial_outs, partial_lses, is_lse_base_on_e, None)
     _validate(partial_outs, partial_lses)
     if triton_usable(partial_outs.device):
-        return merge_attn_states_fwd(partial_outs, partial_lses, is_lse_base_on_e=is_lse_base_on_e)
+        return _launch(partial_outs, partial_lses, is_lse_base_on_e, None)
     from cpattn_common.lse import merge_attn_states_torch  # lse re-exports this module
 
     out, lse = merge_attn_states_torch(

@@ -10,10 +10,13 @@ three small local tensors of its own:
 * ``_error [U, 4]`` int64 — ``(flag, epoch, missing-source bitmask, 0)`` written by a wait that
   timed out.
 
-Error reporting never syncs the host on the hot path: on CUDA the error record is mirrored into
-pinned host memory with a non-blocking copy every ``error_check_interval`` eager calls and the
-mirror is inspected at the start of the next call; ``check_error()`` is the explicit, syncing
-check.
+Error reporting never syncs the host on the hot path. On CUDA the error record is mirrored into
+pinned host memory with a non-blocking copy every ``error_check_interval`` eager calls (never
+during CUDA-graph capture) and the mirror is inspected at the start of every call, so a timeout
+surfaces as ``DirectProtocolError`` at the first call that starts after such a copy landed:
+between 1 and ``error_check_interval`` calls later, not necessarily at the next one. On the CPU
+the record is host memory and the next call sees it. ``check_error()`` is the explicit, syncing
+check (use it where a timeout must be known at once).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from cpattn_common.group import CPGroupLike, as_cp_group
 from cpattn_common.ubatch import current_ubatch_id
 from cpattn_common.workspace import DirectCPWorkspace
 
-__all__ = ["DEFAULT_MAX_SPINS", "DirectProtocolError", "DirectWorkspaceBase"]
+__all__ = ["DEFAULT_MAX_SPINS", "DirectProtocolError", "DirectWorkspaceBase", "indexed_device"]
 
 #: Bounded wait: polls of the signal words before a wait gives up (≈ seconds on a GPU).
 DEFAULT_MAX_SPINS = 1 << 26
@@ -36,6 +39,17 @@ DEFAULT_ERROR_CHECK_INTERVAL = 64
 
 class DirectProtocolError(RuntimeError):
     """A direct collective's bounded wait timed out: a peer never made the matching call."""
+
+
+def indexed_device(device: torch.device | str) -> torch.device:
+    """``device`` with an explicit index: a bare ``"cuda"`` becomes the calling thread's current
+    CUDA device (where a tensor created with ``device="cuda"`` lands), so comparisons with a
+    tensor's ``.device`` (always indexed on CUDA) hold. Other devices are returned unchanged."""
+    dev = torch.device(device)
+    index: int | None = dev.index  # the stubs say int; a bare device has None
+    if dev.type == "cuda" and index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return dev
 
 
 def next_pow2(x: int) -> int:
@@ -62,11 +76,12 @@ class DirectWorkspaceBase:
         name: human name used in messages ("Direct DCP A2A", ...).
         group: the DCP group (``ProcessGroup`` or ``CPGroupLike``; simulated groups need
             ``allocate_symmetric``). Construction is collective over the group.
-        device: the device the buffers live on.
+        device: the device the buffers live on (a bare ``"cuda"`` means the current CUDA
+            device; ``self.device`` is always indexed on CUDA).
         num_ubatches: micro-batch slots U (validated by the subclass).
         max_spins: polls before a wait gives up and records an error.
-        error_check_interval: eager calls between non-blocking error-record copies (0: only
-            ``check_error()`` reports).
+        error_check_interval: eager CUDA calls between non-blocking error-record copies (0:
+            only ``check_error()`` reports on CUDA; the CPU always reports at the next call).
     """
 
     def __init__(
@@ -86,9 +101,7 @@ class DirectWorkspaceBase:
                 f"{name}: error_check_interval must be >= 0, got {error_check_interval}"
             )
         self.name = name
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = indexed_device(device)
         self.num_ubatches = num_ubatches
         self.max_spins = int(max_spins)
         self.error_check_interval = int(error_check_interval)
@@ -165,7 +178,12 @@ class DirectWorkspaceBase:
         if self._failure is not None:
             raise DirectProtocolError(self._failure)
         if self._error_view[:, 0].any():
-            self._raise_from(torch.from_numpy(self._error_view.copy()))
+            record = torch.from_numpy(self._error_view.copy())
+            if self._error_host is not None and not torch.cuda.is_current_stream_capturing():
+                # Error path only: read the device record itself (the flag of the mirror may
+                # have landed before the rest of a still-running non-blocking copy).
+                record = self._error.cpu()
+            self._raise_from(record)
 
     def _after_call(self) -> None:
         """Every ``error_check_interval`` eager CUDA calls, mirror the error record (no sync)."""

@@ -7,8 +7,9 @@ arguments in the same order. Workspaces are memoized per (group, device, geometr
 ubatches) so every layer of a model shares one workspace per geometry; sharing across
 sequential layers is safe because every call is a full rendezvous.
 
-The tri-state ``use_direct`` switch: ``None`` (auto: capability probing decides), ``True``
-(force; an unsupported configuration then raises from the constructor), ``False`` (off).
+The tri-state ``use_direct`` switch: ``None`` (auto: capability probing decides, and never
+picks a direct path for a non-CUDA device), ``True`` (force; an unsupported configuration then
+raises from the constructor), ``False`` (off).
 The Q / KV gathers additionally need NVLS multicast: where the environment disables it
 (``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, ``NCCL_NVLS_ENABLE=0``, ...) they return ``None``
 before any multicast query is made, even when forced.
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from cpattn_common import capability
+from cpattn_dcp.direct._base import indexed_device
 from cpattn_dcp.direct.a2a import DIRECT_A2A_DTYPES, DirectDCPA2AWorkspace
 from cpattn_dcp.direct.kv_gather import DIRECT_KV_GATHER_DTYPES, DirectDCPKVGatherWorkspace
 from cpattn_dcp.direct.q_gather import DirectDCPQGatherWorkspace
@@ -57,15 +59,30 @@ def _capability_detail(
     return str(reason) if reason else "capability gating said no"
 
 
+def _device_reason(device: torch.device | str | None, use_direct: bool | None) -> str | None:
+    """The automatic decision needs a CUDA device (symmetric memory lives there)."""
+    if use_direct is None and device is not None and torch.device(device).type != "cuda":
+        return f"device {torch.device(device)} is not a CUDA device"
+    return None
+
+
 def direct_a2a_unavailable_reason(
-    group: Any, dtype: torch.dtype, use_direct: bool | None = None
+    group: Any,
+    dtype: torch.dtype,
+    use_direct: bool | None = None,
+    *,
+    device: torch.device | str | None = None,
 ) -> str | None:
     """Why the direct A2A is off for ``group``/``dtype`` (``None``: gating allows it).
 
-    Collective when it probes symmetric memory (all ranks, same order).
+    With ``device`` given, the automatic decision (``use_direct=None``) also requires a CUDA
+    device. Collective when it probes symmetric memory (all ranks, same order).
     """
     if use_direct is False:
         return "disabled by configuration (use_direct_a2a=False)"
+    device_reason = _device_reason(device, use_direct)
+    if device_reason is not None:
+        return device_reason
     if capability.direct_cp_enabled(group, dtype, use_direct, DIRECT_A2A_DTYPES):
         return None
     return _capability_detail(group, dtype, use_direct, DIRECT_A2A_DTYPES)
@@ -78,15 +95,20 @@ def direct_gather_unavailable_reason(
     supported_dtypes: tuple[torch.dtype, ...] | None = None,
     *,
     what: str = "direct gather",
+    device: torch.device | str | None = None,
 ) -> str | None:
     """Why a multicast-based direct gather is off (``None``: gating allows it).
 
-    The environment check comes first, so no multicast query is made where it is disabled.
+    The environment check comes first, so no multicast query is made where it is disabled;
+    with ``device`` given, the automatic decision also requires a CUDA device.
     """
     if use_direct is False:
         return f"{what} disabled by configuration"
     if capability.multicast_disabled_by_env():
         return "NVLS multicast is disabled by the environment"
+    device_reason = _device_reason(device, use_direct)
+    if device_reason is not None:
+        return device_reason
     if capability.direct_cp_multicast_enabled(group, dtype, use_direct, supported_dtypes):
         return None
     return _capability_detail(group, dtype, use_direct, supported_dtypes, multicast=True)
@@ -104,8 +126,7 @@ def _memo(key: tuple[Any, ...], group: Any, build: Any) -> Any:
 
 
 def _device_key(device: torch.device | str) -> str:
-    d = str(torch.device(device))
-    return f"cuda:{torch.cuda.current_device()}" if d == "cuda" else d
+    return str(indexed_device(device))
 
 
 def get_direct_dcp_a2a_workspace(
@@ -118,13 +139,14 @@ def get_direct_dcp_a2a_workspace(
     num_ubatches: int = 1,
     use_direct: bool | None = None,
 ) -> DirectDCPA2AWorkspace | None:
-    """The shared ``DirectDCPA2AWorkspace`` of this geometry, or ``None`` when gated off.
+    """The shared ``DirectDCPA2AWorkspace`` of this geometry, or ``None`` when gated off
+    (automatically also for a non-CUDA ``device``; a bare ``"cuda"`` is the current device).
 
     ``use_direct=True`` skips probing; an unsupported dtype then raises ``ValueError``.
     """
     if num_ubatches < 1:
         raise ValueError(f"Direct DCP A2A requires at least one ubatch slot, got {num_ubatches}")
-    if direct_a2a_unavailable_reason(group, dtype, use_direct) is not None:
+    if direct_a2a_unavailable_reason(group, dtype, use_direct, device=device) is not None:
         return None
     key = (
         "a2a",
@@ -159,7 +181,9 @@ def get_direct_dcp_q_gather_workspace(
 ) -> DirectDCPQGatherWorkspace | None:
     """The shared ``DirectDCPQGatherWorkspace``, or ``None`` unless multicast gating says yes."""
     if (
-        direct_gather_unavailable_reason(group, dtype, use_direct, what="direct q-gather")
+        direct_gather_unavailable_reason(
+            group, dtype, use_direct, what="direct q-gather", device=device
+        )
         is not None
     ):
         return None
@@ -194,12 +218,10 @@ def get_direct_dcp_kv_gather_workspace(
     use_direct: bool | None = None,
 ) -> DirectDCPKVGatherWorkspace | None:
     """The shared ``DirectDCPKVGatherWorkspace``, or ``None`` unless multicast gating says yes."""
-    if (
-        direct_gather_unavailable_reason(
-            group, dtype, use_direct, DIRECT_KV_GATHER_DTYPES, what="direct kv-gather"
-        )
-        is not None
-    ):
+    reason = direct_gather_unavailable_reason(
+        group, dtype, use_direct, DIRECT_KV_GATHER_DTYPES, what="direct kv-gather", device=device
+    )
+    if reason is not None:
         return None
     key = (
         "kv",
