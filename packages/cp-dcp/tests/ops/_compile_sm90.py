@@ -1,122 +1,182 @@
-"""Compile every DCP kernel for sm_90 with Triton's bundled ptxas (no GPU needed).
+"""Compile the DCP kernels for sm_90 with Triton's bundled ptxas (no GPU needed).
 
-Run as a script (outside TRITON_INTERPRET) by test_kernels_compile.py; prints one JSON object:
-kernel name -> global load/store instruction counts of its PTX.
+Run as a script (outside TRITON_INTERPRET) by test_kernels_compile.py. The ops are called on
+CPU tensors of the benchmark shapes with ``launch_cached`` replaced by a recorder, so every
+kernel is compiled with exactly the arguments, tiles and specialisation (pointer 16-byte
+alignment, ints == 1 or divisible by 16) that a GPU launch of the same call would use.
+Prints one JSON object: case name -> kernel -> global load/store instruction counts.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from collections import Counter
+from functools import partial
 from typing import Any
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from cpattn_dcp.kernels.a2a import _a2a_pack_fwd_kernel, _a2a_unpack_combine_fwd_kernel
-from cpattn_dcp.kernels.correct_attn_out import _correct_attn_out_fwd_kernel
-from cpattn_dcp.kernels.empty_shards import _mask_empty_shards_kernel
-from cpattn_dcp.ops._common import tile_config
+import cpattn_dcp.ops.a2a_combine as a2a_mod
+import cpattn_dcp.ops.ag_combine as ag_mod
+import cpattn_dcp.ops.correct_attn_out as correct_mod
+import cpattn_dcp.ops.mask_empty_shards as mask_mod
+from cpattn_dcp.kernels.a2a import _a2a_pack_fwd_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
+_OPTIONS = {"num_warps", "num_stages"}
+_TYPES = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+}
 
 
-def _compile(
-    fn: Any, types: dict[str, str], consts: dict[str, Any], div16: list[str], num_warps: int
-) -> dict[str, dict[str, int]]:
-    names = fn.arg_names
-    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in div16}
-    kernel = triton.compile(
-        ASTSource(fn, sig, consts, attrs), target=TARGET, options={"num_warps": num_warps}
-    )
-    ptx = kernel.asm["ptx"]
+def _count(ptx: str) -> dict[str, dict[str, int]]:
     return {
         "ld": dict(Counter(re.findall(r"ld\.global[\.\w]*", ptx))),
         "st": dict(Counter(re.findall(r"st\.global[\.\w]*", ptx))),
     }
 
 
+def compile_like_launch(kernel: Any, kwargs: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Compile ``kernel`` as Triton's JIT would specialise a launch with ``kwargs``."""
+    names = kernel.arg_names
+    constexpr_names = {p.name for p in kernel.params if p.is_constexpr}
+    sig: dict[str, str] = {}
+    consts: dict[str, Any] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for i, name in enumerate(names):
+        v = kwargs[name]
+        if name in constexpr_names:
+            sig[name], consts[name] = "constexpr", v
+        elif isinstance(v, torch.Tensor):
+            sig[name] = "*" + _TYPES[v.dtype]
+            if v.data_ptr() % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, bool):
+            sig[name] = "i1"
+        elif isinstance(v, int):
+            if v == 1:
+                sig[name], consts[name] = "constexpr", 1
+            else:
+                sig[name] = "i32" if -(2**31) <= v < 2**31 else "i64"
+                if v % 16 == 0:
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            raise TypeError(f"{name}: {type(v).__name__}")
+    opts = {k: kwargs[k] for k in _OPTIONS if k in kwargs}
+    compiled = triton.compile(ASTSource(kernel, sig, consts, attrs), target=TARGET, options=opts)
+    return _count(compiled.asm["ptx"])
+
+
+_recorded: list[tuple[Any, dict[str, Any]]] = []
+
+
+def _record(kernel: Any, grid: tuple[int, ...], **kwargs: Any) -> None:
+    _recorded.append((kernel, kwargs))
+
+
+for _mod in (a2a_mod, correct_mod, mask_mod, ag_mod):
+    if hasattr(_mod, "launch_cached"):
+        _mod.launch_cached = _record  # type: ignore[attr-defined]
+
+
+def _run(name: str, fn: Any, out: dict[str, Any]) -> None:
+    _recorded.clear()
+    fn()
+    out[name] = {k.fn.__name__: compile_like_launch(k, kw) for k, kw in _recorded}
+
+
 def main() -> None:
     out: dict[str, Any] = {}
-    for d, h, dt, n in [(512, 128, "bf16", 4), (128, 64, "bf16", 8), (576, 16, "fp16", 3)]:
-        size = 2 if dt != "fp32" else 4
-        p = 2 if size == 2 else 1
-        br, bd, nw = tile_config(4096 * h, d, size, 16384)
-        out[f"correct-{d}-{h}-{n}"] = _compile(
-            _correct_attn_out_fwd_kernel,
-            {"src_ptr": f"*{dt}", "dst_ptr": f"*{dt}", "lses_ptr": "*fp32", "lse_out_ptr": "*fp32"},
-            {
-                "stride_src_d": 1,
-                "stride_dst_d": 1,
-                "HEAD_DIM": d,
-                "N_POW2": triton.next_power_of_2(n),
-                "BLOCK_R": br,
-                "BLOCK_D": bd,
-                "IS_BASE_E": True,
-                "HAS_LSE_OUT": True,
-            },
-            [
-                *("src_ptr", "dst_ptr", "lses_ptr", "lse_out_ptr"),
-                *("stride_src_b", "stride_src_h", "stride_dst_b", "stride_dst_g", "stride_dst_h"),
-            ],
-            nw,
-        )
-        out[f"pack-{d}-{h}-{n}"] = _compile(
+    g = torch.Generator().manual_seed(0)
+    shapes = [(4096, 64, 128, 2), (4096, 64, 128, 8), (4096, 128, 512, 4), (1, 128, 512, 4)]
+    if len(sys.argv) > 1 and sys.argv[1] == "--quick":
+        shapes = shapes[:1]
+    for b, h, d, n in shapes:
+        for dt in (torch.bfloat16, torch.float32) if (b, h) == (4096, 64) else (torch.bfloat16,):
+            tag = f"{b}-{h}-{d}-{n}-{_TYPES[dt]}"
+            x = torch.randn(b, h, d, generator=g).to(dt)
+            lse = torch.randn(b, h, generator=g)
+            lses = torch.randn(n, b, h, generator=g)
+            sl = torch.ones(b, dtype=torch.int32)
+            qsl = torch.arange(b + 1, dtype=torch.int32)
+            _run(f"correct-{tag}", partial(correct_mod.correct_attn_out, x, lses, n // 2), out)
+            _run(
+                f"pack-{tag}",
+                partial(a2a_mod.a2a_pack, x, lse, n, seq_lens=sl, query_start_loc=qsl),
+                out,
+            )
+            recv = torch.empty(n, b, h // n, d + a2a_mod.a2a_pack_dim(dt), dtype=dt)
+            _run(f"unpack-{tag}", partial(a2a_mod.a2a_unpack_combine, recv, return_lse=True), out)
+    # Odd head dim: the general correct kernel with 8-byte rows, the generic pack fallback.
+    x = torch.randn(64, 16, 100, generator=g).to(torch.bfloat16)
+    lses = torch.randn(2, 64, 16, generator=g)
+    _run("correct-64-16-100-2-bf16", lambda: correct_mod.correct_attn_out(x, lses, 1), out)
+    x = torch.randn(4096, 64, 127, generator=g).to(torch.bfloat16)
+    _run(
+        "packfallback-4096-64-127-2-bf16",
+        lambda: a2a_mod.a2a_pack(x, torch.randn(4096, 64), 2),
+        out,
+    )
+    # The generic pack kernel at the shape that crashed on Triton 3.6 (H=64, D=128, N=2,
+    # 64-row tiles): its 260-byte records allow 4-byte stores only.
+    b, h, d, n = 4096, 64, 128, 2
+    out["packfallback-4096-64-128-2-bf16"] = {
+        "_a2a_pack_fwd_kernel": compile_like_launch(
             _a2a_pack_fwd_kernel,
-            {
-                "out_ptr": f"*{dt}",
-                "lse_ptr": "*bf16",
-                "send_ptr": f"*{dt}",
-                "seq_lens_ptr": "*i32",
-                "qsl_ptr": "*i32",
-            },
-            {
-                "stride_out_d": 1,
-                "HEAD_DIM": d,
-                "PACK": p,
-                "HAS_MASK": True,
-                "SEARCH_STEPS": 7,
-                "BLOCK_R": br,
-                "BLOCK_D": bd,
-            },
-            ["out_ptr", "lse_ptr", "send_ptr", "stride_out_b", "stride_out_h"],
-            nw,
+            dict(
+                out_ptr=torch.empty(1, dtype=torch.bfloat16),
+                stride_out_b=h * d,
+                stride_out_h=d,
+                stride_out_d=1,
+                lse_ptr=torch.empty(1),
+                stride_lse_b=h,
+                stride_lse_h=1,
+                send_ptr=torch.empty(1, dtype=torch.bfloat16),
+                seq_lens_ptr=torch.empty(1, dtype=torch.int32),
+                qsl_ptr=torch.empty(1, dtype=torch.int32),
+                num_seqs=b,
+                num_rows=b * h,
+                num_tokens=b,
+                num_heads=h,
+                heads_per_rank=h // n,
+                HEAD_DIM=d,
+                PACK=2,
+                REC_ALIGN=2,
+                HAS_MASK=True,
+                SEARCH_STEPS=13,
+                BLOCK_R=64,
+                BLOCK_D=128,
+                num_warps=8,
+            ),
         )
-        br, bd, nw = tile_config(4096 * h // n, d, size, max(2048, 32768 // n))
-        out[f"unpack-{d}-{h}-{n}"] = _compile(
-            _a2a_unpack_combine_fwd_kernel,
-            {"recv_ptr": f"*{dt}", "dst_ptr": f"*{dt}", "lse_out_ptr": "*fp32"},
-            {
-                "N": n,
-                "N_POW2": triton.next_power_of_2(n),
-                "HEAD_DIM": d,
-                "PACK": p,
-                "BLOCK_R": br,
-                "BLOCK_D": bd,
-                "IS_BASE_E": False,
-                "HAS_LSE_OUT": True,
-            },
-            ["recv_ptr", "dst_ptr", "lse_out_ptr"],
-            nw,
-        )
-    # SEARCH_STEPS 5: direct count over the boundaries; 10: binary search.
-    for is_copy, steps in ((True, 5), (False, 10)):
-        out[f"mask-copy{is_copy}-steps{steps}"] = _compile(
-            _mask_empty_shards_kernel,
-            {"src_ptr": "*fp32", "dst_ptr": "*fp32", "seq_lens_ptr": "*i32", "qsl_ptr": "*i64"},
-            {
-                "HAS_MASK": True,
-                "IS_COPY": is_copy,
-                "SEARCH_STEPS": steps,
-                "BLOCK_B": 64,
-                "BLOCK_H": 64,
-            },
-            ["src_ptr", "dst_ptr"],
-            2,
-        )
+    }
+    # AG+RS correction into the grouped reduce-scatter layout.
+    x = torch.randn(256, 64, 128, generator=g).to(torch.bfloat16)
+    lses = torch.randn(4, 256, 64, generator=g)
+    buf = torch.empty(4, 256, 16, 128, dtype=torch.bfloat16)
+    lse_out = torch.empty(256, 16)
+    _run(
+        "correctgrouped-256-64-128-4-bf16",
+        lambda: correct_mod.launch_correct(
+            x, buf, (16 * 128, 256 * 16 * 128, 128, 1), 16, lses, lse_out, 16, 1, True
+        ),
+        out,
+    )
+    # Empty-shard mask: direct count (few requests) and binary search (many).
+    for r in (20, 1000):
+        lse = torch.randn(4096, 64)
+        sl = torch.ones(r, dtype=torch.int32)
+        qsl = torch.arange(r + 1, dtype=torch.int32)
+        _run(f"mask-{r}", partial(mask_mod.mask_dcp_empty_shards_, lse, sl, qsl), out)
     print(json.dumps(out))
 
 

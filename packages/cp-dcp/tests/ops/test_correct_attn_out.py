@@ -135,6 +135,24 @@ def test_layouts(device: torch.device) -> None:
     assert_close_to_ref(total, ref_out, dtype=torch.float32, name="out", reduction_len=n)
 
 
+def test_non_unit_head_dim_stride(device: torch.device) -> None:
+    """``out`` whose head dim is strided (a transposed view) is still scaled in place."""
+    n, b, h, d = 2, 3, 4, 24
+    outs, lses = adversarial_partials(
+        n, b, h, d, seed=5, dtype=torch.bfloat16, lse_dtype=torch.float32
+    )
+    ref_out, ref_lse = lse_combine_ref(outs, lses)
+    total = torch.zeros(b, h, d, dtype=torch.float64)
+    for r in range(n):
+        storage = outs[r].transpose(1, 2).contiguous().to(device)  # [B, D, H]
+        view = storage.transpose(1, 2)  # [B, H, D], head-dim stride H
+        out, lse = correct_attn_out(view, lses.to(device), r)
+        assert out.data_ptr() == storage.data_ptr()
+        assert_close_to_ref(lse, ref_lse, dtype=torch.float32, name="lse")
+        total += storage.transpose(1, 2).cpu().double()
+    assert_close_to_ref(total, ref_out, dtype=torch.bfloat16, name="out", reduction_len=n)
+
+
 def test_empty_batch(device: torch.device) -> None:
     out = torch.randn(0, 4, 16, device=device)
     out2, lse = correct_attn_out(out, torch.randn(2, 0, 4, device=device), 1)

@@ -5,7 +5,8 @@ A row ``i`` of a DCP decode batch is *empty* on this rank when it is a padding r
 where ``s = min(#{k in 1..R : query_start_loc[k] <= i}, R - 1)``. Empty rows get LSE -inf.
 
 The request index ``#{k : query_start_loc[k] <= i}`` is counted directly over all ``R``
-boundaries (one round of independent loads: lowest latency at decode sizes) when
+boundaries, loaded together with all ``R`` lengths (one round of independent loads, the
+length picked by a one-hot reduction: lowest latency at decode sizes) when
 ``R < 2^COUNT_MAX_STEPS``, and found by a branchless binary search over the sorted boundaries
 otherwise (``SEARCH_STEPS`` dependent loads, O(log R) work per row). Only
 ``SEARCH_STEPS = log2(next_pow2(R + 1))`` is a compile-time constant, never ``R``.
@@ -22,11 +23,19 @@ COUNT_MAX_STEPS = tl.constexpr(8)
 @triton.jit
 def _row_is_empty(i_row, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS: tl.constexpr):
     """Boolean vector: which rows ``i_row`` (int64) are empty (see module docstring)."""
+    b_total = tl.load(qsl_ptr + num_seqs).to(tl.int64)
     if SEARCH_STEPS <= COUNT_MAX_STEPS:
-        # Count the boundaries query_start_loc[1..R] <= row: 2^SEARCH_STEPS >= R + 1 lanes.
-        i_k = 1 + tl.arange(0, 1 << SEARCH_STEPS)
-        b_bound = tl.load(qsl_ptr + i_k, mask=i_k <= num_seqs, other=2147483647).to(tl.int64)
-        b_pos = tl.sum((b_bound[None, :] <= i_row[:, None]).to(tl.int64), axis=1)
+        # One round of independent loads: the boundaries query_start_loc[1..R] and all R
+        # lengths (2^SEARCH_STEPS >= R + 1 lanes); the row's request is picked by a one-hot
+        # reduction instead of a dependent load.
+        i_s = tl.arange(0, 1 << SEARCH_STEPS)
+        m_s = i_s < num_seqs
+        b_bound = tl.load(qsl_ptr + 1 + i_s, mask=m_s, other=2147483647).to(tl.int64)
+        b_zero = tl.load(seq_lens_ptr + i_s, mask=m_s, other=1) == 0
+        b_pos = tl.sum((b_bound[None, :] <= i_row[:, None]).to(tl.int32), axis=1)
+        b_seq = tl.minimum(b_pos, num_seqs - 1)
+        m_hit = (i_s[None, :] == b_seq[:, None]) & b_zero[None, :]
+        m_len0 = (tl.sum(m_hit.to(tl.int32), axis=1) > 0) | (b_seq < 0)
     else:
         b_pos = tl.zeros_like(i_row)
         for i_step in tl.static_range(SEARCH_STEPS):
@@ -34,10 +43,10 @@ def _row_is_empty(i_row, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS: tl.const
             m_cand = b_cand <= num_seqs
             b_bound = tl.load(qsl_ptr + b_cand, mask=m_cand, other=0).to(tl.int64)
             b_pos = tl.where(m_cand & (b_bound <= i_row), b_cand, b_pos)
-    b_seq = tl.minimum(b_pos, num_seqs - 1)
-    b_total = tl.load(qsl_ptr + num_seqs).to(tl.int64)
-    b_len = tl.load(seq_lens_ptr + b_seq, mask=b_seq >= 0, other=0)
-    return (i_row >= b_total) | (b_len == 0)
+        b_seq = tl.minimum(b_pos, num_seqs - 1)
+        b_len = tl.load(seq_lens_ptr + b_seq, mask=b_seq >= 0, other=0)
+        m_len0 = b_len == 0
+    return (i_row >= b_total) | m_len0
 
 
 @triton.jit
@@ -87,3 +96,24 @@ def _mask_empty_shards_kernel(
                 b_neg.to(dst_ptr.dtype.element_ty),
                 mask=m_empty[:, None] & m_h[None, :],
             )
+
+
+@triton.jit
+def _mask_empty_shards_inplace_kernel(
+    lse_ptr,
+    stride_b,
+    stride_h,
+    seq_lens_ptr,
+    qsl_ptr,
+    num_seqs,
+    num_rows,
+    num_heads,
+    SEARCH_STEPS: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """Lean in-place form of ``_mask_empty_shards_kernel`` (fewer launch arguments)."""
+    _mask_empty_shards_kernel(
+        lse_ptr, stride_b, stride_h, lse_ptr, stride_b, stride_h, seq_lens_ptr, qsl_ptr,
+        num_seqs, num_rows, num_heads, True, False, SEARCH_STEPS, BLOCK_B, BLOCK_H,
+    )  # fmt: skip

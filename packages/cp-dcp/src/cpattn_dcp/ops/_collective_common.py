@@ -50,8 +50,8 @@ def validate_combine_args(
         check_lse_dtype("cp_attn_lse", cp_attn_lse)
     if cp_attn_out.device != cp_attn_lse.device:
         raise ValueError(
-            f"{op}: cp_attn_out is on {cp_attn_out.device} but cp_attn_lse is on "
-            f"{cp_attn_lse.device}"
+            f"{op}: cp_attn_out is on device {cp_attn_out.device} but cp_attn_lse is on "
+            f"device {cp_attn_lse.device}"
         )
     if heads_divisible and h % world_size != 0:
         raise ValueError(f"{op}: H={h} must be divisible by DCP world size {world_size}.")

@@ -13,6 +13,7 @@ import torch
 
 __all__ = [
     "LSE_DTYPES",
+    "MIN_PROGRAMS",
     "OUT_DTYPES",
     "check_lse_dtype",
     "check_mask_args",
@@ -34,7 +35,7 @@ _TARGET_BYTES = 16384
 # over the SMs (an H200 has 132); each program then moves at least one head row.
 # Under TRITON_INTERPRET=1 (CPU tests) every program is interpreted one by one: use the
 # largest tile instead so that tests stay fast.
-_MIN_PROGRAMS = 1 if os.environ.get("TRITON_INTERPRET", "0") == "1" else 264
+MIN_PROGRAMS = 1 if os.environ.get("TRITON_INTERPRET", "0") == "1" else 264
 _MAX_BLOCK_R = 64
 
 
@@ -92,7 +93,7 @@ def tile_config(
     # about 2048 elements (several warps) instead of one warp looping over many chunks.
     while padded > block_d and block_r * block_d < 2048 and block_r < _MAX_BLOCK_R:
         block_r *= 2
-    while block_r > 1 and -(-num_rows // block_r) < _MIN_PROGRAMS:
+    while block_r > 1 and -(-num_rows // block_r) < MIN_PROGRAMS:
         block_r //= 2
     vec = max(1, 16 // elem_size)
     per_warp = vec * 32 * 2

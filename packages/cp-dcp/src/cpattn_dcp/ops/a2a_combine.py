@@ -9,6 +9,7 @@ kernel launches and one collective per call; no host sync.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal, overload
 
 import torch
@@ -25,8 +26,13 @@ from cpattn_dcp.comm.groups import (
     resolve_group,
 )
 from cpattn_dcp.context import CPTritonContext
-from cpattn_dcp.kernels.a2a import _a2a_pack_fwd_kernel, _a2a_unpack_combine_fwd_kernel
+from cpattn_dcp.kernels.a2a import (
+    _a2a_pack_flat_kernel,
+    _a2a_pack_fwd_kernel,
+    _a2a_unpack_combine_fwd_kernel,
+)
 from cpattn_dcp.ops._collective_common import validate_combine_args
+from cpattn_dcp.ops._common import MIN_PROGRAMS as _MIN_PROGRAMS
 from cpattn_dcp.ops._common import next_pow2, search_steps, tile_config
 
 __all__ = ["a2a_pack", "a2a_pack_dim", "a2a_unpack_combine", "dcp_a2a_lse_reduce"]
@@ -36,6 +42,8 @@ _PACK_DIM = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 1}
 # shrinks with N so that about 32 KiB of loads are in flight per program.
 _UNPACK_INFLIGHT_BYTES = 32768
 _UNPACK_MIN_BYTES = 2048
+# Bytes one pack program writes: 16 KiB.
+_PACK_TILE_BYTES = 16384
 
 
 def a2a_pack_dim(dtype: torch.dtype) -> int:
@@ -50,6 +58,59 @@ def a2a_pack_dim(dtype: torch.dtype) -> int:
         raise ValueError(f"Cannot pack fp32 LSE into output dtype {dtype}.") from None
 
 
+@functools.lru_cache(maxsize=1024)
+def _pack_flat_config(
+    b: int, n: int, row: int, size: int
+) -> tuple[tuple[int, int, int], int, int, int]:
+    """``(grid, BLOCK_B, BLOCK_W, num_warps)`` of the flat pack kernel.
+
+    ``BLOCK_W``: the largest power of two (<= 8 KiB of lanes) whose column tiles pad the
+    ``row``-lane (n, b) block by at most 1/8; ``BLOCK_B``: rows so that a program writes
+    about 16 KiB, shrunk while the grid has fewer than ``_MIN_PROGRAMS`` programs.
+    """
+    block_w = 8192 // size
+    while block_w * size > 256 and (-(-row // block_w) * block_w - row) * 8 > row:
+        block_w //= 2
+    block_w = min(block_w, next_pow2(row))
+    block_b = min(max(1, _PACK_TILE_BYTES // (block_w * size)), next_pow2(b))
+    n_w = -(-row // block_w)
+    while block_b > 1 and -(-b // block_b) * n * n_w < _MIN_PROGRAMS:
+        block_b //= 2
+    # Two 16-byte vectors per thread.
+    num_warps = min(8, max(1, block_b * block_w * size // 1024))
+    return (-(-b // block_b), n, n_w), block_b, block_w, num_warps
+
+
+@functools.lru_cache(maxsize=1024)
+def _pack_flat_launch(
+    b: int,
+    n: int,
+    hr: int,
+    d: int,
+    p: int,
+    size: int,
+    num_seqs: int,
+    has_mask: bool,
+    lse_halves: bool,
+) -> tuple[tuple[int, int, int], dict[str, int | bool]]:
+    """Grid and constexpr/launch keywords of the flat pack kernel (memoised per shape)."""
+    row = hr * (d + p)
+    grid, block_b, block_w, num_warps = _pack_flat_config(b, n, row, size)
+    consts: dict[str, int | bool] = {
+        "HEADS_PER_RANK": hr,
+        "HEAD_DIM": d,
+        "PACK": p,
+        "ROW_ALIGN": min(16 // size, row & -row),
+        "LSE_HALVES": lse_halves,
+        "HAS_MASK": has_mask,
+        "SEARCH_STEPS": search_steps(num_seqs),
+        "BLOCK_B": block_b,
+        "BLOCK_W": block_w,
+        "num_warps": num_warps,
+    }
+    return grid, consts
+
+
 def _launch_pack(
     cp_attn_out: torch.Tensor,
     cp_attn_lse: torch.Tensor,
@@ -59,13 +120,49 @@ def _launch_pack(
     query_start_loc: torch.Tensor | None,
 ) -> None:
     b, h, d = cp_attn_out.shape
-    num_rows = b * h
-    if num_rows == 0:
+    if b == 0 or h == 0:
         return
-    block_r, block_d, num_warps = tile_config(num_rows, d, cp_attn_out.element_size())
     num_seqs = seq_lens.shape[0] if seq_lens is not None else 0
+    has_mask = seq_lens is not None
+    sl = seq_lens.contiguous() if seq_lens is not None else cp_attn_lse
+    qsl = query_start_loc.contiguous() if query_start_loc is not None else cp_attn_lse
     s_out = cp_attn_out.stride()
     s_lse = cp_attn_lse.stride()
+    size = cp_attn_out.element_size()
+    p = _PACK_DIM[cp_attn_out.dtype]
+    hr = h // n
+    if s_out[2] == 1 and (
+        p == 1
+        or (
+            d % 2 == 0
+            and s_out[0] % 2 == 0
+            and s_out[1] % 2 == 0
+            and cp_attn_out.data_ptr() % 4 == 0
+        )
+    ):
+        # Fast path: 16-byte vector stores of whole (n, b) blocks of the send buffer.
+        lse_halves = p == 2 and cp_attn_lse.dtype == torch.float32
+        grid, consts = _pack_flat_launch(b, n, hr, d, p, size, num_seqs, has_mask, lse_halves)
+        launch_cached(
+            _a2a_pack_flat_kernel,
+            grid,
+            out_ptr=cp_attn_out,
+            stride_out_b=s_out[0],
+            stride_out_h=s_out[1],
+            lse_ptr=cp_attn_lse,
+            stride_lse_b=s_lse[0],
+            stride_lse_h=s_lse[1],
+            send_ptr=send,
+            seq_lens_ptr=sl,
+            qsl_ptr=qsl,
+            num_seqs=num_seqs,
+            num_tokens=b,
+            **consts,
+        )
+        return
+    num_rows = b * h
+    block_r, block_d, num_warps = tile_config(num_rows, d, size)
+    rec = d + _PACK_DIM[cp_attn_out.dtype]
     launch_cached(
         _a2a_pack_fwd_kernel,
         (-(-num_rows // block_r),),
@@ -77,21 +174,30 @@ def _launch_pack(
         stride_lse_b=s_lse[0],
         stride_lse_h=s_lse[1],
         send_ptr=send,
-        seq_lens_ptr=seq_lens.contiguous() if seq_lens is not None else cp_attn_lse,
-        qsl_ptr=query_start_loc.contiguous() if query_start_loc is not None else cp_attn_lse,
+        seq_lens_ptr=sl,
+        qsl_ptr=qsl,
         num_seqs=num_seqs,
         num_rows=num_rows,
         num_tokens=b,
         num_heads=h,
-        heads_per_rank=h // n,
+        heads_per_rank=hr,
         HEAD_DIM=d,
         PACK=_PACK_DIM[cp_attn_out.dtype],
-        HAS_MASK=seq_lens is not None,
+        REC_ALIGN=min(16 // size, rec & -rec),
+        HAS_MASK=has_mask,
         SEARCH_STEPS=search_steps(num_seqs),
         BLOCK_R=block_r,
         BLOCK_D=block_d,
         num_warps=num_warps,
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _unpack_config(n: int, num_rows: int, d: int, size: int) -> tuple[int, int, int, int]:
+    """``(grid0, BLOCK_R, BLOCK_D, num_warps)``: about 32 KiB of payload loads in flight."""
+    target = max(_UNPACK_MIN_BYTES, _UNPACK_INFLIGHT_BYTES // n)
+    block_r, block_d, num_warps = tile_config(num_rows, d, size, target)
+    return -(-num_rows // block_r), block_r, block_d, num_warps
 
 
 def _launch_unpack(
@@ -102,11 +208,11 @@ def _launch_unpack(
     num_rows = b * hr
     if num_rows == 0:
         return
-    target = max(_UNPACK_MIN_BYTES, _UNPACK_INFLIGHT_BYTES // n)
-    block_r, block_d, num_warps = tile_config(num_rows, d, recv.element_size(), target)
+    size = recv.element_size()
+    grid0, block_r, block_d, num_warps = _unpack_config(n, num_rows, d, size)
     launch_cached(
         _a2a_unpack_combine_fwd_kernel,
-        (-(-num_rows // block_r),),
+        (grid0,),
         recv_ptr=recv,
         dst_ptr=out,
         lse_out_ptr=lse if lse is not None else out,
@@ -115,9 +221,11 @@ def _launch_unpack(
         N_POW2=next_pow2(n),
         HEAD_DIM=d,
         PACK=rec - d,
+        REC_ALIGN=min(16 // size, rec & -rec),
+        LSE_WORD=rec - d == 2 and d % 2 == 0 and recv.data_ptr() % 4 == 0,
         BLOCK_R=block_r,
         BLOCK_D=block_d,
-        IS_BASE_E=bool(is_lse_base_on_e),
+        IS_BASE_E=is_lse_base_on_e,
         HAS_LSE_OUT=lse is not None,
         num_warps=num_warps,
     )

@@ -6,12 +6,17 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from cpattn_common.alloc import empty_output
 from cpattn_common.launch import launch_cached
 from cpattn_dcp.context import CPTritonContext
-from cpattn_dcp.kernels.correct_attn_out import _correct_attn_out_fwd_kernel
+from cpattn_dcp.kernels.correct_attn_out import (
+    _correct_attn_out_contig_kernel,
+    _correct_attn_out_fwd_kernel,
+)
 from cpattn_dcp.ops._common import (
     LSE_DTYPES,
     OUT_DTYPES,
@@ -63,11 +68,57 @@ def _validate(out: torch.Tensor, lses: torch.Tensor, cp_rank: int) -> None:
             f"[B={b}, H={h}, D]"
         )
     if out.device != lses.device:
-        raise ValueError(f"out is on {out.device} but lses is on {lses.device}")
+        raise ValueError(f"out is on device {out.device} but lses is on device {lses.device}")
     if type(cp_rank) is not int:
         raise TypeError(f"cp_rank must be an int, got {type(cp_rank).__name__}")
     if not 0 <= cp_rank < n:
         raise ValueError(f"cp_rank {cp_rank} is out of range for {n} gathered LSEs")
+
+
+def _align(vec: int, *strides: int) -> int:
+    """Largest power of two <= ``vec`` dividing every nonzero stride (elements)."""
+    a = vec
+    for s in strides:
+        if s:
+            a = min(a, abs(s) & -abs(s))
+    return a
+
+
+@functools.lru_cache(maxsize=4096)
+def _correct_config(
+    b: int, h: int, d: int, size: int
+) -> tuple[tuple[int, int], int, int, int, int]:
+    """``(grid, BLOCK_B, BLOCK_H, BLOCK_D, num_warps)`` over the ``[B, H]`` rows.
+
+    About 16 KiB of partial output per program (e.g. 64 heads x 128 or 16 heads x 512 bf16),
+    at least ``MIN_PROGRAMS`` programs where the batch allows it (decode: one or a few rows
+    per program), heads first within a program.
+    """
+    block_r, block_d, num_warps = tile_config(b * h, d, size)
+    block_h = min(next_pow2(h), block_r)
+    block_b = max(1, block_r // block_h)
+    return (-(-b // block_b), -(-h // block_h)), block_b, block_h, block_d, num_warps
+
+
+@functools.lru_cache(maxsize=4096)
+def _contig_launch_config(
+    b: int, h: int, d: int, n: int, size: int, is_base_e: bool
+) -> tuple[tuple[int, int], dict[str, int | bool]]:
+    """Grid and constexpr/launch keywords of the lean kernel (memoised per shape)."""
+    grid, block_b, block_h, block_d, num_warps = _correct_config(b, h, d, size)
+    consts: dict[str, int | bool] = {
+        "NUM_HEADS": h,
+        "HEAD_DIM": d,
+        "N": n,
+        "N_POW2": next_pow2(n),
+        "BLOCK_B": block_b,
+        "BLOCK_H": block_h,
+        "BLOCK_D": block_d,
+        "ALIGN": _align(16 // size, d),
+        "IS_BASE_E": is_base_e,
+        "num_warps": num_warps,
+    }
+    return grid, consts
 
 
 def launch_correct(
@@ -81,63 +132,76 @@ def launch_correct(
     cp_rank: int,
     is_lse_base_on_e: bool,
 ) -> None:
-    """Launch the correction kernel (arguments already validated).
+    """Launch the general correction kernel (arguments already validated).
 
     Args:
-        src: ``[B, H, D]`` partial output (any strides).
+        src: ``[B, H, D]`` partial output (row strides any, head dim unit-stride).
         dst: destination storage (may be ``src`` itself).
         dst_strides: ``(b, group, head-in-group, d)`` element strides of ``dst``, which is
-            addressed as ``[B, H / heads_per_group, heads_per_group, D]``.
+            addressed as ``[B, H / heads_per_group, heads_per_group, D]``; ``d`` must be 1.
         heads_per_group: head-group size of ``dst`` (``H`` for a plain ``[B, H, D]``).
         lses: ``[N, B, H]`` gathered LSEs (any strides).
-        lse_out: ``[B, hn]`` global-LSE output for heads ``[lse_h0, lse_h0 + hn)`` or ``None``.
+        lse_out: contiguous ``[B, hn]`` global-LSE output for heads ``[lse_h0, lse_h0 + hn)``
+            or ``None``.
         lse_h0: first head stored in ``lse_out``.
         cp_rank: which of the N LSEs belongs to ``src``.
         is_lse_base_on_e: LSE base e (True) or 2 (False).
     """
     n, b, h = lses.shape
     d = src.shape[2]
-    num_rows = b * h
-    if num_rows == 0 or d == 0:
+    if b * h == 0 or d == 0:
         return
-    block_r, block_d, num_warps = tile_config(num_rows, d, src.element_size())
     s_src = src.stride()
-    s_lses = lses.stride()
-    s_lo: tuple[int, ...]
-    if lse_out is None:
-        lse_ptr, s_lo, lse_hn = lses, (0, 0), 0
-    else:
-        lse_ptr, s_lo, lse_hn = lse_out, lse_out.stride(), lse_out.shape[1]
+    if s_src[2] != 1 or dst_strides[3] != 1:
+        # Rare layout: work on a unit-stride copy (in place: write the result back).
+        tmp = src.contiguous() if s_src[2] != 1 else src
+        if dst_strides[3] != 1 or dst.data_ptr() == src.data_ptr():
+            out = empty_output((b, h, d), dtype=tmp.dtype, device=tmp.device)
+            launch_correct(tmp, out, (h * d, 0, d, 1), h, lses, lse_out, lse_h0, cp_rank,
+                           is_lse_base_on_e)  # fmt: skip
+            full = dst.as_strided(
+                (b, h // heads_per_group, heads_per_group, d), dst_strides, dst.storage_offset()
+            )
+            full.copy_(out.view(b, h // heads_per_group, heads_per_group, d))
+            return
+        src = tmp
+        s_src = src.stride()
+    size = src.element_size()
+    vec = 16 // size
+    grid, block_b, block_h, block_d, num_warps = _correct_config(b, h, d, size)
+    s_l = lses.stride()
+    grouped = heads_per_group != h
     launch_cached(
         _correct_attn_out_fwd_kernel,
-        (-(-num_rows // block_r),),
+        grid,
         src_ptr=src,
         stride_src_b=s_src[0],
         stride_src_h=s_src[1],
-        stride_src_d=s_src[2],
         dst_ptr=dst,
         stride_dst_b=dst_strides[0],
         stride_dst_g=dst_strides[1],
         stride_dst_h=dst_strides[2],
-        stride_dst_d=dst_strides[3],
         lses_ptr=lses,
-        stride_lses_n=s_lses[0],
-        stride_lses_b=s_lses[1],
-        stride_lses_h=s_lses[2],
-        lse_out_ptr=lse_ptr,
-        stride_lse_out_b=s_lo[0],
-        stride_lse_out_h=s_lo[1],
-        num_rows=num_rows,
+        stride_lses_n=s_l[0],
+        stride_lses_b=s_l[1],
+        stride_lses_h=s_l[2],
+        lse_out_ptr=lse_out if lse_out is not None else lses,
+        num_tokens=b,
         num_heads=h,
-        heads_per_group=heads_per_group,
         lse_h0=lse_h0,
-        lse_hn=lse_hn,
+        lse_hn=lse_out.shape[1] if lse_out is not None else 0,
         cp_rank=cp_rank,
         cp_world_size=n,
         HEAD_DIM=d,
+        HEADS_PER_GROUP=heads_per_group if grouped else 0,
         N_POW2=next_pow2(n),
-        BLOCK_R=block_r,
+        BLOCK_B=block_b,
+        BLOCK_H=block_h,
         BLOCK_D=block_d,
+        SRC_ALIGN=_align(vec, s_src[0], s_src[1]),
+        DST_ALIGN=_align(vec, *dst_strides[:3])
+        if grouped
+        else _align(vec, dst_strides[0], dst_strides[2]),
         IS_BASE_E=is_lse_base_on_e,
         HAS_LSE_OUT=lse_out is not None,
         num_warps=num_warps,
@@ -148,11 +212,26 @@ def correct_attn_out_fwd(
     out: torch.Tensor, lses: torch.Tensor, cp_rank: int, is_lse_base_on_e: bool
 ) -> torch.Tensor:
     """Rescale ``out [B, H, D]`` in place; return the global LSE ``[B, H]`` (lses' dtype)."""
-    _, b, h = lses.shape
+    n, b, h = lses.shape
     lse = empty_output((b, h), dtype=lses.dtype, device=lses.device)
-    s = out.stride()
-    strides = (s[0], 0, s[1], s[2])
-    launch_correct(out, out, strides, h, lses, lse, 0, cp_rank, is_lse_base_on_e)
+    d = out.shape[2]
+    if b * h == 0 or d == 0:
+        return lse
+    if out.is_contiguous() and lses.is_contiguous():
+        grid, consts = _contig_launch_config(b, h, d, n, out.element_size(), is_lse_base_on_e)
+        launch_cached(
+            _correct_attn_out_contig_kernel,
+            grid,
+            out_ptr=out,
+            lses_ptr=lses,
+            lse_out_ptr=lse,
+            num_tokens=b,
+            cp_rank=cp_rank,
+            **consts,
+        )
+    else:
+        s = out.stride()
+        launch_correct(out, out, (s[0], 0, s[1], s[2]), h, lses, lse, 0, cp_rank, is_lse_base_on_e)
     return lse
 
 

@@ -7,11 +7,16 @@ request ``s = min(#{k in 1..R : query_start_loc[k] <= i}, R - 1)`` has ``seq_len
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from cpattn_common.alloc import empty_output
 from cpattn_common.launch import launch_cached
-from cpattn_dcp.kernels.empty_shards import _mask_empty_shards_kernel
+from cpattn_dcp.kernels.empty_shards import (
+    _mask_empty_shards_inplace_kernel,
+    _mask_empty_shards_kernel,
+)
 from cpattn_dcp.ops._common import check_lse_dtype, check_mask_args, next_pow2, search_steps
 
 __all__ = ["mask_dcp_empty_shards_", "masked_lse_copy"]
@@ -68,7 +73,40 @@ def mask_dcp_empty_shards_impl(
     lse: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor
 ) -> None:
     """Kernel launch of the in-place mask (arguments already validated)."""
-    _launch_mask(lse, lse, seq_lens, query_start_loc, is_copy=False)
+    num_rows, num_heads = lse.shape
+    if num_rows == 0 or num_heads == 0:
+        return
+    num_seqs = seq_lens.shape[0]
+    grid0, consts = _inplace_config(num_rows, num_heads, num_seqs)
+    s = lse.stride()
+    launch_cached(
+        _mask_empty_shards_inplace_kernel,
+        (grid0,),
+        lse_ptr=lse,
+        stride_b=s[0],
+        stride_h=s[1],
+        seq_lens_ptr=seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous(),
+        qsl_ptr=query_start_loc
+        if query_start_loc.is_contiguous()
+        else query_start_loc.contiguous(),
+        num_seqs=num_seqs,
+        num_rows=num_rows,
+        num_heads=num_heads,
+        **consts,
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _inplace_config(num_rows: int, num_heads: int, num_seqs: int) -> tuple[int, dict[str, int]]:
+    """Grid size and constexpr/launch keywords of the in-place mask (memoised per shape)."""
+    block_b = min(_BLOCK_B, next_pow2(num_rows))
+    consts = {
+        "SEARCH_STEPS": search_steps(num_seqs),
+        "BLOCK_B": block_b,
+        "BLOCK_H": min(64, next_pow2(num_heads)),
+        "num_warps": 2,
+    }
+    return -(-num_rows // block_b), consts
 
 
 def masked_lse_copy(

@@ -1,0 +1,179 @@
+"""A2A record layout: the pack paths (flat 16-byte-store fast path, generic fallback) and the
+unpack paths (unrolled N <= 8, tiled N > 8) against an independent reference, bit-exact.
+
+The shape family of the Triton 3.6 "misaligned address" crash (H=64, D=128, N=2, B=4096,
+bf16: 260-byte records, whole (n, b) blocks a multiple of 16 bytes) is covered at small size
+on the CPU; the exact shape runs on the GPU (``@pytest.mark.gpu``), where a wrong vector
+width would fault.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from cpattn_dcp import a2a_pack, a2a_pack_dim, a2a_unpack_combine
+from cpattn_testing.reference import lse_combine_ref, mask_empty_shards_ref
+from cpattn_testing.tolerances import assert_close_to_ref
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+_BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+
+
+def _expected_send(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    n: int,
+    seq_lens: torch.Tensor | None = None,
+    qsl: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``[N, B, H_r, D + P]`` built with plain torch ops on the CPU (the record format)."""
+    out, lse = out.cpu(), lse.cpu().float()
+    if seq_lens is not None and qsl is not None:
+        lse = mask_empty_shards_ref(lse, seq_lens.cpu(), qsl.cpu())
+    b, h, d = out.shape
+    p = a2a_pack_dim(out.dtype)
+    send = torch.empty(n, b, h // n, d + p, dtype=out.dtype)
+    send[..., :d] = out.reshape(b, n, h // n, d).transpose(0, 1)
+    lanes = lse.contiguous().view(out.dtype).reshape(b, n, h // n, p)
+    send[..., d:] = lanes.transpose(0, 1)
+    return send
+
+
+def _assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    bits = _BITS[expected.dtype]
+    a = actual.cpu().contiguous().view(bits)
+    e = expected.contiguous().view(bits)
+    assert a.shape == e.shape
+    bad = (a != e).nonzero()
+    assert bad.numel() == 0, f"{bad.shape[0]} lanes differ, first at {bad[:4].tolist()}"
+
+
+def _inputs(
+    b: int, h: int, d: int, dtype: torch.dtype, device: torch.device, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    out = torch.randn(b, h, d, generator=gen).to(dtype)
+    lse = torch.randn(b, h, generator=gen) * 4.0
+    lse[0, 0] = math.nan
+    lse[-1, -1] = math.inf
+    return out.to(device), lse.to(device)
+
+
+# (B, H, D, N, dtype, layout): "contig", "strided" (even row strides: still the word path),
+# "odd" (odd head stride: generic fallback for 16-bit dtypes).
+_CASES = [
+    # H_r * (D/2 + 1) % 4 == 0: whole (n, b) blocks are 16-byte aligned (like 64 x 128 / N=2).
+    (6, 8, 16, 2, torch.bfloat16, "contig"),
+    (5, 16, 32, 2, torch.bfloat16, "strided"),
+    (3, 8, 16, 4, torch.float16, "contig"),
+    # Blocks not 16-byte aligned: narrower stores, same bits.
+    (4, 6, 12, 2, torch.bfloat16, "contig"),
+    (4, 4, 10, 4, torch.float32, "contig"),
+    (3, 4, 9, 2, torch.float32, "strided"),
+    # Odd D / odd strides for 16-bit: generic per-record kernel.
+    (4, 4, 7, 2, torch.bfloat16, "contig"),
+    (3, 4, 16, 2, torch.float16, "odd"),
+]
+
+
+@pytest.mark.parametrize(("b", "h", "d", "n", "dtype", "layout"), _CASES)
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+def test_pack_layouts_bit_exact(
+    device: torch.device,
+    b: int,
+    h: int,
+    d: int,
+    n: int,
+    dtype: torch.dtype,
+    layout: str,
+    masked: bool,
+) -> None:
+    out, lse = _inputs(b, h, d, dtype, device, seed=b * h * d + n)
+    if layout == "strided":
+        big = torch.zeros(b, h + 2, d + 2, dtype=dtype, device=device)
+        big[:, 1 : 1 + h, :d] = out
+        out = big[:, 1 : 1 + h, :d]
+    elif layout == "odd":
+        big = torch.zeros(b, h, d + 1, dtype=dtype, device=device)
+        big[..., :d] = out
+        out = big[..., :d]
+    seq_lens = qsl = None
+    if masked:
+        seq_lens = torch.tensor([3, 0, 1][: max(1, b - 2)], dtype=torch.int32, device=device)
+        r = seq_lens.shape[0]
+        qsl = torch.arange(r + 1, dtype=torch.int32, device=device)  # rows >= r: padding
+    send = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
+    _assert_bits_equal(send, _expected_send(out, lse, n, seq_lens, qsl))
+
+
+@pytest.mark.parametrize(
+    ("n", "dtype", "d"),
+    [
+        (2, torch.bfloat16, 16),
+        (8, torch.float16, 8),
+        (10, torch.bfloat16, 16),
+        (3, torch.float32, 5),
+    ],
+    ids=["n2", "n8-unrolled", "n10-tiled", "n3-fp32-d5"],
+)
+def test_unpack_paths(device: torch.device, n: int, dtype: torch.dtype, d: int) -> None:
+    b, hr = 3, 2
+    gen = torch.Generator().manual_seed(n * 7 + d)
+    outs = torch.randn(n, b, hr, d, generator=gen, dtype=torch.float64)
+    lses = torch.randn(n, b, hr, generator=gen, dtype=torch.float64) * 3.0
+    lses[0, 0, 0] = -math.inf
+    lses[:, 1, 1] = -math.inf  # an all-empty row: out 0, lse -inf
+    lses[n - 1, 2, 0] = math.nan
+    outs[torch.isinf(lses) | torch.isnan(lses)] = math.nan
+    # Receive buffer: record [n, b, j] = payload of source n, then its fp32 LSE bits.
+    p = a2a_pack_dim(dtype)
+    recv = torch.empty(n, b, hr, d + p, dtype=dtype)
+    recv[..., :d] = outs.to(dtype)
+    recv[..., d:] = lses.float().contiguous().view(dtype).reshape(n, b, hr, p)
+    recv = recv.to(device)
+    if n == 2:
+        # A receive buffer that starts 2 bytes past a 4-byte boundary: the LSE halves must be
+        # read as two 16-bit lanes there.
+        flat = torch.empty(recv.numel() + 1, dtype=dtype, device=device)
+        shifted = flat[1:].view(recv.shape)
+        shifted.copy_(recv)
+        out_s, lse_s = a2a_unpack_combine(shifted, return_lse=True)
+        out_a, lse_a = a2a_unpack_combine(recv, return_lse=True)
+        assert torch.equal(out_s, out_a)
+        assert lse_s is not None
+        assert lse_a is not None
+        assert torch.equal(lse_s, lse_a)
+    out, lse = a2a_unpack_combine(recv, return_lse=True)
+    ref_out, ref_lse = lse_combine_ref(outs.to(dtype).double(), lses.float().double())
+    assert lse is not None
+    assert_close_to_ref(out, ref_out, dtype=dtype, name="out")
+    assert_close_to_ref(lse, ref_lse, dtype=torch.float32, name="lse")
+    assert torch.equal(out[1, 1].cpu().float(), torch.zeros(d))
+
+
+@pytest.mark.gpu
+def test_pack_h64_d128_n2_b4096_exact_shape(device: torch.device) -> None:
+    """The shape that faulted with "misaligned address" (Triton 3.6 emitted 16-byte stores
+    for 260-byte records)."""
+    b, h, d, n = 4096, 64, 128, 2
+    out, lse = _inputs(b, h, d, torch.bfloat16, device, seed=7)
+    seq_lens = torch.randint(0, 3, (b,), dtype=torch.int32, device=device)
+    qsl = torch.arange(b + 1, dtype=torch.int32, device=device)
+    for sl, q in ((None, None), (seq_lens, qsl)):
+        send = a2a_pack(out, lse, n, seq_lens=sl, query_start_loc=q)
+        torch.cuda.synchronize()
+        _assert_bits_equal(send, _expected_send(out, lse, n, sl, q))
+    # Unpack at the same shape (records from two "ranks" = the two halves of this send).
+    recv = send.contiguous()
+    res, res_lse = a2a_unpack_combine(recv, return_lse=True)
+    torch.cuda.synchronize()
+    parts = recv[..., :d].double().cpu()
+    words = recv[..., d:].contiguous().view(torch.float32).squeeze(-1).double().cpu()
+    ref_out, ref_lse = lse_combine_ref(parts, words)
+    assert res_lse is not None
+    assert_close_to_ref(res, ref_out, dtype=torch.bfloat16, name="out")
+    assert_close_to_ref(res_lse, ref_lse, dtype=torch.float32, name="lse")
