@@ -111,7 +111,7 @@ class DualChunkSwapPlan:
         Returns:
             A new plan (``self`` when already there).
         """
-        dev = torch.device(device)
+        dev = _indexed(torch.device(device))
         if dev == self.device:
             return self
         moved = {
@@ -185,6 +185,14 @@ def _as_int_list(seq_lens: Sequence[int] | torch.Tensor) -> list[int]:
     return values
 
 
+def _indexed(device: torch.device) -> torch.device:
+    """``cuda`` -> ``cuda:<current>``, so plan and tensor devices compare equal."""
+    index: int | None = device.index
+    if device.type == "cuda" and index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def dual_chunk_swap(
     seq_lens: Sequence[int] | torch.Tensor,
     pcp_size: int,
@@ -219,7 +227,7 @@ def dual_chunk_swap(
         raise ValueError(f"pcp_size must be >= 1, got {pcp_size}")
     if device is None:
         device = seq_lens.device if isinstance(seq_lens, torch.Tensor) else torch.device("cpu")
-    dev = torch.device(device)
+    dev = _indexed(torch.device(device))
     lens_list = _as_int_list(seq_lens)
     n = pcp_size
     two_n = 2 * n

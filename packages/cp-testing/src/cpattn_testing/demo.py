@@ -379,7 +379,7 @@ def _direct_workspace(
     )
 
     dtype = cfg.torch_dtype
-    reason = direct_a2a_unavailable_reason(group, dtype, None)
+    reason = direct_a2a_unavailable_reason(group, dtype, None, device=device)
     if reason is not None:
         return None, reason
     b, h, d = prob.partial_out.shape

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from cpattn_common import capability
+from cpattn_common import as_cp_group, capability
 from cpattn_dcp.direct._base import indexed_device
 from cpattn_dcp.direct.a2a import DIRECT_A2A_DTYPES, DirectDCPA2AWorkspace
 from cpattn_dcp.direct.kv_gather import DIRECT_KV_GATHER_DTYPES, DirectDCPKVGatherWorkspace
@@ -66,6 +66,15 @@ def _device_reason(device: torch.device | str | None, use_direct: bool | None) -
     return None
 
 
+def _world_size_reason(group: Any, use_direct: bool | None) -> str | None:
+    """Automatic gating never picks a direct path for a single rank (nothing to exchange)."""
+    if use_direct is None:
+        world_size = as_cp_group(group).world_size
+        if world_size < 2:
+            return f"needs at least two ranks (world size {world_size})"
+    return None
+
+
 def direct_a2a_unavailable_reason(
     group: Any,
     dtype: torch.dtype,
@@ -80,6 +89,9 @@ def direct_a2a_unavailable_reason(
     """
     if use_direct is False:
         return "disabled by configuration (use_direct_a2a=False)"
+    size_reason = _world_size_reason(group, use_direct)
+    if size_reason is not None:
+        return size_reason
     device_reason = _device_reason(device, use_direct)
     if device_reason is not None:
         return device_reason
@@ -106,6 +118,9 @@ def direct_gather_unavailable_reason(
         return f"{what} disabled by configuration"
     if capability.multicast_disabled_by_env():
         return "NVLS multicast is disabled by the environment"
+    size_reason = _world_size_reason(group, use_direct)
+    if size_reason is not None:
+        return size_reason
     device_reason = _device_reason(device, use_direct)
     if device_reason is not None:
         return device_reason
