@@ -72,6 +72,30 @@ def targets() -> list[Target]:
             )
         )
     for kernel in _ALL_KERNELS:
+        # The literal rule above cannot hold where the payload itself takes longer than an
+        # empty kernel at full bandwidth (B=64 of an MLA layer: tens of MB). This reading
+        # judges each decode size against the larger of the two floors.
+        is_mask = kernel == "mask_dcp_empty_shards_"
+        out.append(
+            Target(
+                name=f"decode-floor/{kernel}",
+                source="issue 5 (bandwidth-aware reading)",
+                description=(
+                    f"`{kernel}` B∈{{1,8,64}} graph replay ≤ 1.5× max(empty kernel, bytes at copy BW)"
+                ),
+                table="kernels",
+                kernel=kernel,
+                metric="floor_ratio",
+                op="<=",
+                threshold=DECODE_RATIO,
+                dtypes=("float32",) if is_mask else ("bfloat16",),
+                shapes=MASK_SHAPES if is_mask else HEAD_SHAPES,
+                ns=(0,) if is_mask else ALL_N,
+                bs=DECODE_B,
+                unit="x",
+            )
+        )
+    for kernel in _ALL_KERNELS:
         out.append(
             Target(
                 name=f"host/{kernel}",

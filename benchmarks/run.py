@@ -397,6 +397,12 @@ def run_kernels(
                 row.copy_ratio = row.bytes_per_s / refs.copy_bytes_per_s
             if t.method == "cuda_graph" and refs.empty_graph_us:
                 row.empty_graph_ratio = t.median_ms * 1e3 / refs.empty_graph_us
+                if refs.copy_bytes_per_s:
+                    # The decode floor: launch latency (an empty kernel) or, for payloads too
+                    # big for that (B=64 of an MLA layer moves tens of MB), the bytes at the
+                    # copy bandwidth, whichever is larger.
+                    floor_us = max(refs.empty_graph_us, row.bytes / refs.copy_bytes_per_s * 1e6)
+                    row.floor_ratio = t.median_ms * 1e3 / floor_us
             try:
                 eager_fns = [spec.bind_eager(case, s) for s in sets]
                 te = _time_fns(

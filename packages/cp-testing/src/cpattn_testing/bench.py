@@ -411,6 +411,7 @@ class KernelRow:
     eager_ms: float | None = None
     eager_speedup: float | None = None
     empty_graph_ratio: float | None = None
+    floor_ratio: float | None = None
     check_rel_err: float | None = None
     input_sets: int = 1
     status: str = "ok"
@@ -544,6 +545,7 @@ _OPTIONAL_NUMBERS = {
     "eager_ms",
     "eager_speedup",
     "empty_graph_ratio",
+    "floor_ratio",
     "check_rel_err",
     "host_us",
     "eager_baseline_host_us",
@@ -984,14 +986,14 @@ def render_markdown(
         formula = results.byte_formulas.get(kernel) or rows[0].byte_formula
         lines += [f"Bytes: `{formula}`", ""]
         lines += [
-            "| dtype | H | D | N | B | bytes | timing | µs (p20–p80) | TB/s | % copy | eager µs | vs eager | vs empty | sets | check |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| dtype | H | D | N | B | bytes | timing | µs (p20–p80) | TB/s | % copy | eager µs | vs eager | vs empty | vs floor | sets | check |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for r in sorted(rows, key=lambda r: (r.dtype != "bfloat16", r.dtype, -r.H, r.D, r.N, r.B)):
             if r.status != "ok":
                 lines.append(
                     f"| {r.dtype} | {r.H} | {_dim(r.D)} | {_dim(r.N)} | {r.B} | {format_bytes(r.bytes)} | "
-                    f"{r.timing} | {r.status} | | | | | | | |"
+                    f"{r.timing} | {r.status} | | | | | | | | |"
                 )
                 continue
             spread = f"{_us(r.ms)} ({_us(r.ms_p20)}–{_us(r.ms_p80)})"
@@ -1000,7 +1002,7 @@ def render_markdown(
                 f"| {r.dtype} | {r.H} | {_dim(r.D)} | {_dim(r.N)} | {r.B} | {format_bytes(r.bytes)} | {r.timing} | "
                 f"{spread} | {_tbps(r.bytes_per_s)} | {_pct(r.copy_ratio)} | {_us(r.eager_ms)} | "
                 f"{_num(r.eager_speedup, '{:.2f}×')} | {_num(r.empty_graph_ratio, '{:.2f}×')} | "
-                f"{r.input_sets} | {check} |"
+                f"{_num(r.floor_ratio, '{:.2f}×')} | {r.input_sets} | {check} |"
             )
         lines.append("")
 
