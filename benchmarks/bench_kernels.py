@@ -313,7 +313,8 @@ class A2APackSpec(KernelSpec):
     title = "cp-dcp A2A pack (output + fp32 LSE into one send buffer, empty-shard mask fused)"
     byte_formula = (
         "read B·H·D·s (out) + B·H·4 (LSE) + B·4 + (B+1)·4 (seq_lens, query_start_loc); "
-        "write N·B·H_r·(D+P)·s (send)"
+        "write N·B·H_r·(D+P)·s (send: payload + LSE lanes of the D_rec = round_up(D+P, 16/s)-lane "
+        "records; padding lanes are neither read nor written)"
     )
 
     def candidates(self) -> Sequence[tuple[str, str]]:
@@ -359,16 +360,21 @@ class A2APackSpec(KernelSpec):
         a, e = _first(ours), _first(eager)
         if a.shape != e.shape:
             return float("inf")
+        # Padding lanes [D + P, D_rec) are never written: compare payload and LSE lanes only.
+        p = eb.lse_pack_lanes(c.dtype)
         payload = _rel_err(a[..., : c.D].float(), e[..., : c.D].float())
-        lse_a = a[..., c.D :].contiguous().view(torch.float32)
-        lse_e = e[..., c.D :].contiguous().view(torch.float32)
+        lse_a = a[..., c.D : c.D + p].contiguous().view(torch.float32)
+        lse_e = e[..., c.D : c.D + p].contiguous().view(torch.float32)
         return max(payload, _rel_err(lse_a, lse_e))
 
 
 class A2AUnpackSpec(KernelSpec):
     name = "a2a_unpack_combine"
     title = "cp-dcp A2A unpack-combine (receive buffer -> combined heads)"
-    byte_formula = "read N·B·H_r·(D+P)·s (recv); write B·H_r·D·s (out) + B·H_r·4 (LSE)"
+    byte_formula = (
+        "read N·B·H_r·(D+P)·s (recv: payload + LSE lanes of the D_rec-lane records; padding "
+        "lanes are neither read nor written); write B·H_r·D·s (out) + B·H_r·4 (LSE)"
+    )
 
     def candidates(self) -> Sequence[tuple[str, str]]:
         return [("cpattn_dcp.ops.a2a_combine", "a2a_unpack_combine")]

@@ -81,6 +81,12 @@ def lse_pack_lanes(dtype: torch.dtype) -> int:
     raise ValueError(f"Cannot pack fp32 LSE into output dtype {dtype}.")
 
 
+def a2a_record_width(head_dim: int, dtype: torch.dtype) -> int:
+    """D_rec: lanes of one A2A record, ``round_up(D + P, 16 / element size)`` (16-byte records)."""
+    vec = 16 // torch.empty((), dtype=dtype).element_size()
+    return -(-(head_dim + lse_pack_lanes(dtype)) // vec) * vec
+
+
 def a2a_pack_eager(
     cp_attn_out: torch.Tensor,
     cp_attn_lse: torch.Tensor,
@@ -88,27 +94,31 @@ def a2a_pack_eager(
     seq_lens: torch.Tensor | None = None,
     query_start_loc: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Send buffer ``[N, B, H_r, D + P]``: record ``[n, b, h]`` = ``out[b, n*H_r + h, :]`` then the
+    """Send buffer ``[N, B, H_r, D_rec]``: record ``[n, b, h]`` = ``out[b, n*H_r + h, :]`` then the
     fp32 LSE bit pattern (low 16 bits at lane D, high at D+1 for 16-bit dtypes), masked to -inf
-    for empty rows when ``seq_lens``/``query_start_loc`` are given."""
+    for empty rows when ``seq_lens``/``query_start_loc`` are given; the padding lanes
+    ``[D + P, D_rec)`` are left unwritten."""
     b, h, d = cp_attn_out.shape
     n = world_size
     p = lse_pack_lanes(cp_attn_out.dtype)
+    rec = a2a_record_width(d, cp_attn_out.dtype)
     lse = cp_attn_lse.float()
     if seq_lens is not None and query_start_loc is not None:
         lse = lse.masked_fill(empty_rows(b, seq_lens, query_start_loc).unsqueeze(-1), NEG_INF)
-    send = torch.empty((n, b, h // n, d + p), dtype=cp_attn_out.dtype, device=cp_attn_out.device)
+    send = torch.empty((n, b, h // n, rec), dtype=cp_attn_out.dtype, device=cp_attn_out.device)
     send[..., :d] = cp_attn_out.view(b, n, h // n, d).transpose(0, 1)
     # Bit-cast fp32 -> p lanes of the output dtype (little endian: low half first).
     lanes = lse.contiguous().view(cp_attn_out.dtype).view(b, n, h // n, p)
-    send[..., d:] = lanes.transpose(0, 1)
+    send[..., d : d + p] = lanes.transpose(0, 1)
     return send
 
 
 def a2a_unpack_combine_eager(
     recv: torch.Tensor, head_dim: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Receive buffer ``[N, B, H_r, D + P]`` -> ``out [B, H_r, D]`` (recv dtype), ``lse [B, H_r]`` fp32."""
+    """Receive buffer ``[N, B, H_r, D_rec]`` -> ``out [B, H_r, D]`` (recv dtype), ``lse [B, H_r]``
+    fp32 (padding lanes ``[D + P, D_rec)`` are not read)."""
+    p = lse_pack_lanes(recv.dtype)
     payload = recv[..., :head_dim]
-    lses = recv[..., head_dim:].contiguous().view(torch.float32).squeeze(-1)  # [N, B, H_r]
+    lses = recv[..., head_dim : head_dim + p].contiguous().view(torch.float32).squeeze(-1)
     return merge_attn_states_eager(payload, lses)

@@ -66,7 +66,7 @@ def main() -> None:
         "correct_attn_out": lambda: correct_attn_out(out, lses, 1),
         "mask_dcp_empty_shards_": lambda: mask_dcp_empty_shards_(lse, seq_lens, qsl),
         "a2a_pack": lambda: a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl),
-        "a2a_unpack_combine": lambda: a2a_unpack_combine(send),
+        "a2a_unpack_combine": lambda: a2a_unpack_combine(send, head_dim=d),
     }
     for name, fn in cases.items():
         print(f"{name:32s} {per_call_us(fn):8.2f} us/call")

@@ -161,10 +161,11 @@ def test_config_rules() -> None:
     # decode: one head per program, one 16-byte vector per thread, EAGER
     assert merge_attn_states_config(1, 128, 512, 2) == (1, 512, 2, True)
     assert merge_attn_states_config(1, 16, 576, 2) == (1, 1024, 4, True)
-    # the bandwidth shapes: 4096-element tiles at D >= 512, 2048 below; gated loads
+    # the bandwidth shapes: 4096-element tiles at D >= 128, 2048 below; gated loads
     assert merge_attn_states_config(4096, 128, 512, 2) == (8, 512, 8, False)
-    assert merge_attn_states_config(4096, 64, 128, 2) == (16, 128, 4, False)
-    assert merge_attn_states_config(4096, 64, 128, 4) == (16, 128, 8, False)
+    assert merge_attn_states_config(4096, 64, 128, 2) == (32, 128, 8, False)
+    assert merge_attn_states_config(4096, 64, 128, 4) == (32, 128, 8, False)
+    assert merge_attn_states_config(8192, 32, 64, 2) == (32, 64, 4, False)
     # mid-size grids keep big tiles but issue every load up front
     assert merge_attn_states_config(64, 128, 512, 2) == (8, 512, 8, True)
     # beyond _EAGER_MAX_PROGRAMS rows the batch no longer matters (the launcher caps it)

@@ -248,7 +248,7 @@ def test_bad_dtypes() -> None:
 
 
 def test_block_size_heuristic() -> None:
-    assert merge_attn_states_block_sizes(64, 128) == (16, 128, 4)
+    assert merge_attn_states_block_sizes(64, 128) == (32, 128, 8)
     assert merge_attn_states_block_sizes(128, 512) == (8, 512, 8)
     bh, bd, _ = merge_attn_states_block_sizes(128, 576)
     assert bd == 1024

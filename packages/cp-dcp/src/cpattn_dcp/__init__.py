@@ -15,6 +15,7 @@ from cpattn_dcp.context import CPTritonContext
 from cpattn_dcp.ops.a2a_combine import (
     a2a_pack,
     a2a_pack_dim,
+    a2a_record_width,
     a2a_unpack_combine,
     dcp_a2a_lse_reduce,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "__version__",
     "a2a_pack",
     "a2a_pack_dim",
+    "a2a_record_width",
     "a2a_unpack_combine",
     "correct_attn_out",
     "cp_lse_ag_out_ar",

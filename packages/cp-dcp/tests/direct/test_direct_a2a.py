@@ -87,7 +87,10 @@ def test_direct_a2a_matches_reference_and_nccl_a2a(
     ]
     nccl = [
         a2a_unpack_combine(
-            torch.stack([sends[s][r] for s in range(n)]), return_lse=True, is_lse_base_on_e=base_e
+            torch.stack([sends[s][r] for s in range(n)]),
+            head_dim=d,
+            return_lse=True,
+            is_lse_base_on_e=base_e,
         )
         for r in range(n)
     ]

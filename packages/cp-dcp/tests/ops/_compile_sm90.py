@@ -25,7 +25,6 @@ import cpattn_dcp.ops.a2a_combine as a2a_mod
 import cpattn_dcp.ops.ag_combine as ag_mod
 import cpattn_dcp.ops.correct_attn_out as correct_mod
 import cpattn_dcp.ops.mask_empty_shards as mask_mod
-from cpattn_dcp.kernels.a2a import _a2a_pack_fwd_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
 _OPTIONS = {"num_warps", "num_stages"}
@@ -114,51 +113,37 @@ def main() -> None:
                 partial(a2a_mod.a2a_pack, x, lse, n, seq_lens=sl, query_start_loc=qsl),
                 out,
             )
-            recv = torch.empty(n, b, h // n, d + a2a_mod.a2a_pack_dim(dt), dtype=dt)
-            _run(f"unpack-{tag}", partial(a2a_mod.a2a_unpack_combine, recv, return_lse=True), out)
+            recv = torch.empty(n, b, h // n, a2a_mod.a2a_record_width(d, dt), dtype=dt)
+            _run(
+                f"unpack-{tag}",
+                partial(a2a_mod.a2a_unpack_combine, recv, head_dim=d, return_lse=True),
+                out,
+            )
     # Odd head dim: the general correct kernel with 8-byte rows, the generic pack fallback.
     x = torch.randn(64, 16, 100, generator=g).to(torch.bfloat16)
     lses = torch.randn(2, 64, 16, generator=g)
     _run("correct-64-16-100-2-bf16", lambda: correct_mod.correct_attn_out(x, lses, 1), out)
+    # A2A pack fallbacks: odd D (2-byte-aligned input rows, LSE as two 16-bit lanes), input
+    # one element past a 16-byte boundary, strided head dim. Records stay 16-byte aligned.
     x = torch.randn(4096, 64, 127, generator=g).to(torch.bfloat16)
     _run(
-        "packfallback-4096-64-127-2-bf16",
+        "packfallback-odd-4096-64-127-2-bf16",
         lambda: a2a_mod.a2a_pack(x, torch.randn(4096, 64), 2),
         out,
     )
-    # The generic pack kernel at the shape that crashed on Triton 3.6 (H=64, D=128, N=2,
-    # 64-row tiles): its 260-byte records allow 4-byte stores only.
-    b, h, d, n = 4096, 64, 128, 2
-    out["packfallback-4096-64-128-2-bf16"] = {
-        "_a2a_pack_fwd_kernel": compile_like_launch(
-            _a2a_pack_fwd_kernel,
-            dict(
-                out_ptr=torch.empty(1, dtype=torch.bfloat16),
-                stride_out_b=h * d,
-                stride_out_h=d,
-                stride_out_d=1,
-                lse_ptr=torch.empty(1),
-                stride_lse_b=h,
-                stride_lse_h=1,
-                send_ptr=torch.empty(1, dtype=torch.bfloat16),
-                seq_lens_ptr=torch.empty(1, dtype=torch.int32),
-                qsl_ptr=torch.empty(1, dtype=torch.int32),
-                num_seqs=b,
-                num_rows=b * h,
-                num_tokens=b,
-                num_heads=h,
-                heads_per_rank=h // n,
-                HEAD_DIM=d,
-                PACK=2,
-                REC_ALIGN=2,
-                HAS_MASK=True,
-                SEARCH_STEPS=13,
-                BLOCK_R=64,
-                BLOCK_D=128,
-                num_warps=8,
-            ),
-        )
-    }
+    flat = torch.randn(4096 * 64 * 128 + 1, generator=g).to(torch.bfloat16)
+    x = flat[1:].view(4096, 64, 128)
+    _run(
+        "packfallback-shifted-4096-64-128-2-bf16",
+        lambda: a2a_mod.a2a_pack(x, torch.randn(4096, 64), 2),
+        out,
+    )
+    x = torch.randn(1024, 64, 256, generator=g).to(torch.bfloat16)[..., ::2]
+    _run(
+        "packfallback-dstride-1024-64-128-2-bf16",
+        lambda: a2a_mod.a2a_pack(x, torch.randn(1024, 64), 2),
+        out,
+    )
     # AG+RS correction into the grouped reduce-scatter layout.
     x = torch.randn(256, 64, 128, generator=g).to(torch.bfloat16)
     lses = torch.randn(4, 256, 64, generator=g)

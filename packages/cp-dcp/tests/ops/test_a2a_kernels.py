@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from cpattn_dcp import a2a_pack, a2a_pack_dim, a2a_unpack_combine, mask_dcp_empty_shards_
+from cpattn_dcp import mask_dcp_empty_shards_
+from cpattn_dcp.ops.a2a_combine import (
+    a2a_pack,
+    a2a_pack_dim,
+    a2a_record_width,
+    a2a_unpack_combine,
+)
 from cpattn_testing.reference import lse_combine_ref, mask_empty_shards_ref
 from cpattn_testing.tolerances import assert_close_to_ref, coarsest
 
@@ -69,7 +75,7 @@ def test_pack_unpack_combine(
         lbig = torch.zeros(b, h + 3, dtype=lse_dtype, device=device)
         lbig[:, 2 : 2 + h] = lses[r].to(device)
         send = a2a_pack(big[:, 1 : 1 + h], lbig[:, 2 : 2 + h], n)
-        assert send.shape == (n, b, hr, d + a2a_pack_dim(dtype))
+        assert send.shape == (n, b, hr, a2a_record_width(d, dtype))
         # Payload lanes are bit copies.
         bits = _BITS[dtype]
         want = outs[r].view(b, n, hr, d).permute(1, 0, 2, 3).contiguous()
@@ -77,7 +83,7 @@ def test_pack_unpack_combine(
         sends.append(send)
     for dst in range(n):
         out, lse = a2a_unpack_combine(
-            _exchange(sends, dst), return_lse=True, is_lse_base_on_e=base_e
+            _exchange(sends, dst), head_dim=d, return_lse=True, is_lse_base_on_e=base_e
         )
         assert out.dtype == dtype
         assert lse is not None
@@ -87,7 +93,7 @@ def test_pack_unpack_combine(
             out, ref_out[:, heads], dtype=coarsest(dtype, lse_dtype), name=f"out rank {dst}"
         )
         assert_close_to_ref(lse, ref_lse[:, heads], dtype=lse_dtype, name=f"lse rank {dst}")
-        out2, none = a2a_unpack_combine(_exchange(sends, dst), is_lse_base_on_e=base_e)
+        out2, none = a2a_unpack_combine(_exchange(sends, dst), head_dim=d, is_lse_base_on_e=base_e)
         assert none is None
         assert torch.equal(out2, out)
 
@@ -97,7 +103,8 @@ def test_lse_lanes_hold_fp32_bits(device: torch.device, dtype: torch.dtype) -> N
     lse = torch.tensor([[1.5, -math.inf, 3.25e-3, 7.0e4]], device=device)
     out = torch.randn(1, 4, 8, device=device).to(dtype)
     send = a2a_pack(out, lse, 2)
-    lanes = send[..., 8:].cpu().contiguous()
+    assert send.shape[-1] == a2a_record_width(8, dtype) == (16 if dtype != torch.float32 else 12)
+    lanes = send[..., 8 : 8 + a2a_pack_dim(dtype)].cpu().contiguous()
     if dtype == torch.float32:
         assert torch.equal(lanes.reshape(-1), lse.cpu().reshape(-1))
     else:
@@ -144,22 +151,38 @@ def test_fused_mask_bit_exact(
     assert torch.equal(masked.cpu(), mask_empty_shards_ref(lse.cpu(), seq_lens.cpu(), qsl.cpu()))
     expected = a2a_pack(out, masked, n)
     actual = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
-    assert torch.equal(actual.cpu().view(torch.int16), expected.cpu().view(torch.int16))
+    used = d + 2  # payload + LSE lanes (padding lanes are not written)
+    assert actual.shape == expected.shape == (n, b, hr, a2a_record_width(d, dtype))
+    assert torch.equal(
+        actual[..., :used].cpu().contiguous().view(torch.int16),
+        expected[..., :used].cpu().contiguous().view(torch.int16),
+    )
     # Without a mask every payload lane and every reassembled fp32 LSE is finite (the 16-bit
     # LSE halves themselves may look like inf/NaN and are not numbers).
     unmasked = a2a_pack(out, lse, n).cpu()
     assert torch.isfinite(unmasked[..., :d].float()).all()
-    words = unmasked[..., d:].contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    words = unmasked[..., d : d + 2].contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
     assert torch.isfinite((words[..., 0] | (words[..., 1] << 16)).view(torch.float32)).all()
 
 
 def test_preallocated_send(device: torch.device) -> None:
     out = torch.randn(3, 4, 16, device=device)
     lse = torch.randn(3, 4, device=device)
-    send = torch.empty(2, 3, 2, 17, device=device)
+    send = torch.empty(2, 3, 2, 20, device=device)  # fp32, D = 16: 17 lanes -> 20
     assert a2a_pack(out, lse, 2, send=send) is send
+    assert torch.equal(send[..., :16].cpu(), out.cpu().view(3, 2, 2, 16).transpose(0, 1))
+    assert torch.equal(send[..., 16].cpu(), lse.cpu().view(3, 2, 2).transpose(0, 1))
     with pytest.raises(ValueError, match=r"send must be a contiguous"):
-        a2a_pack(out, lse, 2, send=torch.empty(2, 3, 2, 16, device=device))
+        a2a_pack(out, lse, 2, send=torch.empty(2, 3, 2, 17, device=device))
+    # A 16-bit send view 2 bytes past a 4-byte boundary: the LSE goes out as two 16-bit lanes.
+    out16, lse16 = out.bfloat16(), lse * 3.0
+    flat = torch.full((2 * 3 * 2 * 24 + 1,), math.nan, dtype=torch.bfloat16, device=device)
+    shifted = flat[1:].view(2, 3, 2, 24)
+    assert a2a_pack(out16, lse16, 2, send=shifted) is shifted
+    want = a2a_pack(out16, lse16, 2)
+    assert torch.equal(
+        shifted[..., :18].cpu().view(torch.int16), want[..., :18].cpu().view(torch.int16)
+    )
 
 
 def test_pack_dim() -> None:
@@ -168,6 +191,23 @@ def test_pack_dim() -> None:
     assert a2a_pack_dim(torch.float32) == 1
     with pytest.raises(ValueError, match=r"Cannot pack fp32 LSE into output dtype torch\.float64"):
         a2a_pack_dim(torch.float64)
+
+
+def test_record_width() -> None:
+    # round_up(D + P, 16 bytes / element size): every record starts 16-byte aligned.
+    for dtype in (torch.bfloat16, torch.float16):
+        assert [a2a_record_width(d, dtype) for d in (1, 6, 7, 8, 128, 512, 576)] == [
+            8, 8, 16, 16, 136, 520, 584
+        ]  # fmt: skip
+    assert [a2a_record_width(d, torch.float32) for d in (1, 3, 4, 128, 512)] == [
+        4, 4, 8, 132, 516
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="head_dim must be >= 1, got 0"):
+        a2a_record_width(0, torch.bfloat16)
+    with pytest.raises(TypeError, match="head_dim must be an int"):
+        a2a_record_width(8.0, torch.bfloat16)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Cannot pack"):
+        a2a_record_width(8, torch.float64)
 
 
 def test_bad_inputs(device: torch.device) -> None:
@@ -185,7 +225,16 @@ def test_bad_inputs(device: torch.device) -> None:
         a2a_pack(out, lse.int(), 2)
     with pytest.raises(ValueError, match="provided together"):
         a2a_pack(out, lse, 2, seq_lens=torch.tensor([1], device=device))
-    with pytest.raises(ValueError, match=r"expected recv \[N, B, H_r, D \+ 2\]"):
-        a2a_unpack_combine(torch.randn(2, 3, 4, device=device).half())
+    with pytest.raises(ValueError, match=r"expected recv \[N, B, H_r, 8\]"):
+        a2a_unpack_combine(torch.randn(2, 3, 8, device=device).half(), head_dim=4)
+    # The unpadded width D + P (the former format) is rejected, with the numbers.
+    with pytest.raises(ValueError, match=r"\[N, B, H_r, 136\] .*head_dim=128.*\(2, 3, 1, 130\)"):
+        a2a_unpack_combine(torch.randn(2, 3, 1, 130, device=device).bfloat16(), head_dim=128)
+    with pytest.raises(ValueError, match=r"\[N, B, H_r, 20\]"):
+        a2a_unpack_combine(torch.randn(2, 3, 1, 16, device=device), head_dim=16)
+    with pytest.raises(ValueError, match="contiguous"):
+        a2a_unpack_combine(torch.randn(2, 6, 1, 8, device=device).half()[:, ::2], head_dim=4)
+    with pytest.raises(TypeError, match="head_dim must be an int"):
+        a2a_unpack_combine(torch.randn(2, 3, 1, 8, device=device).half(), head_dim=None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="Cannot pack"):
-        a2a_unpack_combine(torch.randn(2, 3, 4, 5, device=device).double())
+        a2a_unpack_combine(torch.randn(2, 3, 4, 5, device=device).double(), head_dim=3)

@@ -1,10 +1,13 @@
-"""A2A record layout: the pack paths (flat 16-byte-store fast path, generic fallback) and the
-unpack paths (unrolled N <= 8, tiled N > 8) against an independent reference, bit-exact.
+"""A2A record layout: the pack paths (unit-stride 16-byte-aligned rows, unaligned rows,
+strided head dim, odd D) and the unpack paths (unrolled N <= 8, tiled N > 8) against an
+independent reference, bit-exact.
 
-The shape family of the Triton 3.6 "misaligned address" crash (H=64, D=128, N=2, B=4096,
-bf16: 260-byte records, whole (n, b) blocks a multiple of 16 bytes) is covered at small size
-on the CPU; the exact shape runs on the GPU (``@pytest.mark.gpu``), where a wrong vector
-width would fault.
+Records are ``[N, B, H_r, D_rec]`` with ``D_rec = a2a_record_width(D, dtype)`` (a multiple of
+16 bytes): payload lanes ``[0, D)``, fp32 LSE bits in lanes ``D..D+P-1``, padding never
+written or read (only lanes ``[0, D + P)`` are compared; the unpack tests fill the padding
+with NaN). The shape family of the former Triton 3.6 "misaligned address" crash (H=64, D=128,
+N=2, B=4096, bf16) runs at its exact size on the GPU (``@pytest.mark.gpu``), where a wrong
+vector width would fault.
 """
 
 from __future__ import annotations
@@ -14,7 +17,12 @@ import math
 import pytest
 import torch
 
-from cpattn_dcp import a2a_pack, a2a_pack_dim, a2a_unpack_combine
+from cpattn_dcp.ops.a2a_combine import (
+    a2a_pack,
+    a2a_pack_dim,
+    a2a_record_width,
+    a2a_unpack_combine,
+)
 from cpattn_testing.reference import lse_combine_ref, mask_empty_shards_ref
 from cpattn_testing.tolerances import assert_close_to_ref
 
@@ -30,24 +38,29 @@ def _expected_send(
     seq_lens: torch.Tensor | None = None,
     qsl: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``[N, B, H_r, D + P]`` built with plain torch ops on the CPU (the record format)."""
+    """``[N, B, H_r, D_rec]`` built with plain torch ops on the CPU (the record format; the
+    padding lanes hold zeros and are never compared)."""
     out, lse = out.cpu(), lse.cpu().float()
     if seq_lens is not None and qsl is not None:
         lse = mask_empty_shards_ref(lse, seq_lens.cpu(), qsl.cpu())
     b, h, d = out.shape
     p = a2a_pack_dim(out.dtype)
-    send = torch.empty(n, b, h // n, d + p, dtype=out.dtype)
+    send = torch.zeros(n, b, h // n, a2a_record_width(d, out.dtype), dtype=out.dtype)
     send[..., :d] = out.reshape(b, n, h // n, d).transpose(0, 1)
     lanes = lse.contiguous().view(out.dtype).reshape(b, n, h // n, p)
-    send[..., d:] = lanes.transpose(0, 1)
+    send[..., d : d + p] = lanes.transpose(0, 1)
     return send
 
 
-def _assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
+def _assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor, d: int) -> None:
+    """Payload and LSE lanes ``[0, D + P)`` bit-identical (padding lanes are not written)."""
+    assert actual.shape == expected.shape
+    assert actual.shape[-1] == a2a_record_width(d, expected.dtype)
+    assert actual.shape[-1] * actual.element_size() % 16 == 0
+    used = d + a2a_pack_dim(expected.dtype)
     bits = _BITS[expected.dtype]
-    a = actual.cpu().contiguous().view(bits)
-    e = expected.contiguous().view(bits)
-    assert a.shape == e.shape
+    a = actual.cpu()[..., :used].contiguous().view(bits)
+    e = expected[..., :used].contiguous().view(bits)
     bad = (a != e).nonzero()
     assert bad.numel() == 0, f"{bad.shape[0]} lanes differ, first at {bad[:4].tolist()}"
 
@@ -63,20 +76,22 @@ def _inputs(
     return out.to(device), lse.to(device)
 
 
-# (B, H, D, N, dtype, layout): "contig", "strided" (even row strides: still the word path),
-# "odd" (odd head stride: generic fallback for 16-bit dtypes).
+# (B, H, D, N, dtype, layout): "contig" (16-byte-aligned unit-stride rows), "strided"
+# (padded heads and head dim: row strides not multiples of 16 bytes), "odd" (odd head stride),
+# "shifted" (pointer one element past a 16-byte boundary), "dstride" (head dim stride 2:
+# the strided fallback).
 _CASES = [
-    # H_r * (D/2 + 1) % 4 == 0: whole (n, b) blocks are 16-byte aligned (like 64 x 128 / N=2).
-    (6, 8, 16, 2, torch.bfloat16, "contig"),
+    (6, 8, 16, 2, torch.bfloat16, "contig"),  # D_rec = 24
     (5, 16, 32, 2, torch.bfloat16, "strided"),
     (3, 8, 16, 4, torch.float16, "contig"),
-    # Blocks not 16-byte aligned: narrower stores, same bits.
-    (4, 6, 12, 2, torch.bfloat16, "contig"),
-    (4, 4, 10, 4, torch.float32, "contig"),
+    (4, 6, 12, 2, torch.bfloat16, "contig"),  # D_rec = 16, D not a multiple of 8
+    (4, 4, 10, 4, torch.float32, "contig"),  # D_rec = 12
     (3, 4, 9, 2, torch.float32, "strided"),
-    # Odd D / odd strides for 16-bit: generic per-record kernel.
-    (4, 4, 7, 2, torch.bfloat16, "contig"),
+    (4, 4, 7, 2, torch.bfloat16, "contig"),  # odd D: LSE as two 16-bit lanes
     (3, 4, 16, 2, torch.float16, "odd"),
+    (3, 4, 24, 2, torch.bfloat16, "shifted"),
+    (3, 4, 8, 2, torch.float32, "dstride"),
+    (2, 4, 14, 4, torch.float16, "dstride"),
 ]
 
 
@@ -101,13 +116,21 @@ def test_pack_layouts_bit_exact(
         big = torch.zeros(b, h, d + 1, dtype=dtype, device=device)
         big[..., :d] = out
         out = big[..., :d]
+    elif layout == "shifted":
+        flat = torch.zeros(out.numel() + 1, dtype=dtype, device=device)
+        flat[1:] = out.reshape(-1)
+        out = flat[1:].view(b, h, d)
+    elif layout == "dstride":
+        big = torch.zeros(b, h, 2 * d, dtype=dtype, device=device)
+        big[..., ::2] = out
+        out = big[..., ::2]
     seq_lens = qsl = None
     if masked:
         seq_lens = torch.tensor([3, 0, 1][: max(1, b - 2)], dtype=torch.int32, device=device)
         r = seq_lens.shape[0]
         qsl = torch.arange(r + 1, dtype=torch.int32, device=device)  # rows >= r: padding
     send = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
-    _assert_bits_equal(send, _expected_send(out, lse, n, seq_lens, qsl))
+    _assert_bits_equal(send, _expected_send(out, lse, n, seq_lens, qsl), d)
 
 
 @pytest.mark.parametrize(
@@ -129,11 +152,12 @@ def test_unpack_paths(device: torch.device, n: int, dtype: torch.dtype, d: int) 
     lses[:, 1, 1] = -math.inf  # an all-empty row: out 0, lse -inf
     lses[n - 1, 2, 0] = math.nan
     outs[torch.isinf(lses) | torch.isnan(lses)] = math.nan
-    # Receive buffer: record [n, b, j] = payload of source n, then its fp32 LSE bits.
+    # Receive buffer: record [n, b, j] = payload of source n, then its fp32 LSE bits, then
+    # NaN padding (never read).
     p = a2a_pack_dim(dtype)
-    recv = torch.empty(n, b, hr, d + p, dtype=dtype)
+    recv = torch.full((n, b, hr, a2a_record_width(d, dtype)), math.nan, dtype=dtype)
     recv[..., :d] = outs.to(dtype)
-    recv[..., d:] = lses.float().contiguous().view(dtype).reshape(n, b, hr, p)
+    recv[..., d : d + p] = lses.float().contiguous().view(dtype).reshape(n, b, hr, p)
     recv = recv.to(device)
     if n == 2:
         # A receive buffer that starts 2 bytes past a 4-byte boundary: the LSE halves must be
@@ -141,13 +165,13 @@ def test_unpack_paths(device: torch.device, n: int, dtype: torch.dtype, d: int) 
         flat = torch.empty(recv.numel() + 1, dtype=dtype, device=device)
         shifted = flat[1:].view(recv.shape)
         shifted.copy_(recv)
-        out_s, lse_s = a2a_unpack_combine(shifted, return_lse=True)
-        out_a, lse_a = a2a_unpack_combine(recv, return_lse=True)
+        out_s, lse_s = a2a_unpack_combine(shifted, head_dim=d, return_lse=True)
+        out_a, lse_a = a2a_unpack_combine(recv, head_dim=d, return_lse=True)
         assert torch.equal(out_s, out_a)
         assert lse_s is not None
         assert lse_a is not None
         assert torch.equal(lse_s, lse_a)
-    out, lse = a2a_unpack_combine(recv, return_lse=True)
+    out, lse = a2a_unpack_combine(recv, head_dim=d, return_lse=True)
     ref_out, ref_lse = lse_combine_ref(outs.to(dtype).double(), lses.float().double())
     assert lse is not None
     assert_close_to_ref(out, ref_out, dtype=dtype, name="out")
@@ -157,8 +181,8 @@ def test_unpack_paths(device: torch.device, n: int, dtype: torch.dtype, d: int) 
 
 @pytest.mark.gpu
 def test_pack_h64_d128_n2_b4096_exact_shape(device: torch.device) -> None:
-    """The shape that faulted with "misaligned address" (Triton 3.6 emitted 16-byte stores
-    for 260-byte records)."""
+    """The shape that faulted with "misaligned address" on the former unpadded records
+    (Triton 3.6 emitted 16-byte stores for 260-byte records); now 272-byte records."""
     b, h, d, n = 4096, 64, 128, 2
     out, lse = _inputs(b, h, d, torch.bfloat16, device, seed=7)
     seq_lens = torch.randint(0, 3, (b,), dtype=torch.int32, device=device)
@@ -166,13 +190,13 @@ def test_pack_h64_d128_n2_b4096_exact_shape(device: torch.device) -> None:
     for sl, q in ((None, None), (seq_lens, qsl)):
         send = a2a_pack(out, lse, n, seq_lens=sl, query_start_loc=q)
         torch.cuda.synchronize()
-        _assert_bits_equal(send, _expected_send(out, lse, n, sl, q))
+        _assert_bits_equal(send, _expected_send(out, lse, n, sl, q), d)
     # Unpack at the same shape (records from two "ranks" = the two halves of this send).
     recv = send.contiguous()
-    res, res_lse = a2a_unpack_combine(recv, return_lse=True)
+    res, res_lse = a2a_unpack_combine(recv, head_dim=d, return_lse=True)
     torch.cuda.synchronize()
     parts = recv[..., :d].double().cpu()
-    words = recv[..., d:].contiguous().view(torch.float32).squeeze(-1).double().cpu()
+    words = recv[..., d : d + 2].contiguous().view(torch.float32).squeeze(-1).double().cpu()
     ref_out, ref_lse = lse_combine_ref(parts, words)
     assert res_lse is not None
     assert_close_to_ref(res, ref_out, dtype=torch.bfloat16, name="out")

@@ -15,13 +15,22 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 
 def adversarial_partials(
-    n: int, b: int, h: int, d: int, *, seed: int, dtype: torch.dtype, lse_dtype: torch.dtype
+    n: int,
+    b: int,
+    h: int,
+    d: int,
+    *,
+    seed: int,
+    dtype: torch.dtype,
+    lse_dtype: torch.dtype,
+    shift: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``outs [N, B, H, D]`` / ``lses [N, B, H]`` with NaN/+inf/-inf LSEs, NaN partials on
-    non-contributing sources, an all-empty (row 0, head 0) and large LSE spreads."""
+    non-contributing sources, an all-empty (row 0, head 0) and large LSE spreads; ``shift``
+    is added to every finite LSE (overflow of an unstabilised exp)."""
     gen = torch.Generator().manual_seed(seed)
     outs = torch.randn(n, b, h, d, generator=gen, dtype=torch.float64)
-    lses = torch.randn(n, b, h, generator=gen, dtype=torch.float64) * 6.0
+    lses = torch.randn(n, b, h, generator=gen, dtype=torch.float64) * 6.0 + shift
     pick = torch.rand(n, b, h, generator=gen)
     lses = torch.where(pick < 0.08, -math.inf, lses)
     lses = torch.where((pick >= 0.08) & (pick < 0.12), math.nan, lses)
@@ -44,8 +53,11 @@ def _check(
     lse_dtype: torch.dtype,
     base_e: bool,
     seed: int,
+    shift: float = 0.0,
 ) -> None:
-    outs, lses = adversarial_partials(n, b, h, d, seed=seed, dtype=dtype, lse_dtype=lse_dtype)
+    outs, lses = adversarial_partials(
+        n, b, h, d, seed=seed, dtype=dtype, lse_dtype=lse_dtype, shift=shift
+    )
     ref_out, ref_lse = lse_combine_ref(outs, lses, is_lse_base_on_e=base_e)
     lses_dev = lses.to(device)
     total = torch.zeros(b, h, d, dtype=torch.float64)
@@ -70,6 +82,13 @@ def test_head_dims(device: torch.device, d: int, base_e: bool) -> None:
 @pytest.mark.parametrize("n", [1, 3, 6, 10])
 def test_world_sizes(device: torch.device, n: int) -> None:
     _check(device, n, 3, 4, 64, torch.float32, torch.float32, n % 2 == 0, seed=100 + n)
+
+
+@pytest.mark.parametrize("shift", [0.0, 3.0e4, -3.0e4])
+def test_row_tiles_cross_tokens(device: torch.device, shift: float) -> None:
+    """Row tiles of flattened (b, h) pairs spanning several tokens with a partial last tile
+    (84 rows, H = 12 not a power of two), padded sources (N = 5 -> 8), huge LSEs."""
+    _check(device, 5, 7, 12, 512, torch.bfloat16, torch.float32, True, seed=11, shift=shift)
 
 
 @pytest.mark.parametrize(

@@ -141,7 +141,7 @@ def test_a2a_kernels_graph_four_ranks(device: torch.device) -> None:
         results = []
         for dst in range(n):
             recv = torch.stack([s[dst] for s in sends])
-            out, lse = a2a_unpack_combine(recv, return_lse=True)
+            out, lse = a2a_unpack_combine(recv, head_dim=d, return_lse=True)
             assert lse is not None
             results += [out, lse]
         return results

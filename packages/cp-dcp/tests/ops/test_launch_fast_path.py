@@ -40,7 +40,7 @@ def test_ops_use_cached_launch(device: torch.device, b: int) -> None:
     cases: dict[str, Callable[[], object]] = {
         "correct_attn_out": lambda: correct_attn_out(out, lses, 1),
         "a2a_pack": lambda: a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl),
-        "a2a_unpack_combine": lambda: a2a_unpack_combine(send, return_lse=True),
+        "a2a_unpack_combine": lambda: a2a_unpack_combine(send, head_dim=d, return_lse=True),
         "mask_dcp_empty_shards_": lambda: mask_dcp_empty_shards_(lse, seq_lens, qsl),
     }
     got = {name: _fast_launches(fn) for name, fn in cases.items()}

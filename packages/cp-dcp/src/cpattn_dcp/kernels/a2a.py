@@ -1,38 +1,35 @@
-"""Packed all-to-all combine: pack kernels (sender) and unpack-and-combine kernel (receiver).
+"""Packed all-to-all combine: pack kernel (sender) and unpack-and-combine kernel (receiver).
 
-Record format of the send/receive buffers ``[N, B, H_r, D + P]`` (output dtype): for
-destination n, row b, local head j, lanes ``[0, D)`` are a bit copy of
-``out[b, n*H_r + j, :]``; the LSE ``lse[b, n*H_r + j]`` converted to fp32 (and set to -inf for
-empty rows when the mask is fused) sits in lane D (``P = 1``, fp32 output) or is split into
-its low 16 bits (lane D) and high 16 bits (lane D + 1), each bit-cast to the 16-bit output
-dtype (``P = 2``). The LSE lanes are never numbers in the 16-bit case. Seen as 32-bit words
-(D even for 16-bit dtypes) a record is ``D_w = D*s/4`` payload words followed by ONE word that
-holds the fp32 LSE bits, little endian.
+Record format of the send/receive buffers ``[N, B, H_r, D_rec]`` (output dtype), with
+``D_rec = round_up(D + P, 16 / s)`` (``s`` the element size; ``P = 2`` for fp16/bf16, 1 for
+fp32; see ``a2a_record_width``): for destination n, row b, local head j, lanes ``[0, D)`` are
+a bit copy of ``out[b, n*H_r + j, :]``; the LSE ``lse[b, n*H_r + j]`` converted to fp32 (and
+set to -inf for empty rows when the mask is fused) sits in lane D (``P = 1``, fp32 output) or
+is split into its low 16 bits (lane D) and high 16 bits (lane D + 1), each bit-cast to the
+16-bit output dtype (``P = 2``). The LSE lanes are never numbers in the 16-bit case. Lanes
+``[D + P, D_rec)`` are padding: never written, never read. Seen as 32-bit words (D even for
+16-bit dtypes) the LSE is the word at byte offset ``D * s`` of its record, little endian.
 
-Alignment. A record is ``(D + P)*s`` bytes, so records are only 4-byte aligned (260 bytes for
-bf16, D = 128): a per-record tile cannot use 16-byte vectors. Every index expression whose
-alignment matters carries an explicit ``tl.multiple_of`` hint with the value that is true by
-construction: Triton 3.6's axis analysis over-states the divisibility of a remainder pattern
-``x - (x // m) * m`` (m a runtime int specialised as a multiple of 16) on a contiguous range,
-which made it emit 16-byte ``st.global.v4`` for 4-byte-aligned records ("misaligned address"
-on the GPU at H=64, D=128, N=2 with 64-row tiles). The hints override that analysis.
+Alignment. ``D_rec * s`` is a multiple of 16 bytes, so every record of a 16-byte-aligned
+buffer starts 16-byte aligned and its payload lanes can move as 16-byte vectors. Every index
+expression whose alignment matters carries an explicit ``tl.multiple_of`` hint whose value is
+true by construction or was checked on the host (``IN_ALIGN``): Triton 3.6's axis analysis
+over-states the divisibility of a remainder pattern ``x - (x // m) * m`` (m a runtime int
+specialised as a multiple of 16) on a contiguous range ("misaligned address" on the GPU with
+the former unpadded records); the hints override that analysis. Pointer alignment itself is
+Triton's launch specialisation (16-byte-aligned pointers only get the divisibility flag).
 
-Pack (``_a2a_pack_flat_kernel``, the fast path): the (n, b) block of the send buffer,
-``H_r`` records = ``H_r * (D + P)`` lanes, is one contiguous range; each program writes a
-``[BLOCK_B, BLOCK_W]`` tile of (rows b) x (lanes of that range) with 16-byte vector stores
-(whenever ``H_r * (D + P) * s % 16 == 0``: every benchmark shape) and gathers the payload
-from the partial output in 4-byte pairs (16-bit dtypes; coalesced within a warp, L1 absorbs
-them). The lane -> (head, lane in record) map depends on the column only and is computed once
-per column.
-``_a2a_pack_fwd_kernel`` is the generic per-record fallback (odd D for 16-bit dtypes,
-odd strides or pointers that are not 4-byte aligned).
+Pack (``_a2a_pack_kernel``): one program per ``BLOCK_R`` consecutive input rows (b, h);
+the ``[BLOCK_R, BLOCK_D]`` payload tiles are read along D (16-byte vectors when the head dim
+is unit-stride and the row offsets are multiples of 16 bytes, ``IN_ALIGN``; a strided
+fallback otherwise) and written to their records with 16-byte vector stores; the LSE goes out
+as one 32-bit word per record (``LSE_WORD``; two 16-bit stores for an odd 16-bit D).
 
 Unpack-combine: one program per ``BLOCK_R`` consecutive output (b, j) rows (no index
 division at all: recv rows and output rows are both the flattened (b, j)). For N <= 8 the N
-payload tiles and the N LSE words are loaded together (no load depends on a computed value),
-then the weights (element-wise per row), the fp32 weighted sum (zero-weight sources
-contribute exactly 0) and one 16-byte-vector store of the output rows. Payload loads are
-4-byte (the record alignment); L1 merges them, the output stores are 16-byte vectors.
+payload tiles (16-byte vector loads) and the N LSE words are loaded together (no load depends
+on a computed value), then the weights (element-wise per row), the fp32 weighted sum
+(zero-weight sources contribute exactly 0) and one 16-byte-vector store of the output rows.
 """
 
 import triton
@@ -43,94 +40,7 @@ from cpattn_dcp.kernels.lse_math import _from_base2, _global_lse2, _to_base2, _w
 
 
 @triton.jit
-def _a2a_pack_flat_kernel(
-    out_ptr,
-    stride_out_b,
-    stride_out_h,
-    lse_ptr,
-    stride_lse_b,
-    stride_lse_h,
-    send_ptr,
-    seq_lens_ptr,
-    qsl_ptr,
-    num_seqs,
-    num_tokens,
-    HEADS_PER_RANK: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    PACK: tl.constexpr,
-    ROW_ALIGN: tl.constexpr,
-    LSE_HALVES: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-):
-    """Grid ``(cdiv(B, BLOCK_B), N, cdiv(H_r * (D + P), BLOCK_W))``.
-
-    ``out_ptr`` ``[B, H, D]`` (head dim unit-stride; for 16-bit dtypes D and the row strides
-    even and the pointer 4-byte aligned), ``send_ptr`` the contiguous ``[N, B, H_r, D + P]``
-    buffer. ``ROW_ALIGN``: largest power of two (<= 16 bytes / element) dividing
-    ``H_r * (D + P)``. ``LSE_HALVES``: 16-bit output and fp32 LSE (any strides, 4-byte
-    aligned): the LSE is copied as its two 16-bit halves (no conversion).
-    """
-    REC: tl.constexpr = HEAD_DIM + PACK
-    ROW: tl.constexpr = HEADS_PER_RANK * REC
-    i_n = tl.program_id(1)
-    i_b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
-    i_c = tl.program_id(2) * BLOCK_W + tl.arange(0, BLOCK_W)
-    m_b = i_b < num_tokens
-    m_c = i_c < ROW
-    # Column -> (local head j, lane l of the record); lanes >= D hold the LSE.
-    i_j = i_c // REC
-    i_l = i_c - i_j * REC
-    # PACK == 2 (16-bit, D even): lanes come in aligned pairs that are either both payload
-    # (adjacent, 4-byte aligned in the source) or both LSE. These hints are true by
-    # construction; they keep the pair loads 4 bytes wide and the columns the fastest axis.
-    m_lse = tl.max_constancy(i_l >= HEAD_DIM, PACK)
-    i_h = (i_n * HEADS_PER_RANK + i_j).to(tl.int64)
-    o_xc = tl.max_contiguous(tl.multiple_of(i_h * stride_out_h + i_l, PACK), PACK)
-    # Row offsets: even for PACK == 2 (host-checked strides); hint overrides the analysis.
-    o_xb = tl.max_contiguous(tl.multiple_of(i_b.to(tl.int64) * stride_out_b, PACK), 1)
-    m_bc = m_b[:, None] & m_c[None, :]
-    b_x = tl.load(out_ptr + (o_xb[:, None] + o_xc[None, :]), mask=m_bc & (~m_lse)[None, :])
-    if LSE_HALVES:
-        # fp32 LSE read as its two 16-bit halves (little endian: low half first), straight
-        # into lanes D and D + 1: aligned 4-byte pairs, like the payload.
-        lse_halves = lse_ptr.to(tl.pointer_type(send_ptr.dtype.element_ty), bitcast=True)
-        o_lc = 2 * (i_h * stride_lse_h) + (i_l - HEAD_DIM)
-        o_lc = tl.max_contiguous(tl.multiple_of(o_lc, 2), 2)
-        o_lb = tl.max_contiguous(tl.multiple_of(i_b.to(tl.int64) * (2 * stride_lse_b), 2), 1)
-        o_l = o_lb[:, None] + o_lc[None, :]
-        b_v = tl.load(lse_halves + o_l, mask=m_bc & m_lse[None, :])
-        if HAS_MASK:
-            m_empty = _row_is_empty(i_b.to(tl.int64), seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS)
-            # -inf = 0xFF800000: low half 0x0000, high half 0xFF80.
-            b_neg = tl.where(i_l == HEAD_DIM, 0, 0xFF80).to(tl.uint16)
-            b_neg = b_neg.to(send_ptr.dtype.element_ty, bitcast=True)
-            b_v = tl.where(m_empty[:, None], b_neg[None, :], b_v)
-    else:
-        o_lc = tl.multiple_of(i_h * stride_lse_h, 1)
-        o_l = i_b.to(tl.int64)[:, None] * stride_lse_b + o_lc[None, :]
-        b_l = tl.load(lse_ptr + o_l, mask=m_bc & m_lse[None, :], other=0.0).to(tl.float32)
-        if HAS_MASK:
-            m_empty = _row_is_empty(i_b.to(tl.int64), seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS)
-            b_l = tl.where(m_empty[:, None], float("-inf"), b_l)
-        if PACK == 2:
-            # fp32 bits: low half in lane D, high half in lane D + 1.
-            b_bits = b_l.to(tl.uint32, bitcast=True)
-            b_half = tl.where((i_l == HEAD_DIM)[None, :], b_bits & 0xFFFF, b_bits >> 16)
-            b_v = b_half.to(tl.uint16).to(send_ptr.dtype.element_ty, bitcast=True)
-        else:
-            b_v = b_l.to(send_ptr.dtype.element_ty)
-    b_y = tl.where(m_lse[None, :], b_v, b_x)
-    # Start of each (n, b) block: a multiple of ROW_ALIGN by construction.
-    o_y = (i_n.to(tl.int64) * num_tokens + i_b) * ROW
-    o_y = tl.max_contiguous(tl.multiple_of(o_y, ROW_ALIGN), 1)
-    tl.store(send_ptr + (o_y[:, None] + i_c[None, :]), b_y, mask=m_bc)
-
-
-@triton.jit
-def _a2a_pack_fwd_kernel(  # generic fallback
+def _a2a_pack_kernel(
     out_ptr,
     stride_out_b,
     stride_out_h,
@@ -142,57 +52,73 @@ def _a2a_pack_fwd_kernel(  # generic fallback
     seq_lens_ptr,
     qsl_ptr,
     num_seqs,
-    num_rows,
     num_tokens,
-    num_heads,
-    heads_per_rank,
+    NUM_HEADS: tl.constexpr,
+    HEADS_PER_RANK: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    REC_WIDTH: tl.constexpr,
     PACK: tl.constexpr,
+    UNIT_D: tl.constexpr,
+    IN_ALIGN: tl.constexpr,
     REC_ALIGN: tl.constexpr,
+    LSE_WORD: tl.constexpr,
     HAS_MASK: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    REC: tl.constexpr = HEAD_DIM + PACK
-    i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
-    m_r = i_r < num_rows
-    i_b = i_r // num_heads
-    i_h = i_r - i_b * num_heads
-    i_n = i_h // heads_per_rank
-    i_j = i_h - i_n * heads_per_rank
-    o_rec = ((i_n * num_tokens + i_b) * heads_per_rank + i_j) * REC
-    # True alignment only (REC_ALIGN = largest power of two dividing REC): see module doc.
-    o_rec = tl.max_contiguous(tl.multiple_of(o_rec, REC_ALIGN), 1)
-    o_src = i_b * stride_out_b + i_h * stride_out_h
+    """Grid ``(cdiv(B * H, BLOCK_R),)``; ``send_ptr`` the contiguous ``[N, B, H_r, D_rec]``.
 
+    ``UNIT_D``: ``stride_out_d == 1`` (payload read as ``row offset + lane``); ``IN_ALIGN``:
+    a power of two (elements, <= 16 bytes) that divides both row strides of ``out`` (host
+    checked; 1 when ``UNIT_D`` is false). ``REC_ALIGN``: ``16 / s`` (``D_rec`` is a multiple
+    of it). ``LSE_WORD``: the LSE lanes form one 4-byte-aligned 32-bit word (fp32, or a
+    16-bit dtype with D even): one 32-bit store per record.
+    """
+    i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+    m_r = i_r < num_tokens * NUM_HEADS
+    i_b = i_r // NUM_HEADS
+    i_h = i_r - i_b * NUM_HEADS
+    i_n = i_h // HEADS_PER_RANK
+    i_j = i_h - i_n * HEADS_PER_RANK
+    i_rec = (i_n * num_tokens + i_b) * HEADS_PER_RANK + i_j
+    # Independent loads first (the LSE, then the payload tiles); the empty-row search (a chain
+    # of dependent loads) runs after them, while the payload is in flight.
+    b_lse = tl.load(lse_ptr + i_b * stride_lse_b + i_h * stride_lse_h, mask=m_r, other=0.0)
+    # Record starts: multiples of D_rec, itself a multiple of REC_ALIGN (16 bytes).
+    o_rec = tl.max_contiguous(tl.multiple_of(i_rec * REC_WIDTH, REC_ALIGN), 1)
+    o_src = i_b * stride_out_b + i_h * stride_out_h
+    # True alignment only (host-checked strides, see the module docstring).
+    o_src = tl.max_contiguous(tl.multiple_of(o_src, IN_ALIGN), 1)
     for d0 in tl.static_range(0, HEAD_DIM, BLOCK_D):
         i_d = d0 + tl.arange(0, BLOCK_D)
         if HEAD_DIM % BLOCK_D == 0:
             m_x = tl.broadcast_to(m_r[:, None], (BLOCK_R, BLOCK_D))  # row mask only
         else:
             m_x = m_r[:, None] & (i_d[None, :] < HEAD_DIM)
-        b_x = tl.load(out_ptr + o_src[:, None] + i_d[None, :] * stride_out_d, mask=m_x)
-        tl.store(send_ptr + o_rec[:, None] + i_d[None, :], b_x, mask=m_x)
-
-    b_lse = tl.load(lse_ptr + i_b * stride_lse_b + i_h * stride_lse_h, mask=m_r, other=0.0)
+        if UNIT_D:
+            b_x = tl.load(out_ptr + (o_src[:, None] + i_d[None, :]), mask=m_x)
+        else:
+            b_x = tl.load(out_ptr + (o_src[:, None] + i_d[None, :] * stride_out_d), mask=m_x)
+        tl.store(send_ptr + (o_rec[:, None] + i_d[None, :]), b_x, mask=m_x)
     b_lse = b_lse.to(tl.float32)
     if HAS_MASK:
         m_empty = _row_is_empty(i_b, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS)
         b_lse = tl.where(m_empty, float("-inf"), b_lse)
-    if PACK == 2:
-        b_bits = b_lse.to(tl.uint32, bitcast=True)
-        b_lo = (b_bits & 0xFFFF).to(tl.uint16)
-        b_hi = (b_bits >> 16).to(tl.uint16)
-        i_p = tl.arange(0, 2)
-        b_half = tl.where(i_p[None, :] == 0, b_lo[:, None], b_hi[:, None])
-        tl.store(
-            send_ptr + o_rec[:, None] + HEAD_DIM + i_p[None, :],
-            b_half.to(send_ptr.dtype.element_ty, bitcast=True),
-            mask=m_r[:, None],
-        )
+    if LSE_WORD:
+        # fp32 bits as one word at byte offset D * s of the record (little endian: for
+        # 16-bit dtypes the low half lands in lane D, the high half in lane D + 1).
+        words = send_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+        o_w = i_rec * (REC_WIDTH // PACK) + HEAD_DIM // PACK  # 32-bit word index
+        tl.store(words + o_w, b_lse.to(tl.int32, bitcast=True), mask=m_r)
     else:
-        tl.store(send_ptr + o_rec + HEAD_DIM, b_lse, mask=m_r)
+        # 16-bit dtype, odd D: the two halves as two 2-byte stores.
+        b_bits = b_lse.to(tl.uint32, bitcast=True)
+        b_lo = (b_bits & 0xFFFF).to(tl.uint16).to(send_ptr.dtype.element_ty, bitcast=True)
+        b_hi = (b_bits >> 16).to(tl.uint16).to(send_ptr.dtype.element_ty, bitcast=True)
+        o_l = i_rec * REC_WIDTH + HEAD_DIM
+        tl.store(send_ptr + o_l, b_lo, mask=m_r)
+        tl.store(send_ptr + (o_l + 1), b_hi, mask=m_r)
 
 
 @triton.jit
@@ -201,12 +127,12 @@ def _rec_lse2(
     i_rec,
     m_r,
     HEAD_DIM: tl.constexpr,
+    REC: tl.constexpr,
     PACK: tl.constexpr,
     LSE_WORD: tl.constexpr,
     IS_BASE_E: tl.constexpr,
 ):
-    """Sanitised base-2 LSE of records ``i_rec`` (int64 [BLOCK_R]); masked rows -> -inf."""
-    REC: tl.constexpr = HEAD_DIM + PACK
+    """Sanitised base-2 LSE of records ``i_rec`` (int64 [BLOCK_R]) of ``REC`` lanes."""
     if LSE_WORD:
         # One aligned 32-bit word: word index rec * REC/2 + D/2.
         words = recv_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
@@ -226,7 +152,7 @@ def _rec_lse2(
 @triton.jit
 def _rec_payload(recv_ptr, i_rec, i_d, m_x, REC: tl.constexpr, REC_ALIGN: tl.constexpr):
     """``[BLOCK_R, BLOCK_D]`` payload lanes ``i_d`` of records ``i_rec``."""
-    # Only REC_ALIGN-element alignment is true (see the module docstring).
+    # Records are REC_ALIGN-element (16-byte) multiples: true by construction.
     o_rec = tl.max_contiguous(tl.multiple_of(i_rec * REC, REC_ALIGN), 1)
     return tl.load(recv_ptr + (o_rec[:, None] + i_d[None, :]), mask=m_x, other=0.0)
 
@@ -246,6 +172,7 @@ def _a2a_unpack_combine_fwd_kernel(
     N: tl.constexpr,
     N_POW2: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    REC_WIDTH: tl.constexpr,
     PACK: tl.constexpr,
     REC_ALIGN: tl.constexpr,
     LSE_WORD: tl.constexpr,
@@ -254,16 +181,17 @@ def _a2a_unpack_combine_fwd_kernel(
     IS_BASE_E: tl.constexpr,
     HAS_LSE_OUT: tl.constexpr,
 ):
-    """Grid ``(cdiv(B * H_r, BLOCK_R),)``; ``recv`` contiguous ``[N, B, H_r, D + P]``.
+    """Grid ``(cdiv(B * H_r, BLOCK_R),)``; ``recv`` contiguous ``[N, B, H_r, D_rec]``.
 
-    ``REC_ALIGN``: largest power of two (<= 16 bytes / element size) dividing ``D + P``.
+    ``REC_WIDTH``: ``D_rec``; ``REC_ALIGN``: ``16 / s`` (a divisor of ``D_rec``): payload
+    rows start 16-byte aligned in a 16-byte-aligned buffer (16-byte vector loads).
     ``LSE_WORD``: the fp32 LSE of every record is one 4-byte-aligned word (16-bit dtype, D
     even, ``recv`` 4-byte aligned): one 32-bit load instead of two 16-bit loads.
     N <= 8: fully unrolled and element-wise per row (no cross-thread reductions); the N
     payload tiles of the first head-dim chunk and the N LSE words are loaded before any math.
     N > 8: one ``[N_POW2, BLOCK_R]`` LSE pass, then the N payloads one after another.
     """
-    REC: tl.constexpr = HEAD_DIM + PACK
+    REC: tl.constexpr = REC_WIDTH
     i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
     m_r = i_r < num_rows
     i_rows = tl.program_id(0).to(tl.int64) * 0 + num_rows  # int64 copy of num_rows
@@ -291,41 +219,41 @@ def _a2a_unpack_combine_fwd_kernel(
                 b_x7 = _rec_payload(recv_ptr, i_r + 7 * i_rows, i_d, m_x, REC, REC_ALIGN)
             if d0 == 0:
                 # LSE words (loads issued together with the payload loads above), weights.
-                b_l0 = _rec_lse2(recv_ptr, i_r, m_r, HEAD_DIM, PACK, LSE_WORD, IS_BASE_E)
+                b_l0 = _rec_lse2(recv_ptr, i_r, m_r, HEAD_DIM, REC, PACK, LSE_WORD, IS_BASE_E)
                 b_m = b_l0
                 if N > 1:
                     b_l1 = _rec_lse2(
-                        recv_ptr, i_r + i_rows, m_r, HEAD_DIM, PACK, LSE_WORD, IS_BASE_E
+                        recv_ptr, i_r + i_rows, m_r, HEAD_DIM, REC, PACK, LSE_WORD, IS_BASE_E
                     )
                     b_m = tl.maximum(b_m, b_l1)
                 if N > 2:
                     b_l2 = _rec_lse2(
-                        recv_ptr, i_r + 2 * i_rows, m_r, HEAD_DIM, PACK, LSE_WORD, IS_BASE_E
+                        recv_ptr, i_r + 2 * i_rows, m_r, HEAD_DIM, REC, PACK, LSE_WORD, IS_BASE_E
                     )
                     b_m = tl.maximum(b_m, b_l2)
                 if N > 3:
                     b_l3 = _rec_lse2(
-                        recv_ptr, i_r + 3 * i_rows, m_r, HEAD_DIM, PACK, LSE_WORD, IS_BASE_E
+                        recv_ptr, i_r + 3 * i_rows, m_r, HEAD_DIM, REC, PACK, LSE_WORD, IS_BASE_E
                     )
                     b_m = tl.maximum(b_m, b_l3)
                 if N > 4:
                     b_l4 = _rec_lse2(
-                        recv_ptr, i_r + 4 * i_rows, m_r, HEAD_DIM, PACK, LSE_WORD, IS_BASE_E
+                        recv_ptr, i_r + 4 * i_rows, m_r, HEAD_DIM, REC, PACK, LSE_WORD, IS_BASE_E
                     )
                     b_m = tl.maximum(b_m, b_l4)
                 if N > 5:
                     b_l5 = _rec_lse2(
-                        recv_ptr, i_r + 5 * i_rows, m_r, HEAD_DIM, PACK, LSE_WORD, IS_BASE_E
+                        recv_ptr, i_r + 5 * i_rows, m_r, HEAD_DIM, REC, PACK, LSE_WORD, IS_BASE_E
                     )
                     b_m = tl.maximum(b_m, b_l5)
                 if N > 6:
                     b_l6 = _rec_lse2(
-                        recv_ptr, i_r + 6 * i_rows, m_r, HEAD_DIM, PACK, LSE_WORD, IS_BASE_E
+                        recv_ptr, i_r + 6 * i_rows, m_r, HEAD_DIM, REC, PACK, LSE_WORD, IS_BASE_E
                     )
                     b_m = tl.maximum(b_m, b_l6)
                 if N > 7:
                     b_l7 = _rec_lse2(
-                        recv_ptr, i_r + 7 * i_rows, m_r, HEAD_DIM, PACK, LSE_WORD, IS_BASE_E
+                        recv_ptr, i_r + 7 * i_rows, m_r, HEAD_DIM, REC, PACK, LSE_WORD, IS_BASE_E
                     )
                     b_m = tl.maximum(b_m, b_l7)
                 # Global LSE (stabiliser 0 for an all -inf row -> log2(0) = -inf).

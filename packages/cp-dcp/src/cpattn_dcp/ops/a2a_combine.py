@@ -1,8 +1,11 @@
 """Packed all-to-all combine: pack (fused empty-shard mask), one ``all_to_all_single``,
 unpack-and-combine.
 
-Send and receive buffers ``[N, B, H/N, D + P]`` (output dtype; ``P = 2`` lanes carry the fp32
-LSE bits for fp16/bf16, ``P = 1`` for fp32) are allocated per call, so a captured CUDA graph
+Send and receive buffers ``[N, B, H/N, D_rec]`` (output dtype, ``D_rec =
+a2a_record_width(D, dtype) = round_up(D + P, 16 / element size)``): each record is the ``D``
+payload lanes, then ``P`` lanes carrying the fp32 LSE bits (``P = 2`` for fp16/bf16, ``P = 1``
+for fp32), then padding to a multiple of 16 bytes (never read or written), so that every
+record starts 16-byte aligned. The buffers are allocated per call, so a captured CUDA graph
 keeps valid addresses (a shared growable workspace would be freed under it). Exactly two
 kernel launches and one collective per call; no host sync.
 """
@@ -26,24 +29,23 @@ from cpattn_dcp.comm.groups import (
     resolve_group,
 )
 from cpattn_dcp.context import CPTritonContext
-from cpattn_dcp.kernels.a2a import (
-    _a2a_pack_flat_kernel,
-    _a2a_pack_fwd_kernel,
-    _a2a_unpack_combine_fwd_kernel,
-)
+from cpattn_dcp.kernels.a2a import _a2a_pack_kernel, _a2a_unpack_combine_fwd_kernel
 from cpattn_dcp.ops._collective_common import validate_combine_args
-from cpattn_dcp.ops._common import MIN_PROGRAMS as _MIN_PROGRAMS
 from cpattn_dcp.ops._common import next_pow2, search_steps, tile_config
 
-__all__ = ["a2a_pack", "a2a_pack_dim", "a2a_unpack_combine", "dcp_a2a_lse_reduce"]
+__all__ = [
+    "a2a_pack",
+    "a2a_pack_dim",
+    "a2a_record_width",
+    "a2a_unpack_combine",
+    "dcp_a2a_lse_reduce",
+]
 
 _PACK_DIM = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 1}
 # The unpack kernel keeps N payload tiles in flight (unrolled over N): the tile per source
 # shrinks with N so that about 32 KiB of loads are in flight per program.
 _UNPACK_INFLIGHT_BYTES = 32768
 _UNPACK_MIN_BYTES = 2048
-# Bytes one pack program writes: 16 KiB.
-_PACK_TILE_BYTES = 16384
 
 
 def a2a_pack_dim(dtype: torch.dtype) -> int:
@@ -58,57 +60,66 @@ def a2a_pack_dim(dtype: torch.dtype) -> int:
         raise ValueError(f"Cannot pack fp32 LSE into output dtype {dtype}.") from None
 
 
-@functools.lru_cache(maxsize=1024)
-def _pack_flat_config(
-    b: int, n: int, row: int, size: int
-) -> tuple[tuple[int, int, int], int, int, int]:
-    """``(grid, BLOCK_B, BLOCK_W, num_warps)`` of the flat pack kernel.
+def a2a_record_width(head_dim: int, dtype: torch.dtype) -> int:
+    """Lanes ``D_rec`` of one all-to-all record: ``round_up(D + P, 16 / element size)``.
 
-    ``BLOCK_W``: the largest power of two (<= 8 KiB of lanes) whose column tiles pad the
-    ``row``-lane (n, b) block by at most 1/8; ``BLOCK_B``: rows so that a program writes
-    about 16 KiB, shrunk while the grid has fewer than ``_MIN_PROGRAMS`` programs.
+    A record holds the ``D`` payload lanes, then ``P = a2a_pack_dim(dtype)`` lanes with the
+    fp32 LSE bits, then padding up to a multiple of 16 bytes (never read or written), so that
+    every record of a 16-byte-aligned buffer starts 16-byte aligned: multiples of 8 lanes for
+    fp16/bf16 (D = 128 -> 136), of 4 lanes for fp32 (D = 128 -> 132).
+
+    Raises:
+        ValueError: ``head_dim < 1`` or a dtype other than fp16/bf16/fp32.
+        TypeError: ``head_dim`` is not an int.
     """
-    block_w = 8192 // size
-    while block_w * size > 256 and (-(-row // block_w) * block_w - row) * 8 > row:
-        block_w //= 2
-    block_w = min(block_w, next_pow2(row))
-    block_b = min(max(1, _PACK_TILE_BYTES // (block_w * size)), next_pow2(b))
-    n_w = -(-row // block_w)
-    while block_b > 1 and -(-b // block_b) * n * n_w < _MIN_PROGRAMS:
-        block_b //= 2
-    # Two 16-byte vectors per thread.
-    num_warps = min(8, max(1, block_b * block_w * size // 1024))
-    return (-(-b // block_b), n, n_w), block_b, block_w, num_warps
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int):
+        raise TypeError(f"head_dim must be an int, got {type(head_dim).__name__}")
+    if head_dim < 1:
+        raise ValueError(f"head_dim must be >= 1, got {head_dim}")
+    p = a2a_pack_dim(dtype)
+    vec = 16 // (4 // p)  # elements per 16 bytes: 8 for 16-bit dtypes, 4 for fp32
+    return -(-(head_dim + p) // vec) * vec
 
 
 @functools.lru_cache(maxsize=1024)
-def _pack_flat_launch(
+def _pack_consts(
     b: int,
-    n: int,
+    h: int,
     hr: int,
     d: int,
-    p: int,
     size: int,
     num_seqs: int,
     has_mask: bool,
-    lse_halves: bool,
-) -> tuple[tuple[int, int, int], dict[str, int | bool]]:
-    """Grid and constexpr/launch keywords of the flat pack kernel (memoised per shape)."""
-    row = hr * (d + p)
-    grid, block_b, block_w, num_warps = _pack_flat_config(b, n, row, size)
+    unit_d: bool,
+    in_align: int,
+    lse_word: bool,
+) -> tuple[tuple[int], dict[str, int | bool]]:
+    """Grid and constexpr/launch keywords of the pack kernel (memoised per shape)."""
+    p = 4 // size
+    num_rows = b * h
+    block_r, block_d, num_warps = tile_config(num_rows, d, size)
     consts: dict[str, int | bool] = {
+        "NUM_HEADS": h,
         "HEADS_PER_RANK": hr,
         "HEAD_DIM": d,
+        "REC_WIDTH": -(-(d + p) // (16 // size)) * (16 // size),
         "PACK": p,
-        "ROW_ALIGN": min(16 // size, row & -row),
-        "LSE_HALVES": lse_halves,
+        "UNIT_D": unit_d,
+        "IN_ALIGN": in_align,
+        "REC_ALIGN": 16 // size,
+        "LSE_WORD": lse_word,
         "HAS_MASK": has_mask,
         "SEARCH_STEPS": search_steps(num_seqs),
-        "BLOCK_B": block_b,
-        "BLOCK_W": block_w,
+        "BLOCK_R": block_r,
+        "BLOCK_D": block_d,
         "num_warps": num_warps,
     }
-    return grid, consts
+    return (-(-num_rows // block_r),), consts
+
+
+def _pow2_divisor(x: int, cap: int) -> int:
+    """Largest power of two <= ``cap`` dividing ``x`` (``cap`` for 0)."""
+    return cap if x == 0 else min(cap, abs(x) & -abs(x))
 
 
 def _launch_pack(
@@ -129,43 +140,21 @@ def _launch_pack(
     s_out = cp_attn_out.stride()
     s_lse = cp_attn_lse.stride()
     size = cp_attn_out.element_size()
-    p = _PACK_DIM[cp_attn_out.dtype]
-    hr = h // n
-    if s_out[2] == 1 and (
-        p == 1
-        or (
-            d % 2 == 0
-            and s_out[0] % 2 == 0
-            and s_out[1] % 2 == 0
-            and cp_attn_out.data_ptr() % 4 == 0
-        )
-    ):
-        # Fast path: 16-byte vector stores of whole (n, b) blocks of the send buffer.
-        lse_halves = p == 2 and cp_attn_lse.dtype == torch.float32
-        grid, consts = _pack_flat_launch(b, n, hr, d, p, size, num_seqs, has_mask, lse_halves)
-        launch_cached(
-            _a2a_pack_flat_kernel,
-            grid,
-            out_ptr=cp_attn_out,
-            stride_out_b=s_out[0],
-            stride_out_h=s_out[1],
-            lse_ptr=cp_attn_lse,
-            stride_lse_b=s_lse[0],
-            stride_lse_h=s_lse[1],
-            send_ptr=send,
-            seq_lens_ptr=sl,
-            qsl_ptr=qsl,
-            num_seqs=num_seqs,
-            num_tokens=b,
-            **consts,
-        )
-        return
-    num_rows = b * h
-    block_r, block_d, num_warps = tile_config(num_rows, d, size)
-    rec = d + _PACK_DIM[cp_attn_out.dtype]
+    # Unit-stride head dim: the payload rows are read as row offset + lane, 16-byte vectors
+    # when both row strides are multiples of 16 bytes (and the pointer is 16-byte aligned,
+    # which Triton's launch specialisation sees by itself). Else the strided fallback.
+    unit_d = s_out[2] == 1 or d == 1
+    vec = 16 // size
+    in_align = _pow2_divisor(s_out[1], _pow2_divisor(s_out[0], vec)) if unit_d else 1
+    # The LSE lanes as one 32-bit word: fp32, or 16-bit with D even in a 4-byte-aligned buffer
+    # (a caller's ``send`` view may start 2 bytes off).
+    lse_word = size == 4 or (d % 2 == 0 and send.data_ptr() % 4 == 0)
+    grid, consts = _pack_consts(
+        b, h, h // n, d, size, num_seqs, has_mask, unit_d, in_align, lse_word
+    )
     launch_cached(
-        _a2a_pack_fwd_kernel,
-        (-(-num_rows // block_r),),
+        _a2a_pack_kernel,
+        grid,
         out_ptr=cp_attn_out,
         stride_out_b=s_out[0],
         stride_out_h=s_out[1],
@@ -177,18 +166,8 @@ def _launch_pack(
         seq_lens_ptr=sl,
         qsl_ptr=qsl,
         num_seqs=num_seqs,
-        num_rows=num_rows,
         num_tokens=b,
-        num_heads=h,
-        heads_per_rank=hr,
-        HEAD_DIM=d,
-        PACK=_PACK_DIM[cp_attn_out.dtype],
-        REC_ALIGN=min(16 // size, rec & -rec),
-        HAS_MASK=has_mask,
-        SEARCH_STEPS=search_steps(num_seqs),
-        BLOCK_R=block_r,
-        BLOCK_D=block_d,
-        num_warps=num_warps,
+        **consts,
     )
 
 
@@ -205,6 +184,7 @@ def _launch_unpack(
 ) -> None:
     n, b, hr, rec = recv.shape
     d = out.shape[2]
+    p = _PACK_DIM[recv.dtype]
     num_rows = b * hr
     if num_rows == 0:
         return
@@ -220,9 +200,10 @@ def _launch_unpack(
         N=n,
         N_POW2=next_pow2(n),
         HEAD_DIM=d,
-        PACK=rec - d,
-        REC_ALIGN=min(16 // size, rec & -rec),
-        LSE_WORD=rec - d == 2 and d % 2 == 0 and recv.data_ptr() % 4 == 0,
+        REC_WIDTH=rec,
+        PACK=p,
+        REC_ALIGN=16 // size,
+        LSE_WORD=p == 2 and d % 2 == 0 and recv.data_ptr() % 4 == 0,
         BLOCK_R=block_r,
         BLOCK_D=block_d,
         IS_BASE_E=is_lse_base_on_e,
@@ -249,12 +230,14 @@ def a2a_pack(
         seq_lens: ``[R]`` local KV lengths, with ``query_start_loc`` ``[R + 1]``: the
             empty-shard mask is fused (bit-identical to ``mask_dcp_empty_shards_``).
         query_start_loc: see ``seq_lens``.
-        send: optional preallocated contiguous ``[N, B, H/N, D + P]`` buffer to fill.
+        send: optional preallocated contiguous ``[N, B, H/N, D_rec]`` buffer to fill.
 
     Returns:
-        ``send [N, B, H/N, D + P]`` in the output dtype: ``send[n, b, j, :D] =
-        cp_attn_out[b, n*H/N + j]``, lanes ``D..D+P-1`` hold the (masked) LSE as fp32 bits
-        (low half first for 16-bit dtypes).
+        ``send [N, B, H/N, D_rec]`` in the output dtype, ``D_rec = a2a_record_width(D,
+        dtype) = round_up(D + P, 16 / element size)`` (``P = a2a_pack_dim(dtype)``):
+        ``send[n, b, j, :D] = cp_attn_out[b, n*H/N + j]``, lanes ``D..D+P-1`` hold the
+        (masked) LSE as fp32 bits (low 16 bits in lane D, high 16 bits in lane D + 1 for
+        16-bit dtypes), lanes ``D+P..D_rec-1`` are padding and are not written.
     """
     has_mask = validate_combine_args(
         "a2a_pack",
@@ -266,7 +249,7 @@ def a2a_pack(
         heads_divisible=True,
     )
     b, h, d = cp_attn_out.shape
-    shape = (cp_world_size, b, h // cp_world_size, d + a2a_pack_dim(cp_attn_out.dtype))
+    shape = (cp_world_size, b, h // cp_world_size, a2a_record_width(d, cp_attn_out.dtype))
     if send is None:
         send = empty_output(shape, dtype=cp_attn_out.dtype, device=cp_attn_out.device)
     elif (
@@ -291,34 +274,50 @@ def a2a_pack(
 
 
 def a2a_unpack_combine(
-    recv: torch.Tensor, *, return_lse: bool = False, is_lse_base_on_e: bool = True
+    recv: torch.Tensor,
+    *,
+    head_dim: int,
+    return_lse: bool = False,
+    is_lse_base_on_e: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Combine the N received records per (row, head) (one launch).
 
     Args:
-        recv: contiguous ``[N, B, H_r, D + P]`` receive buffer (records from every rank, in
-            the format of :func:`a2a_pack`), fp16/bf16 (``P = 2``) or fp32 (``P = 1``).
+        recv: contiguous ``[N, B, H_r, D_rec]`` receive buffer (records from every rank, in
+            the format of :func:`a2a_pack`), fp16/bf16 or fp32: per record the ``D`` payload
+            lanes, the fp32 LSE bits in lanes ``D..D+P-1`` (``P = 2``: low 16 bits first;
+            ``P = 1`` for fp32), padding lanes up to ``D_rec = a2a_record_width(D, dtype)``
+            (never read).
+        head_dim: D (not recoverable from ``D_rec``); ``recv.shape[3]`` must equal
+            ``a2a_record_width(head_dim, recv.dtype)``.
         return_lse: also return the global LSE.
         is_lse_base_on_e: natural-log (True) or base-2 (False) LSEs.
 
     Returns:
         ``(out [B, H_r, D]`` in ``recv.dtype``, ``lse [B, H_r]`` fp32 or ``None)``.
+
+    Raises:
+        TypeError: ``recv`` is not a tensor, ``head_dim`` is not an int.
+        ValueError: unsupported dtype, ``recv`` not 4-D or not contiguous, or its last dim is
+            not the record width of ``head_dim``.
     """
     if not isinstance(recv, torch.Tensor):
         raise TypeError(f"recv must be a torch.Tensor, got {type(recv).__name__}")
-    p = a2a_pack_dim(recv.dtype)
-    if recv.dim() != 4 or recv.shape[3] <= p:
-        raise ValueError(f"expected recv [N, B, H_r, D + {p}], got shape {tuple(recv.shape)}")
+    rec = a2a_record_width(head_dim, recv.dtype)
+    if recv.dim() != 4 or recv.shape[3] != rec:
+        raise ValueError(
+            f"expected recv [N, B, H_r, {rec}] (record width of head_dim={head_dim} for "
+            f"{recv.dtype}), got shape {tuple(recv.shape)}"
+        )
     if not recv.is_contiguous():
         raise ValueError(f"recv must be contiguous, got strides {recv.stride()}")
-    return _unpack_combine(recv, return_lse, is_lse_base_on_e)
+    return _unpack_combine(recv, head_dim, return_lse, is_lse_base_on_e)
 
 
 def _unpack_combine(
-    recv: torch.Tensor, return_lse: bool, is_lse_base_on_e: bool
+    recv: torch.Tensor, d: int, return_lse: bool, is_lse_base_on_e: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    _, b, hr, rec = recv.shape
-    d = rec - _PACK_DIM[recv.dtype]
+    _, b, hr, _ = recv.shape
     out = empty_output((b, hr, d), dtype=recv.dtype, device=recv.device)
     lse = empty_output((b, hr), dtype=torch.float32, device=recv.device) if return_lse else None
     _launch_unpack(recv, out, lse, is_lse_base_on_e)
@@ -338,7 +337,7 @@ def a2a_combine_fwd(
     """Pack → all-to-all → unpack-combine (arguments already validated)."""
     n = group.world_size
     b, h, d = cp_attn_out.shape
-    shape = (n, b, h // n, d + _PACK_DIM[cp_attn_out.dtype])
+    shape = (n, b, h // n, a2a_record_width(d, cp_attn_out.dtype))
     if n == 1:
         send = recv = empty_output(shape, dtype=cp_attn_out.dtype, device=cp_attn_out.device)
     else:
@@ -348,7 +347,7 @@ def a2a_combine_fwd(
     _launch_pack(cp_attn_out, cp_attn_lse, send, n, seq_lens, query_start_loc)
     if n > 1:
         all_to_all_records(group, recv, send)
-    return _unpack_combine(recv, return_lse, is_lse_base_on_e)
+    return _unpack_combine(recv, d, return_lse, is_lse_base_on_e)
 
 
 @torch.library.custom_op("cpattn_dcp::dcp_a2a_lse_reduce", mutates_args=())
@@ -441,6 +440,13 @@ def dcp_a2a_lse_reduce(
     query_start_loc: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """DCP combine by one packed all-to-all: rank r ends with heads ``[r*H/N, (r+1)*H/N)``.
+
+    Wire format: one record per (destination n, row b, local head j) in per-call send/recv
+    buffers ``[N, B, H/N, D_rec]`` of the output dtype, ``D_rec = a2a_record_width(D, dtype)
+    = round_up(D + P, 16 / element size)``: lanes ``[0, D)`` the payload, lanes
+    ``D..D+P-1`` the fp32 LSE bits (``P = 2`` 16-bit halves, low first, for fp16/bf16;
+    ``P = 1`` for fp32), the rest padding (never read or written). Every record starts
+    16-byte aligned.
 
     Args:
         cp_attn_out: ``[B, H, D]`` this rank's partial output (fp16/bf16/fp32, any strides).

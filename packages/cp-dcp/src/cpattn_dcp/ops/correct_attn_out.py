@@ -103,22 +103,26 @@ def _correct_config(
 @functools.lru_cache(maxsize=4096)
 def _contig_launch_config(
     b: int, h: int, d: int, n: int, size: int, is_base_e: bool
-) -> tuple[tuple[int, int], dict[str, int | bool]]:
-    """Grid and constexpr/launch keywords of the lean kernel (memoised per shape)."""
-    grid, block_b, block_h, block_d, num_warps = _correct_config(b, h, d, size)
+) -> tuple[tuple[int], dict[str, int | bool]]:
+    """Grid and constexpr/launch keywords of the lean kernel (memoised per shape).
+
+    One program per ``BLOCK_R`` consecutive flattened (b, h) rows times the full head dim:
+    about 16 KiB of partial output per program (64 heads x 128 or 16 heads x 512 bf16, 8
+    warps), at least ``MIN_PROGRAMS`` programs where the batch allows it (decode: one row
+    per program); consecutive programs read consecutive memory.
+    """
+    block_r, block_d, num_warps = tile_config(b * h, d, size)
     consts: dict[str, int | bool] = {
-        "NUM_HEADS": h,
         "HEAD_DIM": d,
         "N": n,
         "N_POW2": next_pow2(n),
-        "BLOCK_B": block_b,
-        "BLOCK_H": block_h,
+        "BLOCK_R": block_r,
         "BLOCK_D": block_d,
         "ALIGN": _align(16 // size, d),
         "IS_BASE_E": is_base_e,
         "num_warps": num_warps,
     }
-    return grid, consts
+    return (-(-(b * h) // block_r),), consts
 
 
 def launch_correct(
@@ -225,7 +229,7 @@ def correct_attn_out_fwd(
             out_ptr=out,
             lses_ptr=lses,
             lse_out_ptr=lse,
-            num_tokens=b,
+            num_rows=b * h,
             cp_rank=cp_rank,
             **consts,
         )
