@@ -397,7 +397,10 @@ def run_distributed(
         env: extra environment variables for the workers (they win over the launching
             process's environment and over :data:`NO_MULTICAST_ENV`).
         start_method: ``"forkserver"`` (default; workers forked from a warm server that imported
-            torch) or ``"spawn"`` (a fresh interpreter per rank).
+            torch) or ``"spawn"`` (a fresh interpreter per rank). ``nccl`` runs always spawn:
+            each rank then initialises CUDA in a fresh process, whatever state the long-lived
+            fork server picked up from earlier tests (seen on an H200: a server started after
+            tests that faked the GPU environment left its workers with no visible GPU).
 
     Returns:
         ``[result of rank 0, result of rank 1, ...]``.
@@ -427,6 +430,7 @@ def run_distributed(
     if start_method not in _START_METHODS:
         raise ValueError(f"start_method must be one of {_START_METHODS}, got {start_method!r}")
     if backend == "nccl":
+        start_method = "spawn"
         gpus = available_gpus()
         if world_size > gpus:
             raise NotEnoughDevicesError(
