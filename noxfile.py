@@ -152,7 +152,7 @@ def build(session: nox.Session) -> None:
             module = IMPORT_NAMES[package]
             session.run(
                 py, "-c", f"import {module}; print({module}.__name__, {module}.__version__)",
-                external=True, env={"TRITON_INTERPRET": "1"},
+                external=True,
             )  # fmt: skip
 
 

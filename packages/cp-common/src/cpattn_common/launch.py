@@ -231,7 +231,17 @@ def _plain(kernel: Any, grid: tuple[int, ...], kwargs: dict[str, Any]) -> Any:
     if type(kernel).__name__ == "InterpretedFunction":
         with _interpreter_lock:
             return kernel[grid](**kwargs)
-    return kernel[grid](**kwargs)
+    try:
+        return kernel[grid](**kwargs)
+    except RuntimeError as exc:
+        if "active drivers" not in str(exc):
+            raise
+        # Triton found no GPU driver: say what to do instead of Triton's internal message.
+        raise RuntimeError(
+            f"cannot launch the Triton kernel {getattr(kernel, '__name__', kernel)!r}: no GPU "
+            "driver is available. Pass CUDA tensors, or set TRITON_INTERPRET=1 (before "
+            "importing triton) to run the kernels on CPU tensors through Triton's interpreter."
+        ) from exc
 
 
 def _arg_class(value: Any) -> Any:
