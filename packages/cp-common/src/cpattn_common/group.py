@@ -22,7 +22,14 @@ import torch.distributed as dist
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-__all__ = ["CPGroup", "CPGroupLike", "as_cp_group", "normalize_dim"]
+__all__ = [
+    "CPGroup",
+    "CPGroupLike",
+    "as_cp_group",
+    "check_all_gather_into_tensor_args",
+    "check_all_to_all_single_args",
+    "normalize_dim",
+]
 
 _T = TypeVar("_T")
 
@@ -90,6 +97,49 @@ def _check_same(output: torch.Tensor, input: torch.Tensor, op: str) -> None:
         raise TypeError(f"{op}: output dtype {output.dtype} != input dtype {input.dtype}")
     if output.device != input.device:
         raise ValueError(f"{op}: output device {output.device} != input device {input.device}")
+
+
+def check_all_gather_into_tensor_args(
+    output: torch.Tensor, input: torch.Tensor, world_size: int
+) -> None:
+    """Validate ``all_gather_into_tensor(output [N*T, ...], input [T, ...])`` arguments.
+
+    Shared by every ``CPGroupLike`` implementation so that they reject the same inputs with the
+    same messages.
+    """
+    _check_same(output, input, "all_gather_into_tensor")
+    if input.dim() < 1:
+        raise ValueError("all_gather_into_tensor needs tensors with at least 1 dimension")
+    expected = (world_size * input.shape[0], *input.shape[1:])
+    if tuple(output.shape) != expected:
+        raise ValueError(
+            f"all_gather_into_tensor: output shape {tuple(output.shape)} != {expected} "
+            f"(world_size {world_size} x input {tuple(input.shape)})"
+        )
+
+
+def check_all_to_all_single_args(
+    output: torch.Tensor, input: torch.Tensor, world_size: int
+) -> None:
+    """Validate equal-split ``all_to_all_single(output [N*C, ...], input [N*C, ...])`` arguments."""
+    _check_same(output, input, "all_to_all_single")
+    if output.shape != input.shape:
+        raise ValueError(
+            f"all_to_all_single: output shape {tuple(output.shape)} != input shape "
+            f"{tuple(input.shape)}"
+        )
+    if input.dim() < 1 or input.shape[0] % world_size != 0:
+        raise ValueError(
+            f"all_to_all_single: dim 0 of shape {tuple(input.shape)} must be divisible by "
+            f"world_size {world_size}"
+        )
+
+
+def _contiguous_target(output: torch.Tensor) -> torch.Tensor:
+    """``output`` itself when contiguous, else a contiguous scratch to copy back from."""
+    if output.is_contiguous():
+        return output
+    return torch.empty_like(output, memory_format=torch.contiguous_format)
 
 
 class CPGroup:
@@ -174,24 +224,12 @@ class CPGroup:
             input: ``[T, *rest]``; any strides.
         """
         n = self._world_size
-        _check_same(output, input, "all_gather_into_tensor")
-        if input.dim() < 1:
-            raise ValueError("all_gather_into_tensor needs tensors with at least 1 dimension")
-        expected = (n * input.shape[0], *input.shape[1:])
-        if tuple(output.shape) != expected:
-            raise ValueError(
-                f"all_gather_into_tensor: output shape {tuple(output.shape)} != {expected} "
-                f"(world_size {n} x input {tuple(input.shape)})"
-            )
+        check_all_gather_into_tensor_args(output, input, n)
         if n == 1:
             output.copy_(input)
             return
         inp = input.contiguous()
-        out = (
-            output
-            if output.is_contiguous()
-            else torch.empty_like(output, memory_format=torch.contiguous_format)
-        )
+        out = _contiguous_target(output)
 
         def native() -> None:
             dist.all_gather_into_tensor(out, inp, group=self._group)
@@ -211,26 +249,12 @@ class CPGroup:
             input: ``[N*C, *rest]``, same shape/dtype/device as ``output``; any strides.
         """
         n = self._world_size
-        _check_same(output, input, "all_to_all_single")
-        if output.shape != input.shape:
-            raise ValueError(
-                f"all_to_all_single: output shape {tuple(output.shape)} != input shape "
-                f"{tuple(input.shape)}"
-            )
-        if input.dim() < 1 or input.shape[0] % n != 0:
-            raise ValueError(
-                f"all_to_all_single: dim 0 of shape {tuple(input.shape)} must be divisible by "
-                f"world_size {n}"
-            )
+        check_all_to_all_single_args(output, input, n)
         if n == 1:
             output.copy_(input)
             return
         inp = input.contiguous()
-        out = (
-            output
-            if output.is_contiguous()
-            else torch.empty_like(output, memory_format=torch.contiguous_format)
-        )
+        out = _contiguous_target(output)
 
         def native() -> None:
             dist.all_to_all_single(out, inp, group=self._group)

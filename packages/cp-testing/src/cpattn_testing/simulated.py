@@ -30,6 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cpattn_common.group import (
+    check_all_gather_into_tensor_args,
+    check_all_to_all_single_args,
+    normalize_dim,
+)
+
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
@@ -38,23 +44,6 @@ __all__ = ["SimulatedGroup", "SimulatedWorld"]
 
 class _PeerFailed(Exception):
     """Raised in ranks waiting in a collective after another rank failed (not reported)."""
-
-
-def _normalize_dim(dim: int, ndim: int) -> int:
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
-    if ndim < 1:
-        raise ValueError("collectives along a dim need a tensor with at least 1 dimension")
-    if not -ndim <= dim < ndim:
-        raise ValueError(f"dim {dim} is out of range for a tensor with {ndim} dimensions")
-    return dim % ndim
-
-
-def _check_same(output: torch.Tensor, input: torch.Tensor, op: str) -> None:
-    if output.dtype != input.dtype:
-        raise TypeError(f"{op}: output dtype {output.dtype} != input dtype {input.dtype}")
-    if output.device != input.device:
-        raise ValueError(f"{op}: output device {output.device} != input device {input.device}")
 
 
 class _Rendezvous:
@@ -153,33 +142,14 @@ class SimulatedGroup:
     # -- collectives ------------------------------------------------------------------------
     def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
         """``output [N*T, ...]`` = every rank's ``input [T, ...]``, rank-major along dim 0."""
-        n = self.world_size
-        _check_same(output, input, "all_gather_into_tensor")
-        if input.dim() < 1:
-            raise ValueError("all_gather_into_tensor needs tensors with at least 1 dimension")
-        expected = (n * input.shape[0], *input.shape[1:])
-        if tuple(output.shape) != expected:
-            raise ValueError(
-                f"all_gather_into_tensor: output shape {tuple(output.shape)} != {expected} "
-                f"(world_size {n} x input {tuple(input.shape)})"
-            )
+        check_all_gather_into_tensor_args(output, input, self.world_size)
         parts = self._exchange("all_gather_into_tensor", input)
         output.copy_(torch.cat([p.to(output.device) for p in parts], dim=0))
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> None:
         """Equal-split all-to-all along dim 0: chunk n of ``input`` goes to rank n."""
         n = self.world_size
-        _check_same(output, input, "all_to_all_single")
-        if output.shape != input.shape:
-            raise ValueError(
-                f"all_to_all_single: output shape {tuple(output.shape)} != input shape "
-                f"{tuple(input.shape)}"
-            )
-        if input.dim() < 1 or input.shape[0] % n != 0:
-            raise ValueError(
-                f"all_to_all_single: dim 0 of shape {tuple(input.shape)} must be divisible by "
-                f"world_size {n}"
-            )
+        check_all_to_all_single_args(output, input, n)
         parts = self._exchange("all_to_all_single", input)
         received = [p.chunk(n, dim=0)[self._rank].to(output.device) for p in parts]
         output.copy_(torch.cat(received, dim=0))
@@ -193,7 +163,7 @@ class SimulatedGroup:
 
     def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Concatenate every rank's ``tensor`` along ``dim`` in rank order (N = 1: itself)."""
-        d = _normalize_dim(dim, tensor.dim())
+        d = normalize_dim(dim, tensor.dim())
         parts = self._exchange(f"all_gather(dim={d})", tensor)
         if self.world_size == 1:
             return tensor
@@ -201,7 +171,7 @@ class SimulatedGroup:
 
     def reduce_scatter(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Sum over ranks, then keep this rank's equal chunk along ``dim`` (N = 1: itself)."""
-        d = _normalize_dim(dim, tensor.dim())
+        d = normalize_dim(dim, tensor.dim())
         n = self.world_size
         size = tensor.shape[d]
         if size % n != 0:

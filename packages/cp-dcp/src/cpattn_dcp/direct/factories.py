@@ -59,19 +59,20 @@ def _capability_detail(
     return str(reason) if reason else "capability gating said no"
 
 
-def _device_reason(device: torch.device | str | None, use_direct: bool | None) -> str | None:
-    """The automatic decision needs a CUDA device (symmetric memory lives there)."""
-    if use_direct is None and device is not None and torch.device(device).type != "cuda":
+def _automatic_reason(
+    group: Any, device: torch.device | str | None, use_direct: bool | None
+) -> str | None:
+    """What rules out a direct path before any symmetric-memory probe (automatic only).
+
+    A single rank has nothing to exchange, and symmetric memory lives on CUDA devices.
+    """
+    if use_direct is not None:
+        return None
+    world_size = as_cp_group(group).world_size
+    if world_size < 2:
+        return f"needs at least two ranks (world size {world_size})"
+    if device is not None and torch.device(device).type != "cuda":
         return f"device {torch.device(device)} is not a CUDA device"
-    return None
-
-
-def _world_size_reason(group: Any, use_direct: bool | None) -> str | None:
-    """Automatic gating never picks a direct path for a single rank (nothing to exchange)."""
-    if use_direct is None:
-        world_size = as_cp_group(group).world_size
-        if world_size < 2:
-            return f"needs at least two ranks (world size {world_size})"
     return None
 
 
@@ -89,12 +90,9 @@ def direct_a2a_unavailable_reason(
     """
     if use_direct is False:
         return "disabled by configuration (use_direct_a2a=False)"
-    size_reason = _world_size_reason(group, use_direct)
-    if size_reason is not None:
-        return size_reason
-    device_reason = _device_reason(device, use_direct)
-    if device_reason is not None:
-        return device_reason
+    reason = _automatic_reason(group, device, use_direct)
+    if reason is not None:
+        return reason
     if capability.direct_cp_enabled(group, dtype, use_direct, DIRECT_A2A_DTYPES):
         return None
     return _capability_detail(group, dtype, use_direct, DIRECT_A2A_DTYPES)
@@ -118,12 +116,9 @@ def direct_gather_unavailable_reason(
         return f"{what} disabled by configuration"
     if capability.multicast_disabled_by_env():
         return "NVLS multicast is disabled by the environment"
-    size_reason = _world_size_reason(group, use_direct)
-    if size_reason is not None:
-        return size_reason
-    device_reason = _device_reason(device, use_direct)
-    if device_reason is not None:
-        return device_reason
+    reason = _automatic_reason(group, device, use_direct)
+    if reason is not None:
+        return reason
     if capability.direct_cp_multicast_enabled(group, dtype, use_direct, supported_dtypes):
         return None
     return _capability_detail(group, dtype, use_direct, supported_dtypes, multicast=True)
