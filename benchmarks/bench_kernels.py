@@ -313,8 +313,8 @@ class A2APackSpec(KernelSpec):
     title = "cp-dcp A2A pack (output + fp32 LSE into one send buffer, empty-shard mask fused)"
     byte_formula = (
         "read B·H·D·s (out) + B·H·4 (LSE) + B·4 + (B+1)·4 (seq_lens, query_start_loc); "
-        "write N·B·H_r·(D+P)·s (send: payload + LSE lanes of the D_rec = round_up(D+P, 16/s)-lane "
-        "records; padding lanes are neither read nor written)"
+        "write N·B·H_r·D_rec·s (send: whole D_rec = round_up(D+P, 16/s)-lane records: payload, "
+        "LSE lanes, zero padding)"
     )
 
     def candidates(self) -> Sequence[tuple[str, str]]:
@@ -328,8 +328,8 @@ class A2APackSpec(KernelSpec):
         return "ok"
 
     def nbytes(self, c: Case) -> int:
-        s, p = c.dtype.itemsize, eb.lse_pack_lanes(c.dtype)
-        return c.B * c.H * (c.D * s + 4) + c.B * 4 + (c.B + 1) * 4 + c.B * c.H * (c.D + p) * s
+        s, rec = c.dtype.itemsize, eb.a2a_record_width(c.D, c.dtype)
+        return c.B * c.H * (c.D * s + 4) + c.B * 4 + (c.B + 1) * 4 + c.B * c.H * rec * s
 
     def make_inputs(self, c: Case, device: torch.device, gen: torch.Generator) -> Inputs:
         seq_lens, qsl = _seq_meta(c.B, device, gen)
@@ -360,7 +360,7 @@ class A2APackSpec(KernelSpec):
         a, e = _first(ours), _first(eager)
         if a.shape != e.shape:
             return float("inf")
-        # Padding lanes [D + P, D_rec) are never written: compare payload and LSE lanes only.
+        # Payload and LSE lanes (as fp32); padding lanes hold zeros in both.
         p = eb.lse_pack_lanes(c.dtype)
         payload = _rel_err(a[..., : c.D].float(), e[..., : c.D].float())
         lse_a = a[..., c.D : c.D + p].contiguous().view(torch.float32)

@@ -97,7 +97,7 @@ def a2a_pack_eager(
     """Send buffer ``[N, B, H_r, D_rec]``: record ``[n, b, h]`` = ``out[b, n*H_r + h, :]`` then the
     fp32 LSE bit pattern (low 16 bits at lane D, high at D+1 for 16-bit dtypes), masked to -inf
     for empty rows when ``seq_lens``/``query_start_loc`` are given; the padding lanes
-    ``[D + P, D_rec)`` are left unwritten."""
+    ``[D + P, D_rec)`` are zero."""
     b, h, d = cp_attn_out.shape
     n = world_size
     p = lse_pack_lanes(cp_attn_out.dtype)
@@ -110,6 +110,8 @@ def a2a_pack_eager(
     # Bit-cast fp32 -> p lanes of the output dtype (little endian: low half first).
     lanes = lse.contiguous().view(cp_attn_out.dtype).view(b, n, h // n, p)
     send[..., d : d + p] = lanes.transpose(0, 1)
+    if rec > d + p:
+        send[..., d + p :] = 0
     return send
 
 

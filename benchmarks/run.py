@@ -249,10 +249,11 @@ def _time_fns(
     notes: list[str],
     what: str,
 ) -> Any:
-    """Timing of one provider rotated over its input sets (graph replay or do_bench).
+    """Timing of one provider rotated over its input sets (graph replay, or ``time_cold``:
+    per-call CUDA events with L2 emptied by a read before each call).
 
     A graph capture that fails (an op that synchronises with the host, ...) is noted in
-    ``notes`` and the provider is timed with do_bench instead."""
+    ``notes`` and the provider is timed with ``time_cold`` instead."""
     import cpattn_testing.bench as hb
 
     if device.type != "cuda":
@@ -267,10 +268,10 @@ def _time_fns(
             import torch
 
             torch.cuda.synchronize()
-            t = hb.time_do_bench(_cycle(fns), warmup_ms=plan.warmup_ms, rep_ms=plan.rep_ms)
-            notes.append(f"{what}: CUDA-graph capture failed ({_short(exc)}); timed with do_bench")
+            t = hb.time_cold(_cycle(fns), warmup_ms=plan.warmup_ms, rep_ms=plan.rep_ms)
+            notes.append(f"{what}: CUDA-graph capture failed ({_short(exc)}); timed cold")
             return t
-    return hb.time_do_bench(_cycle(fns), warmup_ms=plan.warmup_ms, rep_ms=plan.rep_ms)
+    return hb.time_cold(_cycle(fns), warmup_ms=plan.warmup_ms, rep_ms=plan.rep_ms)
 
 
 def _cases(plan: Plan, spec: Any, case_cls: Any, torch: Any) -> list[Any]:
@@ -431,7 +432,11 @@ def measure_references(plan: Plan, device: Any, results: Any) -> None:
     refs.l2_bytes = hb.l2_cache_bytes(device)
     refs.calls_per_graph = plan.calls_per_graph
     moved, t = hb.measure_copy_ceiling(
-        device, nbytes=plan.copy_bytes, warmup_ms=plan.warmup_ms, rep_ms=plan.rep_ms
+        device,
+        nbytes=plan.copy_bytes,
+        warmup_ms=plan.warmup_ms,
+        rep_ms=plan.rep_ms,
+        timer=hb.time_cold,  # the kernels' bandwidth rows are timed the same way
     )
     refs.copy_bytes, refs.copy_ms, refs.copy_timing = moved, t.median_ms, t.method
     refs.host_calls, refs.host_rounds = plan.host_calls, plan.host_rounds

@@ -9,7 +9,13 @@ import pytest
 import torch
 
 import cpattn_common
-from cpattn_common.alloc import empty_output, get_output_poison, poison_outputs, set_output_poison
+from cpattn_common.alloc import (
+    empty_output,
+    get_output_poison,
+    new_output,
+    poison_outputs,
+    set_output_poison,
+)
 from cpattn_common.ubatch import current_ubatch_id, set_ubatch_id, ubatch_context
 
 
@@ -29,6 +35,13 @@ def test_poison_off_and_on(device: torch.device) -> None:
         assert get_output_poison() is None
         with poison_outputs(7.0):
             assert (empty_output((3,), dtype=torch.float16, device=device) == 7).all()
+            like = torch.zeros(2, dtype=torch.bfloat16, device=device)
+            same = new_output(like, (2, 5))
+            assert same.dtype == torch.bfloat16
+            assert same.device == like.device
+            assert (same == 7).all()
+            assert (new_output(like, (4,), torch.int64) == torch.iinfo(torch.int64).max).all()
+        assert new_output(like, (3, 1), torch.float32).shape == (3, 1)  # poison off: no fill
     finally:
         set_output_poison(previous)
 

@@ -1,7 +1,13 @@
 """Shared layer for context-parallel attention: process-group wrapper, capability gating, symmetric workspaces, LSE merge kernels."""
 
 from cpattn_common.__about__ import __version__
-from cpattn_common.alloc import empty_output, get_output_poison, poison_outputs, set_output_poison
+from cpattn_common.alloc import (
+    empty_output,
+    get_output_poison,
+    new_output,
+    poison_outputs,
+    set_output_poison,
+)
 from cpattn_common.capability import (
     direct_cp_disabled_reason,
     direct_cp_enabled,
@@ -37,6 +43,7 @@ __all__ = [
     "merge_attn_states",
     "merge_attn_states_torch",
     "multicast_disabled_by_env",
+    "new_output",
     "poison_outputs",
     "set_output_poison",
     "set_ubatch_id",

@@ -13,7 +13,13 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-__all__ = ["empty_output", "get_output_poison", "poison_outputs", "set_output_poison"]
+__all__ = [
+    "empty_output",
+    "get_output_poison",
+    "new_output",
+    "poison_outputs",
+    "set_output_poison",
+]
 
 _lock = threading.Lock()
 _poison: float | None = None
@@ -59,10 +65,28 @@ def empty_output(
         A contiguous tensor of ``shape``. Integer and bool outputs are poisoned with the
         dtype's maximum (NaN has no integer form) so that stale values remain visible.
     """
-    out = torch.empty(shape, dtype=dtype, device=device)
+    return _poisoned(torch.empty(shape, dtype=dtype, device=device))
+
+
+def new_output(
+    like: torch.Tensor, shape: Sequence[int] | torch.Size, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """``empty_output`` on ``like``'s device (in ``like``'s dtype unless ``dtype`` is given).
+
+    Uses ``like.new_empty``, the cheapest eager allocation (no device or dtype argument to
+    parse): the form for launchers on a per-call host path.
+    """
+    if dtype is None:
+        return _poisoned(like.new_empty(shape))
+    return _poisoned(like.new_empty(shape, dtype=dtype))
+
+
+def _poisoned(out: torch.Tensor) -> torch.Tensor:
+    """``out`` filled with the poison value when poisoning is on (else untouched)."""
     value = _poison
     if value is None:  # the common case: one module-global read, no other work
         return out
+    dtype = out.dtype
     if out.numel() > 0:
         if dtype.is_floating_point or dtype.is_complex:
             out.fill_(value)

@@ -1,7 +1,7 @@
 """Compile the DCP kernels for sm_90 with Triton's bundled ptxas (no GPU needed).
 
 Run as a script (outside TRITON_INTERPRET) by test_kernels_compile.py. The ops are called on
-CPU tensors of the benchmark shapes with ``launch_cached`` replaced by a recorder, so every
+CPU tensors of the benchmark shapes with every launch replaced by a recorder, so every
 kernel is compiled with exactly the arguments, tiles and specialisation (pointer 16-byte
 alignment, ints == 1 or divisible by 16) that a GPU launch of the same call would use.
 Prints one JSON object: case name -> kernel -> global load/store instruction counts.
@@ -21,6 +21,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+import cpattn_common.launch as launch_mod
 import cpattn_dcp.ops.a2a_combine as a2a_mod
 import cpattn_dcp.ops.ag_combine as ag_mod
 import cpattn_dcp.ops.correct_attn_out as correct_mod
@@ -85,6 +86,10 @@ def _record(kernel: Any, grid: tuple[int, ...], **kwargs: Any) -> None:
 for _mod in (a2a_mod, correct_mod, mask_mod, ag_mod):
     if hasattr(_mod, "launch_cached"):
         _mod.launch_cached = _record  # type: ignore[attr-defined]
+# ``CachedKernel`` / ``Specialization`` launches: with no GPU driver every launch reaches the
+# plain JIT launch, which records instead (the cache then marks the kernel unusable: fine
+# in this one-shot process).
+launch_mod._plain = lambda kernel, grid, kwargs: _record(kernel, grid, **kwargs)
 
 
 def _run(name: str, fn: Any, out: dict[str, Any]) -> None:

@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
+from cpattn_common.alloc import get_output_poison
 from cpattn_dcp import CPTritonContext, correct_attn_out
+from cpattn_dcp.ops.correct_attn_out import _squeeze_lses, _squeeze_out, _valid_fast, _validate
 from cpattn_testing.reference import lse_combine_ref
 from cpattn_testing.tolerances import assert_close_to_ref, coarsest
 
@@ -82,6 +84,26 @@ def test_head_dims(device: torch.device, d: int, base_e: bool) -> None:
 @pytest.mark.parametrize("n", [1, 3, 6, 10])
 def test_world_sizes(device: torch.device, n: int) -> None:
     _check(device, n, 3, 4, 64, torch.float32, torch.float32, n % 2 == 0, seed=100 + n)
+
+
+@pytest.mark.parametrize("form", ["lse-rows", "lse-tile"])
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+def test_weight_forms(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch, form: str, n: int
+) -> None:
+    """Both ways the lean kernel computes the weights (one row vector per source, or one
+    [N_POW2, rows] tile), whatever the tile heuristic would pick for the shape."""
+    import cpattn_dcp.ops.correct_attn_out as correct_mod
+
+    monkeypatch.setattr(correct_mod, "_LSE_ROWS_MIN_TILE", 0 if form == "lse-rows" else 1 << 30)
+    correct_mod._contig_spec.cache_clear()
+    correct_mod._contig_plan.cache_clear()
+    try:
+        for base_e in (True, False):
+            _check(device, n, 5, 6, 64, torch.bfloat16, torch.float32, base_e, seed=n + 40)
+    finally:
+        correct_mod._contig_spec.cache_clear()
+        correct_mod._contig_plan.cache_clear()
 
 
 @pytest.mark.parametrize("shift", [0.0, 3.0e4, -3.0e4])
@@ -236,3 +258,83 @@ def test_compile_fullgraph(device: torch.device, backend: str) -> None:
     want_out, want_lse = fn(o, ls)
     torch.testing.assert_close(got_out, want_out, equal_nan=True)
     torch.testing.assert_close(got_lse, want_lse, equal_nan=True)
+
+
+def _accepted(out: object, lses: object, cp_rank: object) -> bool:
+    """Whether the full squeeze + validation accepts the arguments."""
+    try:
+        _validate(_squeeze_out(out), _squeeze_lses(lses), cp_rank)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def test_fast_check_implies_validation(device: torch.device) -> None:
+    """The eager hot path skips the full validation only for arguments it would accept
+    unchanged (3-D ``out`` and ``lses``, no squeeze); anything else takes the full path."""
+    out = torch.randn(3, 4, 8, device=device)
+    lses = torch.randn(2, 3, 4, device=device)
+    assert _valid_fast(out, lses, 1)  # plain tensors: the CPU suite covers the hot path
+    variants: list[tuple[object, object, object]] = [
+        (out, lses, 0),
+        (out.to(torch.bfloat16), lses.half(), 1),
+        (out[:, :, ::2], lses.transpose(1, 2).contiguous().transpose(1, 2), 1),
+        (out, lses, 2),
+        (out, lses, -1),
+        (out, lses, True),
+        (out, lses, 1.0),
+        (out[:, None], lses, 0),
+        (out, lses[:, :, :, None], 0),
+        (out, lses[:, None], 0),
+        (out[:, :, 0], lses, 0),
+        (out, lses[0], 0),
+        (out, torch.randn(2, 3, 5, device=device), 0),
+        (out, torch.randn(2, 2, 4, device=device), 0),
+        (out.double(), lses, 0),
+        (out, lses.long(), 0),
+        (out.int(), lses, 0),
+        (torch.nn.Parameter(out), lses, 0),
+        (out, None, 0),
+        (None, lses, 0),
+    ]
+    for o, ls, r in variants:
+        if _valid_fast(o, ls, r):  # type: ignore[arg-type]
+            assert _accepted(o, ls, r), (o, ls, r)
+
+
+def test_subclass_and_4d_inputs_take_full_path(device: torch.device) -> None:
+    """A tensor subclass and a ``[B, 1, H, D]`` output fail the cheap check and still give
+    the same result through the validated path."""
+    outs, lses = adversarial_partials(
+        2, 3, 4, 16, seed=21, dtype=torch.float32, lse_dtype=torch.float32
+    )
+    want_out, want_lse = correct_attn_out(outs[0].to(device), lses.to(device), 0)
+    param = torch.nn.Parameter(outs[0].to(device), requires_grad=False)
+    assert not _valid_fast(param, lses.to(device), 0)
+    got_out, got_lse = correct_attn_out(param, lses.to(device), 0)
+    torch.testing.assert_close(got_out, want_out, equal_nan=True)
+    torch.testing.assert_close(got_lse, want_lse, equal_nan=True)
+    got4, got_lse4 = correct_attn_out(outs[0].to(device)[:, None], lses.to(device), 0)
+    torch.testing.assert_close(got4, want_out, equal_nan=True)
+    torch.testing.assert_close(got_lse4, want_lse, equal_nan=True)
+
+
+@pytest.mark.no_output_poison
+def test_without_output_poisoning(device: torch.device) -> None:
+    """With poisoning off (production) the global LSE is a plain ``new_empty`` allocation:
+    contiguous, ``lses.dtype``, on ``lses``' device, fully written by the kernel."""
+    assert get_output_poison() is None
+    n, b, h, d = 3, 5, 6, 32
+    outs, lses = adversarial_partials(
+        n, b, h, d, seed=31, dtype=torch.bfloat16, lse_dtype=torch.bfloat16
+    )
+    ref_out, ref_lse = lse_combine_ref(outs, lses)
+    total = torch.zeros(b, h, d, dtype=torch.float64)
+    for r in range(n):
+        out, lse = correct_attn_out(outs[r].to(device), lses.to(device), r)
+        assert lse.is_contiguous()
+        assert lse.dtype == torch.bfloat16
+        assert lse.device == out.device
+        assert_close_to_ref(lse, ref_lse, dtype=torch.bfloat16, name="lse")
+        total += out.cpu().double()
+    assert_close_to_ref(total, ref_out, dtype=torch.bfloat16, name="out", reduction_len=n)

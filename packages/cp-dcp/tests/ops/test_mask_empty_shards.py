@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cpattn_common.alloc import get_output_poison
 from cpattn_dcp import mask_dcp_empty_shards_
+from cpattn_dcp.ops._common import check_mask_args
+from cpattn_dcp.ops.mask_empty_shards import _check_lse, _valid_fast, masked_lse_copy
 from cpattn_testing.reference import mask_empty_shards_ref
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -73,6 +76,25 @@ def test_int64_inputs_and_zero_seqs(device: torch.device) -> None:
     assert torch.isneginf(lse).all()
 
 
+@pytest.mark.parametrize("index_dtype", [torch.int8, torch.int16, torch.uint8, torch.int64])
+@pytest.mark.parametrize("num_seqs", [2, 300])  # direct count, binary search
+def test_narrow_index_dtypes(device: torch.device, index_dtype: torch.dtype, num_seqs: int) -> None:
+    """Index tensors of any integer width: the out-of-range lanes of the direct count must not
+    wrap (an int16 fill of 2^31 - 1 reads as -1 and once unmasked row 0)."""
+    counts = [1 + (i % 2) for i in range(num_seqs)] if num_seqs < 100 else [0] * num_seqs
+    if num_seqs >= 100:
+        counts[3], counts[200] = 2, 1  # qsl stays <= 3: fits int8 / uint8
+    qsl = _qsl(counts)
+    lens = torch.tensor([(i * 7) % 3 for i in range(num_seqs)], dtype=torch.int32)
+    b = int(qsl[-1]) + 1
+    lse = torch.randn(b, 3)
+    expected = mask_empty_shards_ref(lse, lens, qsl)
+    actual = mask_dcp_empty_shards_(
+        lse.to(device), lens.to(index_dtype).to(device), qsl.to(index_dtype).to(device)
+    )
+    assert torch.equal(actual.cpu(), expected)
+
+
 def test_none_is_noop(device: torch.device) -> None:
     lse = torch.randn(4, 2, device=device)
     before = lse.clone()
@@ -124,3 +146,71 @@ def test_compile_fullgraph(device: torch.device) -> None:
     assert torch.equal(got, fn(x))
     assert torch.isneginf(got[[0, 1, 5, 6]]).all()
     assert torch.isfinite(got[2:5]).all()
+
+
+def _accepted(lse: object, sl: object, qsl: object) -> bool:
+    """Whether the full validation accepts the arguments with masking on."""
+    try:
+        _check_lse(lse)  # type: ignore[arg-type]
+        return check_mask_args(lse, sl, qsl)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+
+
+def test_fast_check_implies_validation(device: torch.device) -> None:
+    """The eager hot path skips the full validation only for arguments it accepts; anything
+    else (``None``, other index dtypes, subclasses) takes the full path."""
+    lse = torch.randn(4, 2, device=device)
+    sl = torch.tensor([1, 2], dtype=torch.int32, device=device)
+    qsl = torch.tensor([0, 1, 3], dtype=torch.int32, device=device)
+    assert _valid_fast(lse, sl, qsl)  # plain tensors: the CPU suite covers the hot path
+    variants: list[tuple[object, object, object]] = [
+        (lse, sl.long(), qsl.long()),
+        (lse.t(), sl, qsl),
+        (lse.half(), sl[:0], qsl[:1]),
+        (lse, sl, qsl[:2]),
+        (lse, sl[None], qsl),
+        (lse, sl, qsl[None]),
+        (lse[0], sl, qsl),
+        (lse[None], sl, qsl),
+        (lse.long(), sl, qsl),
+        (lse.double(), sl, qsl),
+        (lse, sl.float(), qsl),
+        (lse, sl, qsl.bool()),
+        (lse, sl.short(), qsl),
+        (torch.nn.Parameter(lse, requires_grad=False), sl, qsl),
+    ]
+    for a, s, q in variants:
+        if _valid_fast(a, s, q):  # type: ignore[arg-type]
+            assert _accepted(a, s, q), (a, s, q)
+
+
+def test_other_index_dtype_takes_full_path(device: torch.device) -> None:
+    """Index dtypes outside int32/int64 fail the cheap check and are still accepted
+    (through the validated path)."""
+    lse = torch.randn(7, 3, device=device)
+    sl = torch.tensor([0, 2], dtype=torch.uint8, device=device)
+    qsl = torch.tensor([0, 1, 5], dtype=torch.uint8, device=device)
+    assert not _valid_fast(lse, sl, qsl)
+    assert _accepted(lse, sl.short(), qsl.short())
+    before = lse.clone()
+    mask_dcp_empty_shards_(lse, sl, qsl)
+    assert torch.isneginf(lse[[0, 5, 6]]).all()
+    assert torch.equal(lse[1:5], before[1:5])
+
+
+@pytest.mark.no_output_poison
+def test_masked_copy_without_output_poisoning(device: torch.device) -> None:
+    """With poisoning off (production) the copy is a plain ``new_empty`` allocation: fully
+    written by the kernel, contiguous even for a strided source."""
+    assert get_output_poison() is None
+    host = torch.randn(9, 7)
+    lse = host.to(device)[:, 1:6]
+    sl = torch.tensor([0, 3], dtype=torch.int32)
+    qsl = torch.tensor([0, 2, 5], dtype=torch.int32)
+    got = masked_lse_copy(lse, sl.to(device), qsl.to(device))
+    assert got.is_contiguous()
+    assert torch.equal(got.cpu(), mask_empty_shards_ref(host[:, 1:6], sl, qsl))
+    plain = masked_lse_copy(lse, None, None)
+    assert plain.is_contiguous()
+    assert torch.equal(plain.cpu(), host[:, 1:6])

@@ -2,8 +2,11 @@
 
 Used by ``benchmarks/run.py``; nothing in the runtime packages imports it. The pieces:
 
-- **Timing.** :func:`time_do_bench` is ``triton.testing.do_bench`` with quantiles
-  ``[0.5, 0.2, 0.8]`` after a warm-up call (so JIT compilation and autotuning are never timed).
+- **Timing.** :func:`time_cold` times each call with CUDA events after emptying L2 by a
+  read (the bandwidth rows and the copy ceiling); :func:`time_do_bench` is
+  ``triton.testing.do_bench`` with quantiles ``[0.5, 0.2, 0.8]`` (its zero-fill flush leaves
+  L2 dirty, which slows calls that move only a few L2-sizes: see :func:`time_cold`). Both
+  make a warm-up call first (so JIT compilation and autotuning are never timed).
   :func:`time_cuda_graph` captures ``K`` calls into one CUDA graph and times replays with CUDA
   events (used for decode sizes, where launch latency dominates). :func:`time_wall` is the CPU
   fallback used by the smoke mode. All return a :class:`Timing` in milliseconds *per call*.
@@ -65,6 +68,7 @@ __all__ = [
     "results_to_dict",
     "rotation_count",
     "save_results",
+    "time_cold",
     "time_cuda_graph",
     "time_do_bench",
     "time_wall",
@@ -77,7 +81,7 @@ QUANTILES: tuple[float, float, float] = (0.5, 0.2, 0.8)
 #: Used when the device does not report its L2 size (H200: about 60 MB).
 DEFAULT_L2_BYTES = 60 * 1000 * 1000
 
-TimingMethod = Literal["do_bench", "cuda_graph", "wall"]
+TimingMethod = Literal["do_bench", "cold", "cuda_graph", "wall"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -130,6 +134,65 @@ def time_do_bench(
     q = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=list(QUANTILES))
     median, p20, p80 = (float(x) for x in q)
     return Timing(median_ms=median, p20_ms=p20, p80_ms=p80, method="do_bench")
+
+
+_FLUSH_BUFFERS: dict[str, torch.Tensor] = {}
+
+
+def time_cold(
+    fn: Callable[[], object],
+    *,
+    warmup_ms: float = 25.0,
+    rep_ms: float = 100.0,
+    flush_bytes: int = 256 * 1024 * 1024,
+) -> Timing:
+    """Per-call time with L2 emptied by a *read* before every call; otherwise like do_bench.
+
+    ``triton.testing.do_bench`` empties L2 by zero-filling a 256 MB buffer, so the timed call
+    starts with L2 full of *dirty* lines whose write-back then competes with it. For a call
+    that moves a few L2-sizes of data that is a large distortion (H200, bf16, B=4096, H=64,
+    D=128: the A2A unpack-combine measured 0.61 of the copy bandwidth with do_bench, ncu
+    timed the same kernel at 23 µs, about 0.87); a 2 GB copy hardly notices. Here a reduction
+    reads ``flush_bytes`` instead (the evicted dirty lines are written back during the flush,
+    before the start event), then each call is timed with its own pair of CUDA events: warm-up
+    for ``warmup_ms``, samples for ``rep_ms``, quantiles ``[0.5, 0.2, 0.8]``.
+    """
+    dev = torch.cuda.current_device()
+    key = f"{dev}:{flush_bytes}"
+    buf = _FLUSH_BUFFERS.get(key)
+    if buf is None:
+        buf = torch.zeros(flush_bytes // 4, dtype=torch.float32, device=dev)
+        _FLUSH_BUFFERS[key] = buf
+    sink = torch.empty((), dtype=torch.float32, device=dev)
+
+    def flush() -> None:
+        torch.sum(buf, dim=0, out=sink)
+
+    fn()
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    start.record()
+    for _ in range(5):
+        flush()
+        fn()
+    end.record()
+    end.synchronize()
+    estimate = max(start.elapsed_time(end) / 5, 1e-3)  # includes the flush: conservative
+    for _ in range(max(1, int(warmup_ms / estimate))):
+        flush()
+        fn()
+    reps = max(1, int(rep_ms / estimate))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]  # type: ignore[no-untyped-call]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]  # type: ignore[no-untyped-call]
+    for i in range(reps):
+        flush()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    samples = [a.elapsed_time(b) for a, b in zip(starts, ends, strict=True)]
+    return _timing_from_samples(samples, "cold")
 
 
 def time_cuda_graph(
@@ -254,7 +317,12 @@ def rotation_count(bytes_per_set: int, l2_bytes: int, *, max_sets: int = 32) -> 
 
 
 def measure_copy_ceiling(
-    device: torch.device, *, nbytes: int = 1 << 30, warmup_ms: float = 25.0, rep_ms: float = 100.0
+    device: torch.device,
+    *,
+    nbytes: int = 1 << 30,
+    warmup_ms: float = 25.0,
+    rep_ms: float = 100.0,
+    timer: Callable[..., Timing] | None = None,
 ) -> tuple[int, Timing]:
     """Device-to-device copy of ``nbytes`` (``dst.copy_(src)``).
 
@@ -266,7 +334,9 @@ def measure_copy_ceiling(
     dst = torch.empty_like(src)
     moved = 2 * src.numel() * src.element_size()
     if device.type == "cuda":
-        timing = time_do_bench(lambda: dst.copy_(src), warmup_ms=warmup_ms, rep_ms=rep_ms)
+        timing = (timer or time_do_bench)(
+            lambda: dst.copy_(src), warmup_ms=warmup_ms, rep_ms=rep_ms
+        )
     else:
         timing = time_wall(lambda: dst.copy_(src))
     return moved, timing
@@ -970,7 +1040,9 @@ def render_markdown(
         "## Kernels",
         "",
         "Columns: *µs* = median time per call (p20–p80), *timing* = `cuda_graph` (per call inside "
-        "a replayed CUDA graph, decode sizes) or `do_bench` (L2 flushed before each call), "
+        "a replayed CUDA graph, decode sizes) or `cold` (CUDA events around each call, L2 "
+        "emptied before it by reading a 256 MB buffer; see Performance notes for why not "
+        "`triton.testing.do_bench`'s zero-fill flush), "
         "*TB/s* = bytes / median time, *% copy* = achieved / copy ceiling, *vs eager* = eager "
         "PyTorch baseline time / our time (> 1: we are faster), *vs empty* = our graph-replay time "
         "/ empty-kernel graph-replay time, *sets* = rotating input sets (data kept out of L2), "

@@ -7,7 +7,7 @@ pure-torch twin, used where Triton cannot run (CPU without ``TRITON_INTERPRET=1`
 
 Eager host path (the common case: plain CUDA tensors): one cheap validation
 (``_valid_cuda``; the detailed ``_validate`` only runs when it fails, and raises on bad
-input), two ``new_empty`` allocations (``empty_output`` only while poisoning is on), two
+input), two ``new_output`` (``new_empty``) allocations, two
 ``lru_cache`` lookups (the configuration, its ``Specialization`` of the kernel), then the
 specialization's cached launch (key: the four tensors' dtypes and alignments).
 """
@@ -20,8 +20,7 @@ import os
 import torch
 import triton
 
-from cpattn_common import alloc as _alloc
-from cpattn_common.alloc import empty_output
+from cpattn_common.alloc import new_output
 from cpattn_common.kernels.merge_attn_states import _merge_attn_states_fwd_kernel
 from cpattn_common.launch import CachedKernel, Specialization
 
@@ -41,10 +40,14 @@ _Tensor = torch.Tensor
 # A grid with fewer programs than this is latency-bound (H200: 132 SMs): tiles shrink (down to
 # one head per program) until the grid reaches it, so each program's serial chain is short.
 _MIN_PROGRAMS = 4 * 132
-# Up to about four waves of programs the merge is latency-bound: the EAGER kernel variant
-# (every load issued up front, one DRAM round trip per program). Larger grids keep the
-# variant that skips the loads of zero-weight partials (bandwidth of empty shards).
+# The configuration depends on the batch only up to this many programs (the launcher caps the
+# batch it keys the configuration cache on).
 _EAGER_MAX_PROGRAMS = 4096
+# The EAGER kernel variant (every load issued up front, volatile loads) is opt-in
+# (``eager=True``): on the H200 the gated variant was faster at every decode size measured
+# (benchmarks/variants.py, CUDA-graph replay, bf16: B=1 H=128 D=512 N=8 2.9 vs 3.3 us,
+# B=1 H=64 D=128 N=4 1.5 vs 2.0 us, B=64 H=128 D=512 N=2 8.4 vs 8.7 us).
+_EAGER_BY_DEFAULT = False
 # Elements per program of large grids (two 16-byte vectors per thread: 8 warps at 16 bits),
 # for head dims (padded) of at least _BIG_TILE_MIN_D; smaller head dims use half of it.
 _BIG_TILE = 4096
@@ -83,9 +86,9 @@ def merge_attn_states_config(
     B=4096: 32 heads x 128 / 8 warps measured 0.853 of the copy ceiling at H=64 D=128 N=2,
     16 x 128 / 4 warps 0.844, 8 x 512 / 8 warps 0.93-0.95 at D=512). Grids under ``_MIN_PROGRAMS`` programs (decode) shrink
     ``BLOCK_H`` (down to 1) until they reach it, with one vector per thread. ``EAGER`` (every
-    load issued up front, independent of the weights) for grids of at most
-    ``_EAGER_MAX_PROGRAMS`` programs, where latency dominates; it costs the bandwidth of
-    zero-weight partials, which the other variant does not load.
+    load issued up front, independent of the weights) only where ``_EAGER_BY_DEFAULT`` is
+    set (it is not: the gated variant measured faster at decode sizes too) and the grid has
+    at most ``_EAGER_MAX_PROGRAMS`` programs.
     """
     block_d = triton.next_power_of_2(max(head_dim, 1))
     vec = max(1, 16 // max(elem_size, 1))
@@ -97,7 +100,7 @@ def merge_attn_states_config(
         per_thread = vec
     vectors = max(1, block_h * block_d // per_thread)
     num_warps = max(1, min(8, triton.next_power_of_2(triton.cdiv(vectors, 32))))
-    eager = batch * triton.cdiv(num_heads, block_h) <= _EAGER_MAX_PROGRAMS
+    eager = _EAGER_BY_DEFAULT and batch * triton.cdiv(num_heads, block_h) <= _EAGER_MAX_PROGRAMS
     return block_h, block_d, num_warps, eager
 
 
@@ -202,12 +205,8 @@ def _launch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate the outputs and launch; inputs already validated."""
     n, b, h, d = po.shape
-    if _alloc._poison is None:  # the common case: plain allocations, no poison fill
-        out = po.new_empty((b, h, d))
-        out_lse = pl.new_empty((b, h), dtype=torch.float32)
-    else:
-        out = empty_output((b, h, d), dtype=po.dtype, device=po.device)
-        out_lse = empty_output((b, h), dtype=torch.float32, device=po.device)
+    out = new_output(po, (b, h, d))
+    out_lse = new_output(pl, (b, h), torch.float32)
     if b == 0 or h == 0:
         return out, out_lse
     es = po.element_size()

@@ -24,6 +24,8 @@ reduce-scatter's rank-major ``[N, B, H/N, D]`` layout directly. The LSE output s
 ``[lse_h0, lse_h0 + lse_hn)`` only (this rank's slice for AG+RS).
 """
 
+from typing import Any  # noqa: F401  (used by type comments in the kernels)
+
 import triton
 import triton.language as tl
 
@@ -61,6 +63,28 @@ def _lse_weight(lses_ptr, stride_n, o_l, m_r, cp_rank, cp_world_size, N_POW2: tl
     b_s, b_own = tl.reduce((b_e, tl.where(i_n[:, None] == cp_rank, b_e, 0.0)), 0, _add2)
     b_w = b_own / tl.maximum(b_s, 1.0)
     return b_w, tl.log2(b_s) + b_m
+
+
+@triton.jit
+def _lse_weight_rows(lses_ptr, stride_n, o_l, m_r, cp_rank, N: tl.constexpr,
+                     IS_BASE_E: tl.constexpr):  # fmt: skip
+    """``_lse_weight`` for exactly ``N`` sources, one row-vector load per source and
+    element-wise math (no reduction across threads, no shared memory)."""
+    b_ls = ()  # type: tuple[Any, ...]
+    for n in tl.static_range(N):
+        b_l = tl.load(lses_ptr + (n * stride_n + o_l), mask=m_r, other=float("-inf"))
+        b_ls = b_ls + (_to_base2(b_l, IS_BASE_E),)  # noqa: RUF005
+    b_m = b_ls[0]
+    for n in tl.static_range(1, N):
+        b_m = tl.maximum(b_m, b_ls[n])
+    b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
+    b_s = tl.zeros_like(b_m)
+    b_own = tl.zeros_like(b_m)
+    for n in tl.static_range(N):
+        b_e = tl.exp2(b_ls[n] - b_m)
+        b_s += b_e
+        b_own += tl.where(cp_rank == n, b_e, 0.0)
+    return b_own / tl.maximum(b_s, 1.0), tl.log2(b_s) + b_m
 
 
 @triton.jit
@@ -207,6 +231,7 @@ def _correct_attn_out_contig_kernel(
     BLOCK_D: tl.constexpr,
     ALIGN: tl.constexpr,
     IS_BASE_E: tl.constexpr,
+    LSE_ROWS: tl.constexpr,
 ):
     """Lean form for ``correct_attn_out``: contiguous ``out [B, H, D]`` scaled in place,
     contiguous ``lses [N, B, H]``, ``lse_out [B, H]``; ``num_rows = B * H``.
@@ -214,7 +239,9 @@ def _correct_attn_out_contig_kernel(
     A program takes ``BLOCK_R`` consecutive flattened (b, h) rows: consecutive programs
     stream consecutive memory, the row offset is ``row * D`` (no division), the LSEs of
     source n are the contiguous ``lses[n * B * H + row]``. Every load (first payload chunk,
-    the ``[N_POW2, BLOCK_R]`` LSE tile) is issued before any math or store.
+    the LSEs) is issued before any math or store. ``LSE_ROWS``: the LSEs as N row vectors
+    with element-wise math (``_lse_weight_rows``), else one ``[N_POW2, BLOCK_R]`` tile
+    reduced across threads (``_lse_weight``); the launcher picks by measured speed.
     """
     i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     m_r = i_r < num_rows
@@ -225,7 +252,10 @@ def _correct_attn_out_contig_kernel(
     else:
         m_x0 = m_r[:, None] & (i_d0[None, :] < HEAD_DIM)
     b_x0 = tl.load(out_ptr + (o_x[:, None] + i_d0[None, :]), mask=m_x0, other=0.0)
-    b_w, b_glse2 = _lse_weight(lses_ptr, num_rows, i_r, m_r, cp_rank, N, N_POW2, IS_BASE_E)
+    if LSE_ROWS:
+        b_w, b_glse2 = _lse_weight_rows(lses_ptr, num_rows, i_r, m_r, cp_rank, N, IS_BASE_E)
+    else:
+        b_w, b_glse2 = _lse_weight(lses_ptr, num_rows, i_r, m_r, cp_rank, N, N_POW2, IS_BASE_E)
     b_w = b_w[:, None]
     for d0 in tl.static_range(0, HEAD_DIM, BLOCK_D):
         i_d = d0 + i_d0

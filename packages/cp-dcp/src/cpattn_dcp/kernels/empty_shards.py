@@ -30,7 +30,10 @@ def _row_is_empty(i_row, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS: tl.const
         # reduction instead of a dependent load.
         i_s = tl.arange(0, 1 << SEARCH_STEPS)
         m_s = i_s < num_seqs
-        b_bound = tl.load(qsl_ptr + 1 + i_s, mask=m_s, other=2147483647).to(tl.int64)
+        # Lanes past R count as +inf boundaries; set after widening (an `other` of 2^31 - 1
+        # would wrap in a narrow index dtype such as int16).
+        b_bound = tl.load(qsl_ptr + 1 + i_s, mask=m_s, other=0).to(tl.int64)
+        b_bound = tl.where(m_s, b_bound, 9223372036854775807)
         b_zero = tl.load(seq_lens_ptr + i_s, mask=m_s, other=1) == 0
         b_pos = tl.sum((b_bound[None, :] <= i_row[:, None]).to(tl.int32), axis=1)
         b_seq = tl.minimum(b_pos, num_seqs - 1)

@@ -14,6 +14,59 @@ from cpattn_dcp.ops._common import (
 
 __all__ = ["validate_combine_args"]
 
+_Tensor = torch.Tensor
+_INDEX_DTYPES = frozenset({torch.int32, torch.int64})
+
+
+def _valid_cuda(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    world_size: int,
+    seq_lens: torch.Tensor | None,
+    query_start_loc: torch.Tensor | None,
+    heads_divisible: bool,
+) -> bool:
+    """Cheap check (the per-call host path): plain CUDA tensors on one device that the
+    detailed checks below accept. False means "not proven", never "invalid"."""
+    if (
+        cp_attn_out.__class__ is not _Tensor
+        or cp_attn_lse.__class__ is not _Tensor
+        or type(world_size) is not int
+        or world_size < 1
+        or not cp_attn_out.is_cuda
+    ):
+        return False
+    o = cp_attn_out.shape
+    lse_shape = cp_attn_lse.shape
+    dev = cp_attn_out.get_device()
+    if not (
+        len(o) == 3
+        and len(lse_shape) == 2
+        and lse_shape[0] == o[0]
+        and lse_shape[1] == o[1]
+        and (not heads_divisible or o[1] % world_size == 0)
+        and cp_attn_out.dtype in OUT_DTYPES
+        and cp_attn_lse.dtype in LSE_DTYPES
+        and cp_attn_lse.is_cuda
+        and cp_attn_lse.get_device() == dev
+    ):
+        return False
+    if seq_lens is None or query_start_loc is None:
+        return seq_lens is None and query_start_loc is None
+    return (
+        seq_lens.__class__ is _Tensor
+        and query_start_loc.__class__ is _Tensor
+        and seq_lens.dim() == 1
+        and query_start_loc.dim() == 1
+        and query_start_loc.shape[0] == seq_lens.shape[0] + 1
+        and seq_lens.dtype in _INDEX_DTYPES
+        and query_start_loc.dtype in _INDEX_DTYPES
+        and seq_lens.is_cuda
+        and query_start_loc.is_cuda
+        and seq_lens.get_device() == dev
+        and query_start_loc.get_device() == dev
+    )
+
 
 def validate_combine_args(
     op: str,
@@ -26,6 +79,11 @@ def validate_combine_args(
     heads_divisible: bool,
 ) -> bool:
     """Check shapes/dtypes/devices of a combine call; return whether masking is on."""
+    # Traced code (torch.compile) takes the detailed checks: they run once, at trace time.
+    if not torch.compiler.is_compiling() and _valid_cuda(
+        cp_attn_out, cp_attn_lse, world_size, seq_lens, query_start_loc, heads_divisible
+    ):
+        return seq_lens is not None
     if not isinstance(cp_attn_out, torch.Tensor) or not isinstance(cp_attn_lse, torch.Tensor):
         raise TypeError(
             f"{op}: cp_attn_out and cp_attn_lse must be tensors, got "

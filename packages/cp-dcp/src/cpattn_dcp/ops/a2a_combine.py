@@ -4,8 +4,8 @@ unpack-and-combine.
 Send and receive buffers ``[N, B, H/N, D_rec]`` (output dtype, ``D_rec =
 a2a_record_width(D, dtype) = round_up(D + P, 16 / element size)``): each record is the ``D``
 payload lanes, then ``P`` lanes carrying the fp32 LSE bits (``P = 2`` for fp16/bf16, ``P = 1``
-for fp32), then padding to a multiple of 16 bytes (never read or written), so that every
-record starts 16-byte aligned. The buffers are allocated per call, so a captured CUDA graph
+for fp32), then zero padding to a multiple of 16 bytes, so that every record starts
+16-byte aligned (the pack kernel writes whole records: see ``kernels/a2a.py``). The buffers are allocated per call, so a captured CUDA graph
 keeps valid addresses (a shared growable workspace would be freed under it). Exactly two
 kernel launches and one collective per call; no host sync.
 """
@@ -17,9 +17,9 @@ from typing import Any, Literal, overload
 
 import torch
 
-from cpattn_common.alloc import empty_output
+from cpattn_common.alloc import new_output
 from cpattn_common.group import CPGroupLike
-from cpattn_common.launch import launch_cached
+from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_dcp.comm.collectives import all_to_all_records
 from cpattn_dcp.comm.groups import (
     group_from_token,
@@ -43,9 +43,14 @@ __all__ = [
 
 _PACK_DIM = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 1}
 # The unpack kernel keeps N payload tiles in flight (unrolled over N): the tile per source
-# shrinks with N so that about 32 KiB of loads are in flight per program.
-_UNPACK_INFLIGHT_BYTES = 32768
+# shrinks with N so that about 16 KiB of loads are in flight per program (H200, bf16,
+# B=4096, benchmarks/variants.py: 16 KiB beat 32 and 64 KiB at every N and both head shapes,
+# e.g. H=64 D=128 N=8 0.80 / 0.72 / 0.75 of the copy bandwidth).
+_UNPACK_INFLIGHT_BYTES = 16384
 _UNPACK_MIN_BYTES = 2048
+# Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
+_pack_kernel = CachedKernel(_a2a_pack_kernel)
+_unpack_kernel = CachedKernel(_a2a_unpack_combine_fwd_kernel)
 
 
 def a2a_pack_dim(dtype: torch.dtype) -> int:
@@ -64,7 +69,7 @@ def a2a_record_width(head_dim: int, dtype: torch.dtype) -> int:
     """Lanes ``D_rec`` of one all-to-all record: ``round_up(D + P, 16 / element size)``.
 
     A record holds the ``D`` payload lanes, then ``P = a2a_pack_dim(dtype)`` lanes with the
-    fp32 LSE bits, then padding up to a multiple of 16 bytes (never read or written), so that
+    fp32 LSE bits, then zero padding up to a multiple of 16 bytes (written, never read), so that
     every record of a 16-byte-aligned buffer starts 16-byte aligned: multiples of 8 lanes for
     fp16/bf16 (D = 128 -> 136), of 4 lanes for fp32 (D = 128 -> 132).
 
@@ -81,8 +86,15 @@ def a2a_record_width(head_dim: int, dtype: torch.dtype) -> int:
     return -(-(head_dim + p) // vec) * vec
 
 
+@functools.lru_cache(maxsize=256)
+def _pack_spec(consts: tuple[tuple[str, int | bool], ...]) -> Specialization:
+    """The pack kernel specialized on ``consts`` (constexprs and ``num_warps``): one per
+    configuration, shared by every batch size that maps to it."""
+    return _pack_kernel.specialize(**dict(consts))
+
+
 @functools.lru_cache(maxsize=1024)
-def _pack_consts(
+def _pack_plan(
     b: int,
     h: int,
     hr: int,
@@ -92,29 +104,29 @@ def _pack_consts(
     has_mask: bool,
     unit_d: bool,
     in_align: int,
-    lse_word: bool,
-) -> tuple[tuple[int], dict[str, int | bool]]:
-    """Grid and constexpr/launch keywords of the pack kernel (memoised per shape)."""
+) -> tuple[tuple[int], Specialization]:
+    """Grid and kernel specialization of the pack kernel (memoised per shape)."""
     p = 4 // size
     num_rows = b * h
     block_r, block_d, num_warps = tile_config(num_rows, d, size)
-    consts: dict[str, int | bool] = {
-        "NUM_HEADS": h,
-        "HEADS_PER_RANK": hr,
-        "HEAD_DIM": d,
-        "REC_WIDTH": -(-(d + p) // (16 // size)) * (16 // size),
-        "PACK": p,
-        "UNIT_D": unit_d,
-        "IN_ALIGN": in_align,
-        "REC_ALIGN": 16 // size,
-        "LSE_WORD": lse_word,
-        "HAS_MASK": has_mask,
-        "SEARCH_STEPS": search_steps(num_seqs),
-        "BLOCK_R": block_r,
-        "BLOCK_D": block_d,
-        "num_warps": num_warps,
-    }
-    return (-(-num_rows // block_r),), consts
+    rec = -(-(d + p) // (16 // size)) * (16 // size)
+    consts = (
+        ("NUM_HEADS", h),
+        ("HEADS_PER_RANK", hr),
+        ("HEAD_DIM", d),
+        ("REC_WIDTH", rec),
+        ("PACK", p),
+        ("UNIT_D", unit_d),
+        ("IN_ALIGN", in_align),
+        ("REC_ALIGN", 16 // size),
+        ("TAIL_POW2", next_pow2(rec - d)),
+        ("HAS_MASK", has_mask),
+        ("SEARCH_STEPS", search_steps(num_seqs)),
+        ("BLOCK_R", block_r),
+        ("BLOCK_D", block_d),
+        ("num_warps", num_warps),
+    )
+    return (-(-num_rows // block_r),), _pack_spec(consts)
 
 
 def _pow2_divisor(x: int, cap: int) -> int:
@@ -146,70 +158,76 @@ def _launch_pack(
     unit_d = s_out[2] == 1 or d == 1
     vec = 16 // size
     in_align = _pow2_divisor(s_out[1], _pow2_divisor(s_out[0], vec)) if unit_d else 1
-    # The LSE lanes as one 32-bit word: fp32, or 16-bit with D even in a 4-byte-aligned buffer
-    # (a caller's ``send`` view may start 2 bytes off).
-    lse_word = size == 4 or (d % 2 == 0 and send.data_ptr() % 4 == 0)
-    grid, consts = _pack_consts(
-        b, h, h // n, d, size, num_seqs, has_mask, unit_d, in_align, lse_word
-    )
-    launch_cached(
-        _a2a_pack_kernel,
+    grid, spec = _pack_plan(b, h, h // n, d, size, num_seqs, has_mask, unit_d, in_align)
+    spec(
         grid,
-        out_ptr=cp_attn_out,
-        stride_out_b=s_out[0],
-        stride_out_h=s_out[1],
-        stride_out_d=s_out[2],
-        lse_ptr=cp_attn_lse,
-        stride_lse_b=s_lse[0],
-        stride_lse_h=s_lse[1],
-        send_ptr=send,
-        seq_lens_ptr=sl,
-        qsl_ptr=qsl,
-        num_seqs=num_seqs,
-        num_tokens=b,
-        **consts,
+        cp_attn_out,
+        s_out[0],
+        s_out[1],
+        s_out[2],
+        cp_attn_lse,
+        s_lse[0],
+        s_lse[1],
+        send,
+        sl,
+        qsl,
+        num_seqs,
+        b,
     )
 
 
 @functools.lru_cache(maxsize=1024)
 def _unpack_config(n: int, num_rows: int, d: int, size: int) -> tuple[int, int, int, int]:
-    """``(grid0, BLOCK_R, BLOCK_D, num_warps)``: about 32 KiB of payload loads in flight."""
+    """``(grid0, BLOCK_R, BLOCK_D, num_warps)``: about 16 KiB of payload loads in flight."""
     target = max(_UNPACK_MIN_BYTES, _UNPACK_INFLIGHT_BYTES // n)
     block_r, block_d, num_warps = tile_config(num_rows, d, size, target)
     return -(-num_rows // block_r), block_r, block_d, num_warps
+
+
+@functools.lru_cache(maxsize=256)
+def _unpack_spec(consts: tuple[tuple[str, int | bool], ...]) -> Specialization:
+    """The unpack-combine kernel specialized on ``consts`` (see ``_pack_spec``)."""
+    return _unpack_kernel.specialize(**dict(consts))
+
+
+@functools.lru_cache(maxsize=1024)
+def _unpack_plan(
+    n: int, num_rows: int, d: int, rec: int, size: int, lse_word: bool, base_e: bool, has_lse: bool
+) -> tuple[tuple[int], Specialization]:
+    """Grid and kernel specialization of the unpack-combine kernel (memoised per shape)."""
+    grid0, block_r, block_d, num_warps = _unpack_config(n, num_rows, d, size)
+    consts = (
+        ("N", n),
+        ("N_POW2", next_pow2(n)),
+        ("HEAD_DIM", d),
+        ("REC_WIDTH", rec),
+        ("PACK", 4 // size),
+        ("REC_ALIGN", 16 // size),
+        ("LSE_WORD", lse_word),
+        ("BLOCK_R", block_r),
+        ("BLOCK_D", block_d),
+        ("IS_BASE_E", base_e),
+        ("HAS_LSE_OUT", has_lse),
+        ("num_warps", num_warps),
+    )
+    return (grid0,), _unpack_spec(consts)
 
 
 def _launch_unpack(
     recv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None, is_lse_base_on_e: bool
 ) -> None:
     n, b, hr, rec = recv.shape
-    d = out.shape[2]
-    p = _PACK_DIM[recv.dtype]
     num_rows = b * hr
     if num_rows == 0:
         return
     size = recv.element_size()
-    grid0, block_r, block_d, num_warps = _unpack_config(n, num_rows, d, size)
-    launch_cached(
-        _a2a_unpack_combine_fwd_kernel,
-        (grid0,),
-        recv_ptr=recv,
-        dst_ptr=out,
-        lse_out_ptr=lse if lse is not None else out,
-        num_rows=num_rows,
-        N=n,
-        N_POW2=next_pow2(n),
-        HEAD_DIM=d,
-        REC_WIDTH=rec,
-        PACK=p,
-        REC_ALIGN=16 // size,
-        LSE_WORD=p == 2 and d % 2 == 0 and recv.data_ptr() % 4 == 0,
-        BLOCK_R=block_r,
-        BLOCK_D=block_d,
-        IS_BASE_E=is_lse_base_on_e,
-        HAS_LSE_OUT=lse is not None,
-        num_warps=num_warps,
+    d = out.shape[2]
+    # The LSE as one 32-bit word: 16-bit dtype, D even, recv 4-byte aligned (a view may not be).
+    lse_word = size == 2 and d % 2 == 0 and recv.data_ptr() % 4 == 0
+    grid, spec = _unpack_plan(
+        n, num_rows, d, rec, size, lse_word, is_lse_base_on_e, lse is not None
     )
+    spec(grid, recv, out, lse if lse is not None else out, num_rows)
 
 
 def a2a_pack(
@@ -237,7 +255,7 @@ def a2a_pack(
         dtype) = round_up(D + P, 16 / element size)`` (``P = a2a_pack_dim(dtype)``):
         ``send[n, b, j, :D] = cp_attn_out[b, n*H/N + j]``, lanes ``D..D+P-1`` hold the
         (masked) LSE as fp32 bits (low 16 bits in lane D, high 16 bits in lane D + 1 for
-        16-bit dtypes), lanes ``D+P..D_rec-1`` are padding and are not written.
+        16-bit dtypes), lanes ``D+P..D_rec-1`` are padding, written as zeros.
     """
     has_mask = validate_combine_args(
         "a2a_pack",
@@ -251,7 +269,7 @@ def a2a_pack(
     b, h, d = cp_attn_out.shape
     shape = (cp_world_size, b, h // cp_world_size, a2a_record_width(d, cp_attn_out.dtype))
     if send is None:
-        send = empty_output(shape, dtype=cp_attn_out.dtype, device=cp_attn_out.device)
+        send = new_output(cp_attn_out, shape)
     elif (
         tuple(send.shape) != shape
         or send.dtype != cp_attn_out.dtype
@@ -318,8 +336,8 @@ def _unpack_combine(
     recv: torch.Tensor, d: int, return_lse: bool, is_lse_base_on_e: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     _, b, hr, _ = recv.shape
-    out = empty_output((b, hr, d), dtype=recv.dtype, device=recv.device)
-    lse = empty_output((b, hr), dtype=torch.float32, device=recv.device) if return_lse else None
+    out = new_output(recv, (b, hr, d))
+    lse = new_output(recv, (b, hr), torch.float32) if return_lse else None
     _launch_unpack(recv, out, lse, is_lse_base_on_e)
     return out, lse
 
@@ -339,10 +357,10 @@ def a2a_combine_fwd(
     b, h, d = cp_attn_out.shape
     shape = (n, b, h // n, a2a_record_width(d, cp_attn_out.dtype))
     if n == 1:
-        send = recv = empty_output(shape, dtype=cp_attn_out.dtype, device=cp_attn_out.device)
+        send = recv = new_output(cp_attn_out, shape)
     else:
         # One allocation for both staging buffers (fresh per call: CUDA-graph safe).
-        staging = empty_output((2, *shape), dtype=cp_attn_out.dtype, device=cp_attn_out.device)
+        staging = new_output(cp_attn_out, (2, *shape))
         send, recv = staging[0], staging[1]
     _launch_pack(cp_attn_out, cp_attn_lse, send, n, seq_lens, query_start_loc)
     if n > 1:
@@ -445,7 +463,7 @@ def dcp_a2a_lse_reduce(
     buffers ``[N, B, H/N, D_rec]`` of the output dtype, ``D_rec = a2a_record_width(D, dtype)
     = round_up(D + P, 16 / element size)``: lanes ``[0, D)`` the payload, lanes
     ``D..D+P-1`` the fp32 LSE bits (``P = 2`` 16-bit halves, low first, for fp16/bf16;
-    ``P = 1`` for fp32), the rest padding (never read or written). Every record starts
+    ``P = 1`` for fp32), the rest zero padding (never read). Every record starts
     16-byte aligned.
 
     Args:

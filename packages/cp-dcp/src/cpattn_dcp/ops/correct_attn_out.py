@@ -2,6 +2,11 @@
 
 ``out[b, h, :] *= b^(lses[r, b, h] - L[b, h])`` with the global ``L = log_b sum_n b^lses[n]``
 (sanitised: NaN/+inf count as -inf; weight 0 writes exactly 0). One kernel launch.
+
+Host cost per eager call is kept small (decode steps run this once per layer): a cheap
+validity check (the detailed validation only runs when it fails, and raises), a plain
+``new_output`` (``new_empty``) allocation, one memoised look-up of the grid and the kernel
+``Specialization`` (constexprs and ``num_warps`` fixed), and a positional cached launch.
 """
 
 from __future__ import annotations
@@ -10,8 +15,8 @@ import functools
 
 import torch
 
-from cpattn_common.alloc import empty_output
-from cpattn_common.launch import launch_cached
+from cpattn_common.alloc import new_output
+from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_dcp.context import CPTritonContext
 from cpattn_dcp.kernels.correct_attn_out import (
     _correct_attn_out_contig_kernel,
@@ -27,6 +32,20 @@ from cpattn_dcp.ops._common import (
 )
 
 __all__ = ["correct_attn_out", "correct_attn_out_fwd", "launch_correct"]
+
+_Tensor = torch.Tensor
+# The lean kernel computes the weights from one row vector per source (element-wise) instead
+# of one [N_POW2, BLOCK_R] tile reduced across threads when N <= _LSE_ROWS_MAX_N and that
+# tile would have at least _LSE_ROWS_MIN_TILE elements (one per thread of 8 warps). H200,
+# bf16, B=4096 (benchmarks/variants.py --ab, fraction of the copy bandwidth, rows / tile):
+# H=64 D=128 (32-row blocks) N=8 0.84 / 0.78 (ncu: 45 vs 54 us, L1 34% vs 91% busy with the
+# tile's shared-memory reductions), N=4 0.89 / 0.93; H=128 D=512 (16-row blocks) N=8
+# 0.91 / 0.95, N=2 and N=4 within 0.01.
+_LSE_ROWS_MAX_N = 8
+_LSE_ROWS_MIN_TILE = 256
+# Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
+_contig_kernel = CachedKernel(_correct_attn_out_contig_kernel)
+_general_kernel = CachedKernel(_correct_attn_out_fwd_kernel)
 
 
 def _squeeze_out(out: torch.Tensor) -> torch.Tensor:
@@ -75,6 +94,29 @@ def _validate(out: torch.Tensor, lses: torch.Tensor, cp_rank: int) -> None:
         raise ValueError(f"cp_rank {cp_rank} is out of range for {n} gathered LSEs")
 
 
+def _valid_fast(out: torch.Tensor, lses: torch.Tensor, cp_rank: int) -> bool:
+    """Cheap check: ``out [B, H, D]`` and ``lses [N, B, H]`` that need no squeeze and that
+    ``_validate`` accepts (plain tensors, supported dtypes, one device, ``cp_rank`` in range).
+
+    False means "not proven": the caller squeezes and runs ``_validate`` (which raises on
+    bad input), so errors and their messages come from one place.
+    """
+    if out.__class__ is not _Tensor or lses.__class__ is not _Tensor or type(cp_rank) is not int:
+        return False
+    o = out.shape
+    s = lses.shape
+    return (
+        len(o) == 3
+        and len(s) == 3
+        and s[1] == o[0]
+        and s[2] == o[1]
+        and 0 <= cp_rank < s[0]
+        and out.dtype in OUT_DTYPES
+        and lses.dtype in LSE_DTYPES
+        and out.device == lses.device
+    )
+
+
 def _align(vec: int, *strides: int) -> int:
     """Largest power of two <= ``vec`` dividing every nonzero stride (elements)."""
     a = vec
@@ -100,11 +142,97 @@ def _correct_config(
     return (-(-b // block_b), -(-h // block_h)), block_b, block_h, block_d, num_warps
 
 
+@functools.lru_cache(maxsize=1024)
+def _general_spec(
+    d: int,
+    heads_per_group: int,
+    n_pow2: int,
+    block_b: int,
+    block_h: int,
+    block_d: int,
+    src_align: int,
+    dst_align: int,
+    is_base_e: bool,
+    has_lse_out: bool,
+    num_warps: int,
+) -> Specialization:
+    """The general kernel specialized on its constexprs (kept per configuration, not per
+    batch size, so its cached compiled kernels are shared by every batch size)."""
+    return _general_kernel.specialize(
+        HEAD_DIM=d,
+        HEADS_PER_GROUP=heads_per_group,
+        N_POW2=n_pow2,
+        BLOCK_B=block_b,
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
+        SRC_ALIGN=src_align,
+        DST_ALIGN=dst_align,
+        IS_BASE_E=is_base_e,
+        HAS_LSE_OUT=has_lse_out,
+        num_warps=num_warps,
+    )
+
+
 @functools.lru_cache(maxsize=4096)
-def _contig_launch_config(
+def _general_plan(
+    n: int,
+    b: int,
+    h: int,
+    d: int,
+    size: int,
+    src_strides: tuple[int, ...],
+    dst_strides: tuple[int, int, int, int],
+    heads_per_group: int,
+    is_base_e: bool,
+    has_lse_out: bool,
+) -> tuple[tuple[int, int], Specialization]:
+    """Grid and specialization of the general kernel for one call shape (memoised, so a
+    repeated call costs one look-up instead of the tile and alignment arithmetic)."""
+    grid, block_b, block_h, block_d, num_warps = _correct_config(b, h, d, size)
+    vec = 16 // size
+    grouped = heads_per_group != h
+    dst_align = (
+        _align(vec, *dst_strides[:3]) if grouped else _align(vec, dst_strides[0], dst_strides[2])
+    )
+    spec = _general_spec(
+        d,
+        heads_per_group if grouped else 0,
+        next_pow2(n),
+        block_b,
+        block_h,
+        block_d,
+        _align(vec, src_strides[0], src_strides[1]),
+        dst_align,
+        is_base_e,
+        has_lse_out,
+        num_warps,
+    )
+    return grid, spec
+
+
+@functools.lru_cache(maxsize=1024)
+def _contig_spec(
+    d: int, n: int, block_r: int, block_d: int, align: int, is_base_e: bool, num_warps: int
+) -> Specialization:
+    """The lean kernel specialized on its constexprs (shared by every batch size)."""
+    return _contig_kernel.specialize(
+        HEAD_DIM=d,
+        N=n,
+        N_POW2=next_pow2(n),
+        BLOCK_R=block_r,
+        BLOCK_D=block_d,
+        ALIGN=align,
+        IS_BASE_E=is_base_e,
+        LSE_ROWS=n <= _LSE_ROWS_MAX_N and next_pow2(n) * block_r >= _LSE_ROWS_MIN_TILE,
+        num_warps=num_warps,
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _contig_plan(
     b: int, h: int, d: int, n: int, size: int, is_base_e: bool
-) -> tuple[tuple[int], dict[str, int | bool]]:
-    """Grid and constexpr/launch keywords of the lean kernel (memoised per shape).
+) -> tuple[tuple[int], Specialization]:
+    """Grid and specialization of the lean kernel (memoised per shape).
 
     One program per ``BLOCK_R`` consecutive flattened (b, h) rows times the full head dim:
     about 16 KiB of partial output per program (64 heads x 128 or 16 heads x 512 bf16, 8
@@ -112,17 +240,8 @@ def _contig_launch_config(
     per program); consecutive programs read consecutive memory.
     """
     block_r, block_d, num_warps = tile_config(b * h, d, size)
-    consts: dict[str, int | bool] = {
-        "HEAD_DIM": d,
-        "N": n,
-        "N_POW2": next_pow2(n),
-        "BLOCK_R": block_r,
-        "BLOCK_D": block_d,
-        "ALIGN": _align(16 // size, d),
-        "IS_BASE_E": is_base_e,
-        "num_warps": num_warps,
-    }
-    return (-(-(b * h) // block_r),), consts
+    spec = _contig_spec(d, n, block_r, block_d, _align(16 // size, d), is_base_e, num_warps)
+    return (-(-(b * h) // block_r),), spec
 
 
 def launch_correct(
@@ -160,7 +279,7 @@ def launch_correct(
         # Rare layout: work on a unit-stride copy (in place: write the result back).
         tmp = src.contiguous() if s_src[2] != 1 else src
         if dst_strides[3] != 1 or dst.data_ptr() == src.data_ptr():
-            out = empty_output((b, h, d), dtype=tmp.dtype, device=tmp.device)
+            out = new_output(tmp, (b, h, d))
             launch_correct(tmp, out, (h * d, 0, d, 1), h, lses, lse_out, lse_h0, cp_rank,
                            is_lse_base_on_e)  # fmt: skip
             full = dst.as_strided(
@@ -170,45 +289,40 @@ def launch_correct(
             return
         src = tmp
         s_src = src.stride()
-    size = src.element_size()
-    vec = 16 // size
-    grid, block_b, block_h, block_d, num_warps = _correct_config(b, h, d, size)
     s_l = lses.stride()
-    grouped = heads_per_group != h
-    launch_cached(
-        _correct_attn_out_fwd_kernel,
+    grid, spec = _general_plan(
+        n,
+        b,
+        h,
+        d,
+        src.element_size(),
+        s_src,
+        dst_strides,
+        heads_per_group,
+        is_lse_base_on_e,
+        lse_out is not None,
+    )
+    # Runtime arguments positionally, in the kernel's signature order.
+    spec(
         grid,
-        src_ptr=src,
-        stride_src_b=s_src[0],
-        stride_src_h=s_src[1],
-        dst_ptr=dst,
-        stride_dst_b=dst_strides[0],
-        stride_dst_g=dst_strides[1],
-        stride_dst_h=dst_strides[2],
-        lses_ptr=lses,
-        stride_lses_n=s_l[0],
-        stride_lses_b=s_l[1],
-        stride_lses_h=s_l[2],
-        lse_out_ptr=lse_out if lse_out is not None else lses,
-        num_tokens=b,
-        num_heads=h,
-        lse_h0=lse_h0,
-        lse_hn=lse_out.shape[1] if lse_out is not None else 0,
-        cp_rank=cp_rank,
-        cp_world_size=n,
-        HEAD_DIM=d,
-        HEADS_PER_GROUP=heads_per_group if grouped else 0,
-        N_POW2=next_pow2(n),
-        BLOCK_B=block_b,
-        BLOCK_H=block_h,
-        BLOCK_D=block_d,
-        SRC_ALIGN=_align(vec, s_src[0], s_src[1]),
-        DST_ALIGN=_align(vec, *dst_strides[:3])
-        if grouped
-        else _align(vec, dst_strides[0], dst_strides[2]),
-        IS_BASE_E=is_lse_base_on_e,
-        HAS_LSE_OUT=lse_out is not None,
-        num_warps=num_warps,
+        src,
+        s_src[0],
+        s_src[1],
+        dst,
+        dst_strides[0],
+        dst_strides[1],
+        dst_strides[2],
+        lses,
+        s_l[0],
+        s_l[1],
+        s_l[2],
+        lse_out if lse_out is not None else lses,
+        b,
+        h,
+        lse_h0,
+        lse_out.shape[1] if lse_out is not None else 0,
+        cp_rank,
+        n,
     )
 
 
@@ -217,22 +331,13 @@ def correct_attn_out_fwd(
 ) -> torch.Tensor:
     """Rescale ``out [B, H, D]`` in place; return the global LSE ``[B, H]`` (lses' dtype)."""
     n, b, h = lses.shape
-    lse = empty_output((b, h), dtype=lses.dtype, device=lses.device)
+    lse = new_output(lses, (b, h))
     d = out.shape[2]
     if b * h == 0 or d == 0:
         return lse
     if out.is_contiguous() and lses.is_contiguous():
-        grid, consts = _contig_launch_config(b, h, d, n, out.element_size(), is_lse_base_on_e)
-        launch_cached(
-            _correct_attn_out_contig_kernel,
-            grid,
-            out_ptr=out,
-            lses_ptr=lses,
-            lse_out_ptr=lse,
-            num_rows=b * h,
-            cp_rank=cp_rank,
-            **consts,
-        )
+        grid, spec = _contig_plan(b, h, d, n, out.element_size(), is_lse_base_on_e)
+        spec(grid, out, lses, lse, b * h, cp_rank)
     else:
         s = out.stride()
         launch_correct(out, out, (s[0], 0, s[1], s[2]), h, lses, lse, 0, cp_rank, is_lse_base_on_e)
@@ -283,13 +388,17 @@ def correct_attn_out(
         >>> out, lse = correct_attn_out(out_rank1, lses, cp_rank=1)
     """
     del ctx
-    out3 = _squeeze_out(out)
-    lses3 = _squeeze_lses(lses)
-    _validate(out3, lses3, cp_rank)
     if torch.compiler.is_compiling():
+        out3 = _squeeze_out(out)
+        lses3 = _squeeze_lses(lses)
+        _validate(out3, lses3, cp_rank)
         lse: torch.Tensor = torch.ops.cpattn_dcp.correct_attn_out(
             out3, lses3, cp_rank, bool(is_lse_base_on_e)
         )
-    else:
-        lse = correct_attn_out_fwd(out3, lses3, cp_rank, bool(is_lse_base_on_e))
-    return out3, lse
+        return out3, lse
+    # Eager: skip the dispatcher, and validate in full only what the cheap check cannot prove.
+    if not _valid_fast(out, lses, cp_rank):
+        out = _squeeze_out(out)
+        lses = _squeeze_lses(lses)
+        _validate(out, lses, cp_rank)
+    return out, correct_attn_out_fwd(out, lses, cp_rank, bool(is_lse_base_on_e))

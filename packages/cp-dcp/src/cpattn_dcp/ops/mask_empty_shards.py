@@ -3,6 +3,10 @@
 Row i of ``lse [B, H]`` is empty when ``i >= query_start_loc[R]`` (CUDA-graph padding) or its
 request ``s = min(#{k in 1..R : query_start_loc[k] <= i}, R - 1)`` has ``seq_lens[s] == 0``
 (no local KV on this rank). One kernel launch, no host sync (CUDA-graph safe).
+
+Eager calls check their arguments cheaply (the detailed validation only runs when that check
+fails, and raises) and launch a memoised kernel ``Specialization`` positionally, so the host
+cost stays far below a generic keyword launch.
 """
 
 from __future__ import annotations
@@ -11,17 +15,30 @@ import functools
 
 import torch
 
-from cpattn_common.alloc import empty_output
-from cpattn_common.launch import launch_cached
+from cpattn_common.alloc import new_output
+from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_dcp.kernels.empty_shards import (
     _mask_empty_shards_inplace_kernel,
     _mask_empty_shards_kernel,
 )
-from cpattn_dcp.ops._common import check_lse_dtype, check_mask_args, next_pow2, search_steps
+from cpattn_dcp.ops._common import (
+    LSE_DTYPES,
+    check_lse_dtype,
+    check_mask_args,
+    next_pow2,
+    search_steps,
+)
 
 __all__ = ["mask_dcp_empty_shards_", "masked_lse_copy"]
 
 _BLOCK_B = 64
+_Tensor = torch.Tensor
+# Index dtypes the cheap check accepts; any other integer dtype takes the full validation
+# (which accepts it too).
+_INDEX_DTYPES = frozenset({torch.int32, torch.int64})
+# Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
+_inplace_kernel = CachedKernel(_mask_empty_shards_inplace_kernel)
+_copy_kernel = CachedKernel(_mask_empty_shards_kernel)
 
 
 def _check_lse(lse: torch.Tensor) -> None:
@@ -30,6 +47,68 @@ def _check_lse(lse: torch.Tensor) -> None:
     if lse.dim() != 2:
         raise ValueError(f"expected lse [B, H], got shape {tuple(lse.shape)}")
     check_lse_dtype("lse", lse)
+
+
+def _valid_fast(lse: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor) -> bool:
+    """Cheap check: arguments that ``_check_lse`` and ``check_mask_args`` accept with
+    masking on (plain tensors, ``lse [B, H]`` of a supported dtype, 1-D int32/int64
+    ``seq_lens [R]`` and ``query_start_loc [R + 1]``, one device).
+
+    False means "not proven": the caller runs the full validation, which raises on bad
+    input.
+    """
+    if (
+        lse.__class__ is not _Tensor
+        or seq_lens.__class__ is not _Tensor
+        or query_start_loc.__class__ is not _Tensor
+    ):
+        return False
+    r = seq_lens.shape
+    q = query_start_loc.shape
+    dev = lse.device
+    return (
+        lse.dim() == 2
+        and len(r) == 1
+        and len(q) == 1
+        and q[0] == r[0] + 1
+        and lse.dtype in LSE_DTYPES
+        and seq_lens.dtype in _INDEX_DTYPES
+        and query_start_loc.dtype in _INDEX_DTYPES
+        and seq_lens.device == dev
+        and query_start_loc.device == dev
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _copy_plan(
+    num_rows: int, num_heads: int, num_seqs: int, has_mask: bool, is_copy: bool
+) -> tuple[tuple[int], Specialization]:
+    """Grid and specialization of the general mask kernel (memoised per shape)."""
+    block_b = min(_BLOCK_B, next_pow2(num_rows))
+    spec = _copy_spec(
+        has_mask, is_copy, search_steps(num_seqs), block_b, min(64, next_pow2(num_heads))
+    )
+    return (-(-num_rows // block_b),), spec
+
+
+@functools.lru_cache(maxsize=256)
+def _copy_spec(
+    has_mask: bool, is_copy: bool, steps: int, block_b: int, block_h: int
+) -> Specialization:
+    """The general mask kernel specialized on its constexprs (shared by every batch size)."""
+    return _copy_kernel.specialize(
+        HAS_MASK=has_mask,
+        IS_COPY=is_copy,
+        SEARCH_STEPS=steps,
+        BLOCK_B=block_b,
+        BLOCK_H=block_h,
+        num_warps=2,
+    )
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when contiguous (no dispatcher call), else a contiguous copy."""
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def _launch_mask(
@@ -45,27 +124,24 @@ def _launch_mask(
         return
     has_mask = seq_lens is not None and query_start_loc is not None
     num_seqs = seq_lens.shape[0] if seq_lens is not None else 0
-    block_b = min(_BLOCK_B, next_pow2(num_rows))
-    launch_cached(
-        _mask_empty_shards_kernel,
-        (-(-num_rows // block_b),),
-        src_ptr=src,
-        stride_src_b=src.stride(0),
-        stride_src_h=src.stride(1),
-        dst_ptr=dst,
-        stride_dst_b=dst.stride(0),
-        stride_dst_h=dst.stride(1),
-        seq_lens_ptr=seq_lens.contiguous() if seq_lens is not None else src,
-        qsl_ptr=query_start_loc.contiguous() if query_start_loc is not None else src,
-        num_seqs=num_seqs,
-        num_rows=num_rows,
-        num_heads=num_heads,
-        HAS_MASK=has_mask,
-        IS_COPY=is_copy,
-        SEARCH_STEPS=search_steps(num_seqs),
-        BLOCK_B=block_b,
-        BLOCK_H=min(64, next_pow2(num_heads)),
-        num_warps=2,
+    grid, spec = _copy_plan(num_rows, num_heads, num_seqs, has_mask, is_copy)
+    s_src = src.stride()
+    s_dst = dst.stride()
+    # Runtime arguments positionally, in the kernel's signature order; without a mask the
+    # index pointers are never read (``src`` stands in).
+    spec(
+        grid,
+        src,
+        s_src[0],
+        s_src[1],
+        dst,
+        s_dst[0],
+        s_dst[1],
+        _contiguous(seq_lens) if seq_lens is not None else src,
+        _contiguous(query_start_loc) if query_start_loc is not None else src,
+        num_seqs,
+        num_rows,
+        num_heads,
     )
 
 
@@ -77,36 +153,37 @@ def mask_dcp_empty_shards_impl(
     if num_rows == 0 or num_heads == 0:
         return
     num_seqs = seq_lens.shape[0]
-    grid0, consts = _inplace_config(num_rows, num_heads, num_seqs)
+    grid, spec = _inplace_plan(num_rows, num_heads, num_seqs)
     s = lse.stride()
-    launch_cached(
-        _mask_empty_shards_inplace_kernel,
-        (grid0,),
-        lse_ptr=lse,
-        stride_b=s[0],
-        stride_h=s[1],
-        seq_lens_ptr=seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous(),
-        qsl_ptr=query_start_loc
-        if query_start_loc.is_contiguous()
-        else query_start_loc.contiguous(),
-        num_seqs=num_seqs,
-        num_rows=num_rows,
-        num_heads=num_heads,
-        **consts,
+    spec(
+        grid,
+        lse,
+        s[0],
+        s[1],
+        _contiguous(seq_lens),
+        _contiguous(query_start_loc),
+        num_seqs,
+        num_rows,
+        num_heads,
     )
 
 
 @functools.lru_cache(maxsize=1024)
-def _inplace_config(num_rows: int, num_heads: int, num_seqs: int) -> tuple[int, dict[str, int]]:
-    """Grid size and constexpr/launch keywords of the in-place mask (memoised per shape)."""
+def _inplace_plan(
+    num_rows: int, num_heads: int, num_seqs: int
+) -> tuple[tuple[int], Specialization]:
+    """Grid and specialization of the in-place mask (memoised per shape)."""
     block_b = min(_BLOCK_B, next_pow2(num_rows))
-    consts = {
-        "SEARCH_STEPS": search_steps(num_seqs),
-        "BLOCK_B": block_b,
-        "BLOCK_H": min(64, next_pow2(num_heads)),
-        "num_warps": 2,
-    }
-    return -(-num_rows // block_b), consts
+    spec = _inplace_spec(search_steps(num_seqs), block_b, min(64, next_pow2(num_heads)))
+    return (-(-num_rows // block_b),), spec
+
+
+@functools.lru_cache(maxsize=256)
+def _inplace_spec(steps: int, block_b: int, block_h: int) -> Specialization:
+    """The in-place mask kernel specialized on its constexprs (shared by every batch size)."""
+    return _inplace_kernel.specialize(
+        SEARCH_STEPS=steps, BLOCK_B=block_b, BLOCK_H=block_h, num_warps=2
+    )
 
 
 def masked_lse_copy(
@@ -119,7 +196,7 @@ def masked_lse_copy(
     ``seq_lens``/``query_start_loc`` ``None`` gives a plain contiguous copy. One launch; the
     caller's tensor is never modified. Arguments must already be validated.
     """
-    dst = empty_output(lse.shape, dtype=lse.dtype, device=lse.device)
+    dst = new_output(lse, lse.shape)
     _launch_mask(lse, dst, seq_lens, query_start_loc, is_copy=True)
     return dst
 
@@ -163,6 +240,15 @@ def mask_dcp_empty_shards_(
         >>> mask_dcp_empty_shards_(lse, torch.tensor([0, 2]), torch.tensor([0, 1, 5]))
         ... # rows 0 (empty shard) and 5, 6 (padding) are now -inf
     """
+    if (
+        seq_lens is not None
+        and query_start_loc is not None
+        and not torch.compiler.is_compiling()
+        and _valid_fast(lse, seq_lens, query_start_loc)
+    ):
+        # Eager hot path: proven valid cheaply; skip the full checks and the dispatcher.
+        mask_dcp_empty_shards_impl(lse, seq_lens, query_start_loc)
+        return lse
     _check_lse(lse)
     if not check_mask_args(lse, seq_lens, query_start_loc):
         return lse

@@ -1,0 +1,225 @@
+"""Kernel-variant and timing-method probe: one GPU run, printed figures (dev tool).
+
+Sections:
+
+* ``methods``: at B=4096 (bf16), each kernel's fraction of the copy bandwidth under two ways
+  of emptying L2 before a timed call: ``triton.testing.do_bench``'s (zero-fill a 256 MB
+  buffer: the last L2-full of those writes is still dirty when the timed kernel starts, and
+  writing it back competes with the kernel) and a read-based flush (``cpattn_testing.bench
+  .time_cold``: L2 left holding clean lines). Copies of several sizes are timed both ways
+  too, so the effect on the ceiling itself is visible.
+* ``decode``: CUDA-graph replay time per call at decode sizes, inputs L2-cold (32 rotating
+  sets) and L2-warm (one set), against an empty kernel; ``merge-lazy`` is the merge kernel's
+  large-batch variant forced at decode size.
+* ``--probe``: a few launches of each kernel, to run under ``ncu``.
+
+    PYTHONPATH=packages/cp-common/src:packages/cp-dcp/src:packages/cp-testing/src \
+        python3 benchmarks/variants.py
+
+The figures it printed are summarised in docs/performance-notes.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import cpattn_dcp.ops.a2a_combine as a2a_mod
+import cpattn_dcp.ops.correct_attn_out as correct_mod
+import cpattn_testing.bench as hb
+from cpattn_common import merge_attn_states
+from cpattn_common.ops.merge_attn_states import merge_attn_states_fwd
+from cpattn_dcp import correct_attn_out
+from cpattn_dcp.ops.a2a_combine import a2a_pack, a2a_unpack_combine
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import eager_baselines as eb
+
+Case = tuple[torch.Tensor, ...]
+
+
+def _inputs(dev: torch.device, b: int, h: int, d: int, n: int, seed: int) -> Case:
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    out = torch.randn(b, h, d, device=dev, generator=gen).to(torch.bfloat16)
+    lse = torch.randn(b, h, device=dev, generator=gen)
+    outs = torch.randn(n, b, h, d, device=dev, generator=gen).to(torch.bfloat16)
+    lses = torch.randn(n, b, h, device=dev, generator=gen)
+    seq_lens = torch.randint(0, 4, (b,), device=dev, generator=gen, dtype=torch.int32)
+    qsl = torch.arange(b + 1, device=dev, dtype=torch.int32)
+    recv = eb.a2a_pack_eager(out, lse, n)
+    return out, lse, outs, lses, seq_lens, qsl, recv
+
+
+def _ops(n: int, d: int) -> dict[str, Callable[[Case], object]]:
+    return {
+        "merge": lambda t: merge_attn_states(t[2], t[3]),
+        "correct": lambda t: correct_attn_out(t[0], t[3], 0),
+        "pack+mask": lambda t: a2a_pack(t[0], t[1], n, seq_lens=t[4], query_start_loc=t[5]),
+        "pack": lambda t: a2a_pack(t[0], t[1], n),
+        "unpack": lambda t: a2a_unpack_combine(t[6], head_dim=d, return_lse=True),
+    }
+
+
+def _nbytes(name: str, b: int, h: int, d: int, n: int) -> int:
+    """Bytes as ``bench_kernels`` counts them (bf16: s = 2, P = 2)."""
+    s, hr, meta = 2, h // n, b * 4 + (b + 1) * 4
+    return {
+        "merge": n * b * h * (d * s + 4) + b * h * (d * s + 4),
+        "correct": 2 * b * h * d * s + n * b * h * 4 + b * h * 4,
+        "pack+mask": b * h * (d * s + 4) + b * h * (d + 2) * s + meta,
+        "pack": b * h * (d * s + 4) + b * h * (d + 2) * s,
+        "unpack": b * h * (d + 2) * s + b * hr * (d * s + 4),
+    }[name]
+
+
+def methods(dev: torch.device, batch: int) -> None:
+    _, big = hb.measure_copy_ceiling(dev)
+    copy_bps = 2 * (1 << 30) / (big.median_ms * 1e-3)
+    _, big_cold = hb.measure_copy_ceiling(dev, timer=hb.time_cold)
+    print(
+        f"copy 2.15 GB: do_bench {copy_bps / 1e12:.3f} TB/s, "
+        f"read-flush {2 * (1 << 30) / (big_cold.median_ms * 1e-3) / 1e12:.3f} TB/s",
+        flush=True,
+    )
+    for mb in (64, 128, 256, 512):
+        src = torch.randn(mb * (1 << 20) // 4, device=dev).to(torch.bfloat16)
+        dst = torch.empty_like(src)
+        moved = 2 * src.numel() * 2
+        copy = functools.partial(dst.copy_, src)
+        zero = moved / (hb.time_do_bench(copy).median_ms * 1e-3)
+        cold = moved / (hb.time_cold(copy).median_ms * 1e-3)
+        print(
+            f"copy {moved / 1e6:.0f} MB: do_bench {zero / copy_bps:.3f}  read-flush "
+            f"{cold / copy_bps:.3f} (of the 2.15 GB do_bench copy)",
+            flush=True,
+        )
+    for h, d in ((64, 128), (128, 512)):
+        for n in (2, 4, 8):
+            t = _inputs(dev, batch, h, d, n, n)
+            line = f"H={h} D={d} N={n}:"
+            for name, op in _ops(n, d).items():
+                nbytes = _nbytes(name, batch, h, d, n)
+                call = functools.partial(op, t)
+                zero = nbytes / (hb.time_do_bench(call).median_ms * 1e-3)
+                cold = nbytes / (hb.time_cold(call).median_ms * 1e-3)
+                line += f"  {name} {zero / copy_bps:.3f}/{cold / copy_bps:.3f}"
+            print(line + "  (do_bench / read-flush, fraction of copy)", flush=True)
+            del t, call
+            torch.cuda.empty_cache()
+
+
+def _switches() -> dict[str, list[tuple[str, Callable[[], None]]]]:
+    """Module-level knobs to compare, per op: (label, setter); the first entry is the default
+    and every setter clears the memoised launch plans."""
+
+    def correct_rows(max_n: int) -> Callable[[], None]:
+        def set_() -> None:
+            correct_mod._LSE_ROWS_MAX_N = max_n
+            correct_mod._contig_spec.cache_clear()
+            correct_mod._contig_plan.cache_clear()
+
+        return set_
+
+    def unpack_inflight(nbytes: int) -> Callable[[], None]:
+        def set_() -> None:
+            a2a_mod._UNPACK_INFLIGHT_BYTES = nbytes
+            a2a_mod._unpack_config.cache_clear()
+            a2a_mod._unpack_plan.cache_clear()
+
+        return set_
+
+    return {
+        "correct": [("default", correct_rows(8)), ("lse-tile", correct_rows(0))],
+        "unpack": [("16K", unpack_inflight(16384)), ("8K", unpack_inflight(8192))],
+    }
+
+
+def ab(dev: torch.device, batch: int) -> None:
+    """The ops under each knob setting (read-flush timing; decode: warm graph replay)."""
+    moved, t = hb.measure_copy_ceiling(dev, timer=hb.time_cold)
+    copy_bps = moved / (t.median_ms * 1e-3)
+    for op_name, settings in _switches().items():
+        for h, d in ((64, 128), (128, 512)):
+            for n in (2, 4, 8):
+                t_in = _inputs(dev, batch, h, d, n, n)
+                dec = [_inputs(dev, b, h, d, n, 0) for b in (1, 64)]
+                line = f"{op_name} H={h} D={d} N={n}:"
+                for label, set_ in settings:
+                    set_()
+                    op = _ops(n, d)[op_name]
+                    bps = _nbytes(op_name, batch, h, d, n) / (
+                        hb.time_cold(functools.partial(op, t_in)).median_ms * 1e-3
+                    )
+                    us = [
+                        hb.time_cuda_graph([functools.partial(op, x)] * 32).median_ms * 1e3
+                        for x in dec
+                    ]
+                    line += (
+                        f"  {label} {bps / copy_bps:.3f} (B=1 {us[0]:.2f} us, B=64 {us[1]:.2f} us)"
+                    )
+                settings[0][1]()
+                print(line, flush=True)
+                del t_in, dec
+                torch.cuda.empty_cache()
+
+
+def decode(dev: torch.device) -> None:
+    empty = hb.measure_empty_kernel_graph(dev).median_ms * 1e3
+    print(f"empty kernel replay {empty:.2f} us", flush=True)
+    for h, d, n in ((128, 512, 8), (128, 512, 2), (64, 128, 4)):
+        for b in (1, 8, 64):
+            sets = [_inputs(dev, b, h, d, n, i) for i in range(32)]
+            ops = _ops(n, d)
+            ops["merge-lazy"] = lambda t: merge_attn_states_fwd(t[2], t[3], eager=False)
+            line = f"H={h} D={d} N={n} B={b}:"
+            for name, op in ops.items():
+                fns = [lambda t=t, op=op: op(t) for t in sets]
+                cold = hb.time_cuda_graph(fns).median_ms * 1e3
+                warm = hb.time_cuda_graph([fns[0]] * 32).median_ms * 1e3
+                line += f"  {name} {cold:.2f}/{warm:.2f}"
+            print(line + "  (us cold/warm)", flush=True)
+
+
+def probe(dev: torch.device) -> None:
+    """One launch of ``correct_attn_out`` per knob setting at H=64 D=128 N=8 (run under
+    ``ncu``), then one of each op at two shapes."""
+    t = _inputs(dev, 4096, 64, 128, 8, 0)
+    for _, set_ in _switches()["correct"]:
+        set_()
+        _ops(8, 128)["correct"](t)
+    _switches()["correct"][0][1]()
+    for b, h, d, n in ((4096, 64, 128, 4), (1, 128, 512, 8)):
+        t = _inputs(dev, b, h, d, n, 0)
+        for op in _ops(n, d).values():
+            op(t)
+    torch.cuda.synchronize()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch", type=int, default=4096)
+    parser.add_argument("--skip-decode", action="store_true")
+    parser.add_argument("--skip-methods", action="store_true")
+    parser.add_argument("--probe", action="store_true", help="only a few launches, for ncu")
+    parser.add_argument("--ab", action="store_true", help="only the knob comparisons")
+    args = parser.parse_args()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    if args.probe:
+        probe(dev)
+        return
+    if args.ab:
+        ab(dev, args.batch)
+        return
+    if not args.skip_methods:
+        methods(dev, args.batch)
+    if not args.skip_decode:
+        decode(dev)
+
+
+if __name__ == "__main__":
+    main()
