@@ -5,9 +5,11 @@
   the device-to-device copy bandwidth measured in the same run.
 - Decode latency (issue 5): B in {1, 8, 64}, timed under CUDA-graph replay, within 1.5x of an
   empty Triton kernel's replay time (same number of calls per graph).
-- Host overhead (issues 3 and 5): an eager call costs <= 10 µs of host time, or (the machine
-  notes say host targets are judged against a plain torch op of the same run) at most 1.5x the
-  host time of an eager ``torch.Tensor.add_``.
+- Host overhead: issue 3 asks for a cached launch path costing <= 10 µs of host time per
+  launch (judged on ``launch_cached`` of an empty kernel); issue 5 asks for <= 10 µs per eager
+  call of the cp-dcp ops; the merge op is held to the same rule (beyond issue 3). The machine
+  notes say host targets are judged against a plain torch op of the same run, so a row also
+  passes at <= 1.5x the host time of an eager ``torch.Tensor.add_``.
 """
 
 from __future__ import annotations
@@ -95,12 +97,14 @@ def targets() -> list[Target]:
                 unit="x",
             )
         )
-    for kernel in _ALL_KERNELS:
+    host_sources = {"launch_cached": "issue 3", "merge_attn_states": "op level (beyond issue 3)"}
+    for kernel in ("launch_cached", *_ALL_KERNELS):
+        what = "host time per launch" if kernel == "launch_cached" else "eager host overhead"
         out.append(
             Target(
                 name=f"host/{kernel}",
-                source="issue 3" if kernel == "merge_attn_states" else "issue 5",
-                description=f"`{kernel}` eager host overhead ≤ 10 µs (or ≤ 1.5× `add_`)",
+                source=host_sources.get(kernel, "issue 5"),
+                description=f"`{kernel}` {what} ≤ 10 µs (or ≤ 1.5× `add_`)",
                 table="host",
                 kernel=kernel,
                 metric="host_us",

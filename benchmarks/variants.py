@@ -10,7 +10,11 @@ Sections:
   too, so the effect on the ceiling itself is visible.
 * ``decode``: CUDA-graph replay time per call at decode sizes, inputs L2-cold (32 rotating
   sets) and L2-warm (one set), against an empty kernel; ``merge-lazy`` is the merge kernel's
-  large-batch variant forced at decode size.
+  gated variant requested explicitly (``eager=False``).
+* ``--ab``: each module-level knob setting of ``_switches`` (first = shipped default), at
+  B=4096 (read-flush timing) and B=1 / B=64 (warm graph replay).
+* ``--records``: the pack kernel writing records of other widths (16 / 32 / 128-byte
+  multiples).
 * ``--probe``: a few launches of each kernel, to run under ``ncu``.
 
     PYTHONPATH=packages/cp-common/src:packages/cp-dcp/src:packages/cp-testing/src \
@@ -35,6 +39,7 @@ import cpattn_testing.bench as hb
 from cpattn_common import merge_attn_states
 from cpattn_common.ops.merge_attn_states import merge_attn_states_fwd
 from cpattn_dcp import correct_attn_out
+from cpattn_dcp.ops._common import next_pow2, tile_config
 from cpattn_dcp.ops.a2a_combine import a2a_pack, a2a_unpack_combine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -133,9 +138,35 @@ def _switches() -> dict[str, list[tuple[str, Callable[[], None]]]]:
 
         return set_
 
+    def pack_target(nbytes: int) -> Callable[[], None]:
+        def set_() -> None:
+            a2a_mod._PACK_TARGET_BYTES = nbytes
+            a2a_mod._pack_plan.cache_clear()
+
+        return set_
+
+    def unpack_min(nbytes: int) -> Callable[[], None]:
+        def set_() -> None:
+            a2a_mod._UNPACK_MIN_BYTES = nbytes
+            a2a_mod._unpack_config.cache_clear()
+            a2a_mod._unpack_plan.cache_clear()
+
+        return set_
+
     return {
+        "pack+mask": [
+            ("16K", pack_target(16384)),
+            ("8K", pack_target(8192)),
+            ("32K", pack_target(32768)),
+            ("64K", pack_target(65536)),
+        ],
+        "unpack": [
+            ("min2K", unpack_min(2048)),
+            ("min1K", unpack_min(1024)),
+            ("min4K", unpack_min(4096)),
+            ("min8K", unpack_min(8192)),
+        ],
         "correct": [("default", correct_rows(8)), ("lse-tile", correct_rows(0))],
-        "unpack": [("16K", unpack_inflight(16384)), ("8K", unpack_inflight(8192))],
     }
 
 
@@ -166,6 +197,40 @@ def ab(dev: torch.device, batch: int) -> None:
                 print(line, flush=True)
                 del t_in, dec
                 torch.cuda.empty_cache()
+
+
+def _pack_into(out: torch.Tensor, lse: torch.Tensor, n: int, send: torch.Tensor) -> None:
+    """The pack kernel (no mask) into ``send [N, B, H_r, rec]`` of any record width ``rec``
+    (zero padding up to it), with the shipped tile choice."""
+    b, h, d = out.shape
+    rec = send.shape[-1]
+    block_r, block_d, num_warps = tile_config(b * h, d, 2, a2a_mod._PACK_TARGET_BYTES)
+    a2a_mod._pack_kernel(
+        (-(-(b * h) // block_r),),
+        out, *out.stride(), lse, *lse.stride(), send, lse, lse, 0, b,
+        NUM_HEADS=h, HEADS_PER_RANK=h // n, HEAD_DIM=d, REC_WIDTH=rec, PACK=2, UNIT_D=True,
+        IN_ALIGN=8, REC_ALIGN=8, TAIL_POW2=next_pow2(rec - d), HAS_MASK=False, SEARCH_STEPS=0,
+        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps,
+    )  # fmt: skip
+
+
+def records(dev: torch.device, batch: int) -> None:
+    """The pack kernel writing records of other widths (zero padding to the width): is a
+    record width that is a multiple of 32 bytes (whole sectors) faster? Fractions of the copy
+    bandwidth with the bytes actually moved (whole records) counted."""
+    moved, t = hb.measure_copy_ceiling(dev, timer=hb.time_cold)
+    copy_bps = moved / (t.median_ms * 1e-3)
+    for h, d, n in ((64, 128, 2), (64, 128, 8), (128, 512, 4)):
+        out, lse, *_ = _inputs(dev, batch, h, d, n, 0)
+        line = f"pack H={h} D={d} N={n}:"
+        for align in (8, 16, 64):  # lanes: 16, 32, 128 bytes
+            rec = -(-(d + 2) // align) * align
+            send = torch.empty(n, batch, h // n, rec, device=dev, dtype=torch.bfloat16)
+            nbytes = batch * h * (d * 2 + 4) + send.numel() * 2
+            call = functools.partial(_pack_into, out, lse, n, send)
+            bps = nbytes / (hb.time_cold(call).median_ms * 1e-3)
+            line += f"  rec={rec} ({rec * 2} B) {bps / copy_bps:.3f}"
+        print(line + "  (fraction of copy, whole records counted)", flush=True)
 
 
 def decode(dev: torch.device) -> None:
@@ -207,6 +272,7 @@ def main() -> None:
     parser.add_argument("--skip-methods", action="store_true")
     parser.add_argument("--probe", action="store_true", help="only a few launches, for ncu")
     parser.add_argument("--ab", action="store_true", help="only the knob comparisons")
+    parser.add_argument("--records", action="store_true", help="only the record-width probe")
     args = parser.parse_args()
     dev = torch.device("cuda", torch.cuda.current_device())
     if args.probe:
@@ -214,6 +280,9 @@ def main() -> None:
         return
     if args.ab:
         ab(dev, args.batch)
+        return
+    if args.records:
+        records(dev, args.batch)
         return
     if not args.skip_methods:
         methods(dev, args.batch)

@@ -345,9 +345,10 @@ def measure_copy_ceiling(
 _EMPTY_LAUNCHERS: dict[str, Callable[[], object]] = {}
 
 
-def _empty_launcher(device: torch.device) -> Callable[[], object]:
-    """A callable that launches an empty Triton kernel (one unused pointer argument)."""
-    key = str(device)
+def _empty_launcher(device: torch.device, *, cached: bool = False) -> Callable[[], object]:
+    """A callable that launches an empty Triton kernel (one unused pointer argument): the
+    plain way (``kernel[grid](...)``), or through ``cpattn_common.launch_cached``."""
+    key = f"{device}:{cached}"
     if key in _EMPTY_LAUNCHERS:
         return _EMPTY_LAUNCHERS[key]
     import triton
@@ -361,8 +362,14 @@ def _empty_launcher(device: torch.device) -> Callable[[], object]:
     def launch() -> object:
         return _cpattn_bench_empty_kernel[(1,)](buf)
 
-    _EMPTY_LAUNCHERS[key] = launch
-    return launch
+    def launch_cached() -> object:
+        from cpattn_common.launch import launch_cached as cached_launch
+
+        cached_launch(_cpattn_bench_empty_kernel, (1,), x_ptr=buf)
+        return None
+
+    _EMPTY_LAUNCHERS[key] = launch_cached if cached else launch
+    return _EMPTY_LAUNCHERS[key]
 
 
 def measure_empty_kernel_graph(device: torch.device, *, calls_per_graph: int = 32) -> Timing:
@@ -380,13 +387,16 @@ def measure_empty_kernel_graph(device: torch.device, *, calls_per_graph: int = 3
 def measure_reference_host_times(
     device: torch.device, *, calls: int = 200, rounds: int = 7
 ) -> dict[str, Timing]:
-    """Host time per eager call of ``torch.Tensor.add_`` and of a plain Triton JIT launch."""
+    """Host time per eager call of ``torch.Tensor.add_``, of a plain Triton JIT launch and of
+    ``cpattn_common.launch_cached`` (the same empty kernel)."""
     x = torch.zeros(1024, device=device, dtype=torch.float32)
     y = torch.ones_like(x)
     launch = _empty_launcher(device)
+    cached = _empty_launcher(device, cached=True)
     return {
         "torch_add_": measure_host_overhead(lambda: x.add_(y), calls=calls, rounds=rounds),
         "triton_jit_launch": measure_host_overhead(launch, calls=calls, rounds=rounds),
+        "launch_cached": measure_host_overhead(cached, calls=calls, rounds=rounds),
     }
 
 

@@ -48,6 +48,8 @@ _PACK_DIM = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 1}
 # e.g. H=64 D=128 N=8 0.80 / 0.72 / 0.75 of the copy bandwidth).
 _UNPACK_INFLIGHT_BYTES = 16384
 _UNPACK_MIN_BYTES = 2048
+# Payload bytes one pack program reads.
+_PACK_TARGET_BYTES = 16384
 # Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
 _pack_kernel = CachedKernel(_a2a_pack_kernel)
 _unpack_kernel = CachedKernel(_a2a_unpack_combine_fwd_kernel)
@@ -108,7 +110,7 @@ def _pack_plan(
     """Grid and kernel specialization of the pack kernel (memoised per shape)."""
     p = 4 // size
     num_rows = b * h
-    block_r, block_d, num_warps = tile_config(num_rows, d, size)
+    block_r, block_d, num_warps = tile_config(num_rows, d, size, _PACK_TARGET_BYTES)
     rec = -(-(d + p) // (16 // size)) * (16 // size)
     consts = (
         ("NUM_HEADS", h),
