@@ -18,6 +18,7 @@ __all__ = [
     "check_lse_dtype",
     "check_mask_args",
     "check_out_dtype",
+    "contiguous",
     "next_pow2",
     "search_steps",
     "tile_config",
@@ -37,6 +38,12 @@ _TARGET_BYTES = 16384
 # largest tile instead so that tests stay fast.
 MIN_PROGRAMS = 1 if os.environ.get("TRITON_INTERPRET", "0") == "1" else 264
 _MAX_BLOCK_R = 64
+
+
+def contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when contiguous (no dispatcher call: a per-call host path), else a
+    contiguous copy."""
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def next_pow2(n: int) -> int:

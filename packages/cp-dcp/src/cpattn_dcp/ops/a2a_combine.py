@@ -31,7 +31,7 @@ from cpattn_dcp.comm.groups import (
 from cpattn_dcp.context import CPTritonContext
 from cpattn_dcp.kernels.a2a import _a2a_pack_kernel, _a2a_unpack_combine_fwd_kernel
 from cpattn_dcp.ops._collective_common import validate_combine_args
-from cpattn_dcp.ops._common import next_pow2, search_steps, tile_config
+from cpattn_dcp.ops._common import contiguous, next_pow2, search_steps, tile_config
 
 __all__ = [
     "a2a_pack",
@@ -149,8 +149,10 @@ def _launch_pack(
         return
     num_seqs = seq_lens.shape[0] if seq_lens is not None else 0
     has_mask = seq_lens is not None
-    sl = seq_lens.contiguous() if seq_lens is not None else cp_attn_lse
-    qsl = query_start_loc.contiguous() if query_start_loc is not None else cp_attn_lse
+    # Index tensors as they are when contiguous (a ``.contiguous()`` call costs a dispatcher
+    # round trip even then); without a mask they are never read (the LSE stands in).
+    sl = cp_attn_lse if seq_lens is None else contiguous(seq_lens)
+    qsl = cp_attn_lse if query_start_loc is None else contiguous(query_start_loc)
     s_out = cp_attn_out.stride()
     s_lse = cp_attn_lse.stride()
     size = cp_attn_out.element_size()

@@ -25,6 +25,7 @@ from cpattn_dcp.ops._common import (
     LSE_DTYPES,
     check_lse_dtype,
     check_mask_args,
+    contiguous,
     next_pow2,
     search_steps,
 )
@@ -106,11 +107,6 @@ def _copy_spec(
     )
 
 
-def _contiguous(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself when contiguous (no dispatcher call), else a contiguous copy."""
-    return t if t.is_contiguous() else t.contiguous()
-
-
 def _launch_mask(
     src: torch.Tensor,
     dst: torch.Tensor,
@@ -137,8 +133,8 @@ def _launch_mask(
         dst,
         s_dst[0],
         s_dst[1],
-        _contiguous(seq_lens) if seq_lens is not None else src,
-        _contiguous(query_start_loc) if query_start_loc is not None else src,
+        contiguous(seq_lens) if seq_lens is not None else src,
+        contiguous(query_start_loc) if query_start_loc is not None else src,
         num_seqs,
         num_rows,
         num_heads,
@@ -160,8 +156,8 @@ def mask_dcp_empty_shards_impl(
         lse,
         s[0],
         s[1],
-        _contiguous(seq_lens),
-        _contiguous(query_start_loc),
+        contiguous(seq_lens),
+        contiguous(query_start_loc),
         num_seqs,
         num_rows,
         num_heads,
