@@ -45,6 +45,7 @@ import triton.language as tl
 
 from cpattn_dcp.kernels.empty_shards import _row_is_empty
 from cpattn_dcp.kernels.lse_math import _from_base2, _global_lse2, _to_base2, _weight
+from cpattn_dcp.kernels.tiles import _chunk_mask
 
 
 @triton.jit
@@ -102,10 +103,7 @@ def _a2a_pack_kernel(
     b_xs = ()  # type: tuple[Any, ...]
     for d0 in tl.static_range(0, HEAD_DIM, BLOCK_D):
         i_d = d0 + tl.arange(0, BLOCK_D)
-        if HEAD_DIM % BLOCK_D == 0:
-            m_x = tl.broadcast_to(m_r[:, None], (BLOCK_R, BLOCK_D))  # row mask only
-        else:
-            m_x = m_r[:, None] & (i_d[None, :] < HEAD_DIM)
+        m_x = _chunk_mask(m_r, i_d, HEAD_DIM, BLOCK_R, BLOCK_D)
         if UNIT_D:
             b_x = tl.load(out_ptr + (o_src[:, None] + i_d[None, :]), mask=m_x)
         else:
@@ -117,10 +115,7 @@ def _a2a_pack_kernel(
         b_lse = tl.where(m_empty, float("-inf"), b_lse)
     for d0 in tl.static_range(0, HEAD_DIM, BLOCK_D):
         i_d = d0 + tl.arange(0, BLOCK_D)
-        if HEAD_DIM % BLOCK_D == 0:
-            m_x = tl.broadcast_to(m_r[:, None], (BLOCK_R, BLOCK_D))
-        else:
-            m_x = m_r[:, None] & (i_d[None, :] < HEAD_DIM)
+        m_x = _chunk_mask(m_r, i_d, HEAD_DIM, BLOCK_R, BLOCK_D)
         tl.store(send_ptr + (o_rec[:, None] + i_d[None, :]), b_xs[d0 // BLOCK_D], mask=m_x)
     # Record tail, lanes [D, D_rec): the LSE lanes, then zeros in the padding lanes. Writing
     # the whole record means every 32-byte sector of the send buffer is fully written (no
@@ -221,10 +216,7 @@ def _a2a_unpack_combine_fwd_kernel(
     if N <= 8:
         for d0 in tl.static_range(0, HEAD_DIM, BLOCK_D):
             i_d = d0 + tl.arange(0, BLOCK_D)
-            if HEAD_DIM % BLOCK_D == 0:
-                m_x = tl.broadcast_to(m_r[:, None], (BLOCK_R, BLOCK_D))  # row mask only
-            else:
-                m_x = m_r[:, None] & (i_d[None, :] < HEAD_DIM)
+            m_x = _chunk_mask(m_r, i_d, HEAD_DIM, BLOCK_R, BLOCK_D)
             b_x0 = _rec_payload(recv_ptr, i_r, i_d, m_x, REC, REC_ALIGN)
             if N > 1:
                 b_x1 = _rec_payload(recv_ptr, i_r + i_rows, i_d, m_x, REC, REC_ALIGN)
@@ -357,10 +349,7 @@ def _a2a_unpack_combine_fwd_kernel(
             tl.store(lse_out_ptr + i_r, _from_base2(b_glse2, IS_BASE_E), mask=m_r)
         for d0 in tl.static_range(0, HEAD_DIM, BLOCK_D):
             i_d = d0 + tl.arange(0, BLOCK_D)
-            if HEAD_DIM % BLOCK_D == 0:
-                m_x = tl.broadcast_to(m_r[:, None], (BLOCK_R, BLOCK_D))
-            else:
-                m_x = m_r[:, None] & (i_d[None, :] < HEAD_DIM)
+            m_x = _chunk_mask(m_r, i_d, HEAD_DIM, BLOCK_R, BLOCK_D)
             b_acc = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
             for n in tl.static_range(N):
                 b_wn = tl.sum(tl.where(i_n[:, None] == n, b_w, 0.0), axis=0)

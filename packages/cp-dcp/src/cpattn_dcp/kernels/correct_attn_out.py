@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from cpattn_dcp.kernels.lse_math import _from_base2, _to_base2
+from cpattn_dcp.kernels.tiles import _chunk_mask
 
 
 @triton.jit
@@ -132,10 +133,7 @@ def _correct_body(
     # Issue every load first: the first payload chunk, then all N LSEs (one 2-D load).
     o_src = tl.max_contiguous(tl.multiple_of(i_b * stride_src_b + i_h * stride_src_h, SRC_ALIGN), 1)
     i_d0 = tl.arange(0, BLOCK_D)
-    if HEAD_DIM % BLOCK_D == 0:
-        m_x0 = tl.broadcast_to(m_r[:, None], (BLOCK_R, BLOCK_D))  # row mask only
-    else:
-        m_x0 = m_r[:, None] & (i_d0[None, :] < HEAD_DIM)
+    m_x0 = _chunk_mask(m_r, i_d0, HEAD_DIM, BLOCK_R, BLOCK_D)
     b_x0 = tl.load(src_ptr + (o_src[:, None] + i_d0[None, :]), mask=m_x0, other=0.0)
     o_l = i_b * stride_lses_b + i_h * stride_lses_h
     b_w, b_glse2 = _lse_weight(
@@ -157,7 +155,7 @@ def _correct_body(
             m_x = m_x0
             b_x = b_x0
         else:
-            m_x = m_x0 if HEAD_DIM % BLOCK_D == 0 else m_r[:, None] & (i_d[None, :] < HEAD_DIM)
+            m_x = _chunk_mask(m_r, i_d, HEAD_DIM, BLOCK_R, BLOCK_D)
             b_x = tl.load(src_ptr + (o_src[:, None] + i_d[None, :]), mask=m_x, other=0.0)
         b_y = tl.where(b_w == 0.0, 0.0, b_x.to(tl.float32) * b_w)
         tl.store(
@@ -247,10 +245,7 @@ def _correct_attn_out_contig_kernel(
     m_r = i_r < num_rows
     o_x = tl.max_contiguous(tl.multiple_of(i_r * HEAD_DIM, ALIGN), 1)
     i_d0 = tl.arange(0, BLOCK_D)
-    if HEAD_DIM % BLOCK_D == 0:
-        m_x0 = tl.broadcast_to(m_r[:, None], (BLOCK_R, BLOCK_D))  # row mask only
-    else:
-        m_x0 = m_r[:, None] & (i_d0[None, :] < HEAD_DIM)
+    m_x0 = _chunk_mask(m_r, i_d0, HEAD_DIM, BLOCK_R, BLOCK_D)
     b_x0 = tl.load(out_ptr + (o_x[:, None] + i_d0[None, :]), mask=m_x0, other=0.0)
     if LSE_ROWS:
         b_w, b_glse2 = _lse_weight_rows(lses_ptr, num_rows, i_r, m_r, cp_rank, N, IS_BASE_E)
@@ -263,7 +258,7 @@ def _correct_attn_out_contig_kernel(
             m_x = m_x0
             b_x = b_x0
         else:
-            m_x = m_x0 if HEAD_DIM % BLOCK_D == 0 else m_r[:, None] & (i_d[None, :] < HEAD_DIM)
+            m_x = _chunk_mask(m_r, i_d, HEAD_DIM, BLOCK_R, BLOCK_D)
             b_x = tl.load(out_ptr + (o_x[:, None] + i_d[None, :]), mask=m_x, other=0.0)
         b_y = tl.where(b_w == 0.0, 0.0, b_x.to(tl.float32) * b_w)
         tl.store(
