@@ -153,7 +153,19 @@ def _switches() -> dict[str, list[tuple[str, Callable[[], None]]]]:
 
         return set_
 
+    def correct_target(nbytes: int) -> Callable[[], None]:
+        def set_() -> None:
+            correct_mod._CONTIG_TARGET_BYTES = nbytes
+            correct_mod._contig_plan.cache_clear()
+
+        return set_
+
     return {
+        "correct": [
+            ("16K", correct_target(16384)),
+            ("8K", correct_target(8192)),
+            ("32K", correct_target(32768)),
+        ],
         "pack+mask": [
             ("16K", pack_target(16384)),
             ("8K", pack_target(8192)),
@@ -166,15 +178,18 @@ def _switches() -> dict[str, list[tuple[str, Callable[[], None]]]]:
             ("min4K", unpack_min(4096)),
             ("min8K", unpack_min(8192)),
         ],
-        "correct": [("default", correct_rows(8)), ("lse-tile", correct_rows(0))],
+        "correct-weights": [("default", correct_rows(8)), ("lse-tile", correct_rows(0))],
     }
 
 
-def ab(dev: torch.device, batch: int) -> None:
+def ab(dev: torch.device, batch: int, only: str | None = None) -> None:
     """The ops under each knob setting (read-flush timing; decode: warm graph replay)."""
     moved, t = hb.measure_copy_ceiling(dev, timer=hb.time_cold)
     copy_bps = moved / (t.median_ms * 1e-3)
-    for op_name, settings in _switches().items():
+    for switch, settings in _switches().items():
+        if only is not None and switch != only:
+            continue
+        op_name = switch.split("-")[0]
         for h, d in ((64, 128), (128, 512)):
             for n in (2, 4, 8):
                 t_in = _inputs(dev, batch, h, d, n, n)
@@ -272,6 +287,7 @@ def main() -> None:
     parser.add_argument("--skip-methods", action="store_true")
     parser.add_argument("--probe", action="store_true", help="only a few launches, for ncu")
     parser.add_argument("--ab", action="store_true", help="only the knob comparisons")
+    parser.add_argument("--ab-only", help="with --ab: one switch name (e.g. correct)")
     parser.add_argument("--records", action="store_true", help="only the record-width probe")
     args = parser.parse_args()
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -279,7 +295,7 @@ def main() -> None:
         probe(dev)
         return
     if args.ab:
-        ab(dev, args.batch)
+        ab(dev, args.batch, args.ab_only)
         return
     if args.records:
         records(dev, args.batch)

@@ -43,6 +43,8 @@ _Tensor = torch.Tensor
 # 0.91 / 0.95, N=2 and N=4 within 0.01.
 _LSE_ROWS_MAX_N = 8
 _LSE_ROWS_MIN_TILE = 256
+# Partial-output bytes one program of the lean kernel reads.
+_CONTIG_TARGET_BYTES = 16384
 # Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
 _contig_kernel = CachedKernel(_correct_attn_out_contig_kernel)
 _general_kernel = CachedKernel(_correct_attn_out_fwd_kernel)
@@ -239,7 +241,7 @@ def _contig_plan(
     warps), at least ``MIN_PROGRAMS`` programs where the batch allows it (decode: one row
     per program); consecutive programs read consecutive memory.
     """
-    block_r, block_d, num_warps = tile_config(b * h, d, size)
+    block_r, block_d, num_warps = tile_config(b * h, d, size, _CONTIG_TARGET_BYTES)
     spec = _contig_spec(d, n, block_r, block_d, _align(16 // size, d), is_base_e, num_warps)
     return (-(-(b * h) // block_r),), spec
 
