@@ -150,9 +150,11 @@ def build(session: nox.Session) -> None:
                 if name in ("cp-common", "cp_common"):
                     session.error(f"{package} pulled the unrelated index project {name}")
             module = IMPORT_NAMES[package]
+            # The installed wheel, not a source tree an outer PYTHONPATH may point at; no
+            # interpreter (it would need numpy, which the wheels do not declare).
             session.run(
                 py, "-c", f"import {module}; print({module}.__name__, {module}.__version__)",
-                external=True,
+                external=True, env={"PYTHONPATH": "", "TRITON_INTERPRET": "0"},
             )  # fmt: skip
 
 
