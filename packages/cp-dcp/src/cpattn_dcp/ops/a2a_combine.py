@@ -5,9 +5,10 @@ Send and receive buffers ``[N, B, H/N, D_rec]`` (output dtype, ``D_rec =
 a2a_record_width(D, dtype) = round_up(D + P, 16 / element size)``): each record is the ``D``
 payload lanes, then ``P`` lanes carrying the fp32 LSE bits (``P = 2`` for fp16/bf16, ``P = 1``
 for fp32), then zero padding to a multiple of 16 bytes, so that every record starts
-16-byte aligned (the pack kernel writes whole records: see ``kernels/a2a.py``). The buffers are allocated per call, so a captured CUDA graph
-keeps valid addresses (a shared growable workspace would be freed under it). Exactly two
-kernel launches and one collective per call; no host sync.
+16-byte aligned (the pack kernel writes whole records: see ``kernels/a2a.py``). The buffers
+are allocated per call, so a captured CUDA graph keeps valid addresses (a shared growable
+workspace would be freed under it). Exactly two kernel launches and one collective per call;
+no host sync.
 """
 
 from __future__ import annotations
