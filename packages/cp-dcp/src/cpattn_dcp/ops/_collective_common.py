@@ -10,12 +10,12 @@ from cpattn_dcp.ops._common import (
     check_lse_dtype,
     check_mask_args,
     check_out_dtype,
+    mask_args_proven,
 )
 
 __all__ = ["validate_combine_args"]
 
 _Tensor = torch.Tensor
-_INDEX_DTYPES = frozenset({torch.int32, torch.int64})
 
 
 def _valid_cuda(
@@ -53,19 +53,7 @@ def _valid_cuda(
         return False
     if seq_lens is None or query_start_loc is None:
         return seq_lens is None and query_start_loc is None
-    return (
-        seq_lens.__class__ is _Tensor
-        and query_start_loc.__class__ is _Tensor
-        and seq_lens.dim() == 1
-        and query_start_loc.dim() == 1
-        and query_start_loc.shape[0] == seq_lens.shape[0] + 1
-        and seq_lens.dtype in _INDEX_DTYPES
-        and query_start_loc.dtype in _INDEX_DTYPES
-        and seq_lens.is_cuda
-        and query_start_loc.is_cuda
-        and seq_lens.get_device() == dev
-        and query_start_loc.get_device() == dev
-    )
+    return mask_args_proven(cp_attn_lse, seq_lens, query_start_loc)
 
 
 def validate_combine_args(

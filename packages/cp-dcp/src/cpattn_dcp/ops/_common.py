@@ -19,6 +19,7 @@ __all__ = [
     "check_mask_args",
     "check_out_dtype",
     "contiguous",
+    "mask_args_proven",
     "next_pow2",
     "search_steps",
     "tile_config",
@@ -110,22 +111,47 @@ def tile_config(
     return block_r, block_d, num_warps
 
 
-def check_out_dtype(name: str, t: torch.Tensor) -> None:
-    """``TypeError`` for a non-floating ``t``, ``ValueError`` for an unsupported float dtype."""
+def _check_float_dtype(name: str, t: torch.Tensor, allowed: frozenset[torch.dtype]) -> None:
     dtype = t.dtype
-    if dtype not in OUT_DTYPES:
+    if dtype not in allowed:
         if not dtype.is_floating_point:
             raise TypeError(f"{name} must be a floating tensor (fp16/bf16/fp32), got {dtype}")
         raise ValueError(f"{name} dtype {dtype} is not supported (fp16, bf16 or fp32)")
+
+
+def check_out_dtype(name: str, t: torch.Tensor) -> None:
+    """``TypeError`` for a non-floating ``t``, ``ValueError`` for an unsupported float dtype."""
+    _check_float_dtype(name, t, OUT_DTYPES)
 
 
 def check_lse_dtype(name: str, t: torch.Tensor) -> None:
     """``TypeError`` for a non-floating LSE, ``ValueError`` for an unsupported float dtype."""
-    dtype = t.dtype
-    if dtype not in LSE_DTYPES:
-        if not dtype.is_floating_point:
-            raise TypeError(f"{name} must be a floating tensor (fp16/bf16/fp32), got {dtype}")
-        raise ValueError(f"{name} dtype {dtype} is not supported (fp16, bf16 or fp32)")
+    _check_float_dtype(name, t, LSE_DTYPES)
+
+
+_Tensor = torch.Tensor
+_INDEX_DTYPES = frozenset({torch.int32, torch.int64})
+
+
+def mask_args_proven(
+    lse: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor
+) -> bool:
+    """Cheap form of ``check_mask_args`` with both index tensors given (the per-call host
+    path): plain 1-D int32/int64 tensors, ``len(query_start_loc) == len(seq_lens) + 1``, on
+    ``lse``'s device. True means ``check_mask_args`` accepts them; False means "not proven"
+    (run it: any other integer dtype is accepted there too)."""
+    dev = lse.device
+    return (
+        seq_lens.__class__ is _Tensor
+        and query_start_loc.__class__ is _Tensor
+        and seq_lens.dim() == 1
+        and query_start_loc.dim() == 1
+        and query_start_loc.shape[0] == seq_lens.shape[0] + 1
+        and seq_lens.dtype in _INDEX_DTYPES
+        and query_start_loc.dtype in _INDEX_DTYPES
+        and seq_lens.device == dev
+        and query_start_loc.device == dev
+    )
 
 
 def check_mask_args(

@@ -26,6 +26,7 @@ from cpattn_dcp.ops._common import (
     check_lse_dtype,
     check_mask_args,
     contiguous,
+    mask_args_proven,
     next_pow2,
     search_steps,
 )
@@ -34,9 +35,6 @@ __all__ = ["mask_dcp_empty_shards_", "masked_lse_copy"]
 
 _BLOCK_B = 64
 _Tensor = torch.Tensor
-# Index dtypes the cheap check accepts; any other integer dtype takes the full validation
-# (which accepts it too).
-_INDEX_DTYPES = frozenset({torch.int32, torch.int64})
 # Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
 _inplace_kernel = CachedKernel(_mask_empty_shards_inplace_kernel)
 _copy_kernel = CachedKernel(_mask_empty_shards_kernel)
@@ -52,31 +50,16 @@ def _check_lse(lse: torch.Tensor) -> None:
 
 def _valid_fast(lse: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor) -> bool:
     """Cheap check: arguments that ``_check_lse`` and ``check_mask_args`` accept with
-    masking on (plain tensors, ``lse [B, H]`` of a supported dtype, 1-D int32/int64
-    ``seq_lens [R]`` and ``query_start_loc [R + 1]``, one device).
+    masking on (a plain ``lse [B, H]`` of a supported dtype, and ``mask_args_proven``).
 
     False means "not proven": the caller runs the full validation, which raises on bad
     input.
     """
-    if (
-        lse.__class__ is not _Tensor
-        or seq_lens.__class__ is not _Tensor
-        or query_start_loc.__class__ is not _Tensor
-    ):
-        return False
-    r = seq_lens.shape
-    q = query_start_loc.shape
-    dev = lse.device
     return (
-        lse.dim() == 2
-        and len(r) == 1
-        and len(q) == 1
-        and q[0] == r[0] + 1
+        lse.__class__ is _Tensor
+        and lse.dim() == 2
         and lse.dtype in LSE_DTYPES
-        and seq_lens.dtype in _INDEX_DTYPES
-        and query_start_loc.dtype in _INDEX_DTYPES
-        and seq_lens.device == dev
-        and query_start_loc.device == dev
+        and mask_args_proven(lse, seq_lens, query_start_loc)
     )
 
 
