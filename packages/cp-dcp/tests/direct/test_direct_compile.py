@@ -5,35 +5,17 @@ payload loads bypass L1 (``.cg``), so a slot reused two calls later is never ser
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
-
-import pytest
+from collections.abc import Callable
+from typing import Any
 
 _SCRIPT = pathlib.Path(__file__).with_name("_compile_direct_sm90.py")
 
 
-def _have_ptxas() -> bool:
-    try:
-        import triton.backends.nvidia as nv
-    except ImportError:
-        return False
-    return (pathlib.Path(nv.__file__).parent / "bin" / "ptxas").exists()
-
-
-@pytest.mark.skipif(not _have_ptxas(), reason="Triton's NVIDIA backend (ptxas) is not installed")
-def test_direct_kernels_compile_for_sm90_with_protocol_ordering() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(sys.path)
-    proc = subprocess.run(
-        [sys.executable, str(_SCRIPT)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    ptx = {k: set(v) for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+def test_direct_kernels_compile_for_sm90_with_protocol_ordering(
+    run_sm90_script: Callable[[pathlib.Path], Any],
+) -> None:
+    ptx = {k: set(v) for k, v in run_sm90_script(_SCRIPT).items()}
     for name, forms in ptx.items():
         if "publish" in name:
             assert "atom.global.sys.release.exch.b64" in forms, (name, forms)  # the signal

@@ -7,35 +7,15 @@ accesses are 16-byte vectors (``ld/st.global.v4``).
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
-
-import pytest
+from collections.abc import Callable
+from typing import Any
 
 _SCRIPT = pathlib.Path(__file__).with_name("_compile_sm90.py")
 
 
-def _have_ptxas() -> bool:
-    try:
-        import triton.backends.nvidia as nv
-    except ImportError:
-        return False
-    return (pathlib.Path(nv.__file__).parent / "bin" / "ptxas").exists()
-
-
-@pytest.mark.skipif(not _have_ptxas(), reason="Triton's NVIDIA backend (ptxas) is not installed")
-def test_kernels_compile_for_sm90() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(sys.path)
-    proc = subprocess.run(
-        [sys.executable, str(_SCRIPT)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    stats = json.loads(proc.stdout.strip().splitlines()[-1])
+def test_kernels_compile_for_sm90(run_sm90_script: Callable[[pathlib.Path], Any]) -> None:
+    stats = run_sm90_script(_SCRIPT)
     check_ptx_stats(stats)
 
 
