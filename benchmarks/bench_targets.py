@@ -54,49 +54,38 @@ def targets() -> list[Target]:
                 unit="percent",
             )
         )
-    for kernel in _ALL_KERNELS:
-        is_mask = kernel == "mask_dcp_empty_shards_"
-        out.append(
-            Target(
-                name=f"decode/{kernel}",
-                source="issue 5",
-                description=f"`{kernel}` B∈{{1,8,64}} graph replay ≤ 1.5× empty kernel",
-                table="kernels",
-                kernel=kernel,
-                metric="empty_graph_ratio",
-                op="<=",
-                threshold=DECODE_RATIO,
-                dtypes=("float32",) if is_mask else ("bfloat16",),
-                shapes=MASK_SHAPES if is_mask else HEAD_SHAPES,
-                ns=(0,) if is_mask else ALL_N,
-                bs=DECODE_B,
-                unit="x",
+    # The literal rule cannot hold where the payload itself takes longer than an empty kernel
+    # at full bandwidth (B=64 of an MLA layer: tens of MB); the second reading judges each
+    # decode size against the larger of the two floors.
+    decode_readings = (
+        ("decode", "issue 5", "empty_graph_ratio", "1.5× empty kernel"),
+        (
+            "decode-floor",
+            "issue 5 (bandwidth-aware reading)",
+            "floor_ratio",
+            "1.5× max(empty kernel, bytes at copy BW)",
+        ),
+    )
+    for prefix, source, metric, rule in decode_readings:
+        for kernel in _ALL_KERNELS:
+            is_mask = kernel == "mask_dcp_empty_shards_"
+            out.append(
+                Target(
+                    name=f"{prefix}/{kernel}",
+                    source=source,
+                    description=f"`{kernel}` B∈{{1,8,64}} graph replay ≤ {rule}",
+                    table="kernels",
+                    kernel=kernel,
+                    metric=metric,
+                    op="<=",
+                    threshold=DECODE_RATIO,
+                    dtypes=("float32",) if is_mask else ("bfloat16",),
+                    shapes=MASK_SHAPES if is_mask else HEAD_SHAPES,
+                    ns=(0,) if is_mask else ALL_N,
+                    bs=DECODE_B,
+                    unit="x",
+                )
             )
-        )
-    for kernel in _ALL_KERNELS:
-        # The literal rule above cannot hold where the payload itself takes longer than an
-        # empty kernel at full bandwidth (B=64 of an MLA layer: tens of MB). This reading
-        # judges each decode size against the larger of the two floors.
-        is_mask = kernel == "mask_dcp_empty_shards_"
-        out.append(
-            Target(
-                name=f"decode-floor/{kernel}",
-                source="issue 5 (bandwidth-aware reading)",
-                description=(
-                    f"`{kernel}` B∈{{1,8,64}} graph replay ≤ 1.5× max(empty kernel, bytes at copy BW)"
-                ),
-                table="kernels",
-                kernel=kernel,
-                metric="floor_ratio",
-                op="<=",
-                threshold=DECODE_RATIO,
-                dtypes=("float32",) if is_mask else ("bfloat16",),
-                shapes=MASK_SHAPES if is_mask else HEAD_SHAPES,
-                ns=(0,) if is_mask else ALL_N,
-                bs=DECODE_B,
-                unit="x",
-            )
-        )
     host_sources = {"launch_cached": "issue 3", "merge_attn_states": "op level (beyond issue 3)"}
     for kernel in ("launch_cached", *_ALL_KERNELS):
         what = "host time per launch" if kernel == "launch_cached" else "eager host overhead"
