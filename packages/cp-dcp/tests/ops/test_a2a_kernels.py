@@ -166,7 +166,7 @@ def test_fused_mask_bit_exact(
     "num_seqs", [255, 256, 300, 4096, 65535, 65536, 70000], ids=lambda r: f"R{r}"
 )
 def test_fused_mask_lookup_regimes(device: torch.device, num_seqs: int) -> None:
-    """Both regimes of the request lookup (direct count R < 256, binary search beyond) up to
+    """Both regimes of the request lookup (direct count R < 256, 16-ary search beyond) up to
     R > 2^16, on a short batch: most requests have no query row, so the rows map to
     requests scattered over the whole range, power-of-two edges included."""
     gen = torch.Generator().manual_seed(num_seqs)
@@ -210,6 +210,32 @@ def test_preallocated_send(device: torch.device) -> None:
     assert a2a_pack(out16, lse16, 2, send=shifted) is shifted
     want = a2a_pack(out16, lse16, 2)
     assert torch.equal(shifted.cpu().view(torch.int16), want.cpu().view(torch.int16))
+
+
+def test_pack_int64_indexing(device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pack kernel's int64 index path (taken when an offset could overflow int32) writes
+    the same records as the int32 path: forced here by an oversized offset bound."""
+    import cpattn_dcp.ops.a2a_combine as a2a_mod
+
+    gen = torch.Generator().manual_seed(7)
+    b, h, d, n = 37, 8, 40, 4
+    out = torch.randn(b, h, d, generator=gen).to(torch.bfloat16).to(device)
+    lse = torch.randn(b, h, generator=gen).to(device)
+    seq_lens = torch.tensor([0, 3, 1, 0, 2], dtype=torch.int32, device=device)
+    qsl = torch.tensor([0, 5, 9, 20, 30, 35], dtype=torch.int32, device=device)
+    want = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
+    plan = a2a_mod._pack_plan
+    calls: list[bool] = []
+
+    def plan_int64(*args: object) -> object:
+        grid, spec = plan(*args[:-1], 2**31)  # type: ignore[arg-type]
+        calls.append(spec.constexprs["IDX64"])
+        return grid, spec
+
+    monkeypatch.setattr(a2a_mod, "_pack_plan", plan_int64)
+    got = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
+    assert calls == [True]
+    assert torch.equal(got.cpu().view(torch.int16), want.cpu().view(torch.int16))
 
 
 def test_pack_dim() -> None:

@@ -36,9 +36,10 @@ def check_ptx_stats(stats: dict[str, dict[str, dict[str, dict[str, int]]]]) -> N
                 assert st.get("st.global.v4.b32", 0) > 0, where
             elif case.startswith("pack-"):
                 # Padded records (D_rec * s a multiple of 16 bytes): 16-byte payload loads
-                # from the 16-byte-aligned partial output and 16-byte record stores.
+                # (L2 only: read once) from the 16-byte-aligned partial output and 16-byte
+                # record stores.
                 assert kernel == "_a2a_pack_kernel", where
-                assert ld.get("ld.global.v4.b32", 0) > 0, where
+                assert ld.get("ld.global.cg.v4.b32", 0) > 0, where
                 assert st.get("st.global.v4.b32", 0) > 0, where
             elif case.startswith("unpack-"):
                 # 16-byte payload loads (records start 16-byte aligned), 16-byte output stores.

@@ -77,7 +77,7 @@ def test_int64_inputs_and_zero_seqs(device: torch.device) -> None:
 
 
 @pytest.mark.parametrize("index_dtype", [torch.int8, torch.int16, torch.uint8, torch.int64])
-@pytest.mark.parametrize("num_seqs", [2, 300])  # direct count, binary search
+@pytest.mark.parametrize("num_seqs", [2, 300])  # direct count, 16-ary search
 def test_narrow_index_dtypes(device: torch.device, index_dtype: torch.dtype, num_seqs: int) -> None:
     """Index tensors of any integer width: the out-of-range lanes of the direct count must not
     wrap (an int16 fill of 2^31 - 1 reads as -1 and once unmasked row 0)."""

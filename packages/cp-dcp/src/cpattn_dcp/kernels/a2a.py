@@ -11,7 +11,7 @@ is split into its low 16 bits (lane D) and high 16 bits (lane D + 1), each bit-c
 16-bit dtypes) the LSE is the word at byte offset ``D * s`` of its record, little endian.
 
 Alignment. ``D_rec * s`` is a multiple of 16 bytes, so every record of a 16-byte-aligned
-buffer starts 16-byte aligned and its payload lanes can move as 16-byte vectors. Every index
+buffer starts 16-byte aligned and the records are a whole number of 16-byte vectors. Every index
 expression whose alignment matters carries an explicit ``tl.multiple_of`` hint whose value is
 true by construction or was checked on the host (``IN_ALIGN``): Triton 3.6's axis analysis
 over-states the divisibility of a remainder pattern ``x - (x // m) * m`` (m a runtime int
@@ -19,17 +19,19 @@ specialised as a multiple of 16) on a contiguous range ("misaligned address" on 
 the former unpadded records); the hints override that analysis. Pointer alignment itself is
 Triton's launch specialisation (16-byte-aligned pointers only get the divisibility flag).
 
-Pack (``_a2a_pack_kernel``): one program per ``BLOCK_R`` consecutive input rows (b, h);
-the ``[BLOCK_R, BLOCK_D]`` payload tiles are read along D (16-byte vectors when the head dim
-is unit-stride and the row offsets are multiples of 16 bytes, ``IN_ALIGN``; a strided
-fallback otherwise) and written to their records with 16-byte vector stores; the record tail
-(lanes ``[D, D_rec)``: the LSE lanes, then zeros) goes out as one ``[BLOCK_R, D_rec - D]``
-tile (one 16-byte vector per record when ``D`` is a multiple of ``16 / s``). Records are
-written whole because a partly written 32-byte sector costs the memory system an extra read
-(H200, bf16, B=4096, H=64, D=128: 0.53 -> 0.73 of the copy bandwidth when the padding lanes
-were added to the stores). All loads are issued first, then the empty-row search, then the
-stores (a warp issues in order: a store waits for its data and would serialise the search
-behind the payload's memory latency; 0.65 -> 0.75 with the mask on, same shape).
+Pack (``_a2a_pack_kernel``): each program writes one contiguous range of ``BLOCK_V``
+16-byte vectors of one destination's ``[B, H_r, D_rec]`` block (grid ``(vector blocks, N)``)
+and gathers each vector's source: a payload vector of ``out`` (16-byte loads when the head
+dim is unit-stride and the row offsets are multiples of 16 bytes, ``IN_ALIGN``; a strided
+fallback otherwise) or the record tail built from the LSE. So every store is a whole,
+contiguous run of records and no 32-byte sector is written in two parts (H200, bf16,
+B=4096, H=64, D=128, no mask: 0.79-0.82 of the copy bandwidth for a [rows, D] payload tile
+plus a separate [rows, tail] tile, 0.88-0.90 in this form). The fused empty-row mask runs
+once per *token* of the program (a small tile; a program covers a few tokens) with the
+16-ary search of ``_row_is_empty``, and is gathered to the vectors: searching per vector
+cost 0.50, per token with a binary search 0.80-0.82, 16-ary 0.84-0.86 (same shape, mask on).
+All loads are issued first, then the search, then the store. Index arithmetic is int32
+unless an offset could overflow it (``IDX64``).
 
 Unpack-combine: one program per ``BLOCK_R`` consecutive output (b, j) rows (no index
 division at all: recv rows and output rows are both the flattened (b, j)). For N <= 8 the N
@@ -37,8 +39,6 @@ payload tiles (16-byte vector loads) and the N LSE words are loaded together (no
 on a computed value), then the weights (element-wise per row), the fp32 weighted sum
 (zero-weight sources contribute exactly 0) and one 16-byte-vector store of the output rows.
 """
-
-from typing import Any  # noqa: F401  (used by type comments in the kernels)
 
 import triton
 import triton.language as tl
@@ -62,80 +62,99 @@ def _a2a_pack_kernel(
     qsl_ptr,
     num_seqs,
     num_tokens,
-    NUM_HEADS: tl.constexpr,
     HEADS_PER_RANK: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     REC_WIDTH: tl.constexpr,
+    VEC: tl.constexpr,
     PACK: tl.constexpr,
     UNIT_D: tl.constexpr,
     IN_ALIGN: tl.constexpr,
-    REC_ALIGN: tl.constexpr,
-    TAIL_POW2: tl.constexpr,
+    IDX64: tl.constexpr,
     HAS_MASK: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    TOK_POW2: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
-    """Grid ``(cdiv(B * H, BLOCK_R),)``; ``send_ptr`` the contiguous ``[N, B, H_r, D_rec]``.
+    """Grid ``(cdiv(B * H_r * D_rec / VEC, BLOCK_V), N)``; ``send_ptr`` the contiguous
+    ``[N, B, H_r, D_rec]``, seen per destination as ``B * H_r * D_rec / VEC`` vectors.
 
-    ``UNIT_D``: ``stride_out_d == 1`` (payload read as ``row offset + lane``); ``IN_ALIGN``:
-    a power of two (elements, <= 16 bytes) that divides both row strides of ``out`` (host
-    checked; 1 when ``UNIT_D`` is false). ``REC_ALIGN``: ``16 / s`` (``D_rec`` is a multiple
-    of it). ``TAIL_POW2``: ``next_pow2(D_rec - D)``, the lanes of the record tail tile.
+    ``VEC``: ``16 / s`` (a vector is 16 bytes; ``D_rec`` is a multiple of it). ``UNIT_D``:
+    ``stride_out_d == 1``; ``IN_ALIGN``: a power of two ``<= VEC`` dividing both row strides
+    of ``out`` (host checked; 1 when ``UNIT_D`` is false). ``IDX64``: index arithmetic in
+    int64 (else int32: the host checked that every offset fits). ``TOK_POW2``: a power of
+    two >= the number of tokens one program's vectors can touch.
     """
-    i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
-    m_r = i_r < num_tokens * NUM_HEADS
-    i_b = i_r // NUM_HEADS
-    i_h = i_r - i_b * NUM_HEADS
-    i_n = i_h // HEADS_PER_RANK
-    i_j = i_h - i_n * HEADS_PER_RANK
-    i_rec = (i_n * num_tokens + i_b) * HEADS_PER_RANK + i_j
-    # Program order = issue order of a warp: every independent load first (the LSE, then all
-    # payload chunks), then the empty-row search (a chain of dependent loads that hit L1/L2)
-    # while the payload is in flight, then the stores. A store placed before the search would
-    # stall the warp until its payload arrives and serialise the search behind it.
-    b_lse = tl.load(lse_ptr + i_b * stride_lse_b + i_h * stride_lse_h, mask=m_r, other=0.0)
-    # Record starts: multiples of D_rec, itself a multiple of REC_ALIGN (16 bytes).
-    o_rec = tl.max_contiguous(tl.multiple_of(i_rec * REC_WIDTH, REC_ALIGN), 1)
-    o_src = i_b * stride_out_b + i_h * stride_out_h
-    # True alignment only (host-checked strides, see the module docstring).
-    o_src = tl.max_contiguous(tl.multiple_of(o_src, IN_ALIGN), 1)
-    b_xs = ()  # type: tuple[Any, ...]
-    for d0 in tl.static_range(0, HEAD_DIM, BLOCK_D):
-        i_d = d0 + tl.arange(0, BLOCK_D)
-        m_x = _chunk_mask(m_r, i_d, HEAD_DIM, BLOCK_R, BLOCK_D)
-        if UNIT_D:
-            b_x = tl.load(out_ptr + (o_src[:, None] + i_d[None, :]), mask=m_x)
-        else:
-            b_x = tl.load(out_ptr + (o_src[:, None] + i_d[None, :] * stride_out_d), mask=m_x)
-        b_xs = b_xs + (b_x,)  # noqa: RUF005
+    RV: tl.constexpr = REC_WIDTH // VEC
+    TAIL0: tl.constexpr = HEAD_DIM // VEC  # first vector holding an LSE lane
+    TAIL1: tl.constexpr = (HEAD_DIM + PACK - 1) // VEC  # last one
+    i_n = tl.program_id(1)
+    v0 = tl.program_id(0) * BLOCK_V
+    n_tok = num_tokens
+    if IDX64:
+        i_n = i_n.to(tl.int64)
+        v0 = v0.to(tl.int64)
+        n_tok = n_tok.to(tl.int64)
+    total_v = n_tok * (HEADS_PER_RANK * RV)
+    i_v = v0 + tl.arange(0, BLOCK_V)
+    m_v = i_v < total_v
+    # Vector -> (record, lane) -> (token b, head h): divisions by constants.
+    i_rec = i_v // RV
+    i_lane = i_v - i_rec * RV
+    i_b = i_rec // HEADS_PER_RANK
+    i_h = i_n * HEADS_PER_RANK + (i_rec - i_b * HEADS_PER_RANK)
+    i_e = tl.arange(0, VEC)
+    o_row = i_b * stride_out_b + i_h * stride_out_h
+    # Payload elements: lanes [0, D) of the record. Every load is issued before the
+    # empty-row search (a warp issues in order; the search then runs while they fly).
+    if HEAD_DIM % VEC == 0:
+        m_pay = (m_v & (i_lane < TAIL0))[:, None]
+    else:
+        m_pay = m_v[:, None] & ((i_lane[:, None] * VEC + i_e[None, :]) < HEAD_DIM)
+    if UNIT_D:
+        # True alignment only (host-checked row strides, see the module docstring).
+        o_src = tl.multiple_of(o_row + i_lane * VEC, IN_ALIGN)
+        p_src = out_ptr + (o_src[:, None] + i_e[None, :])
+    else:
+        p_src = out_ptr + (o_row[:, None] + (i_lane[:, None] * VEC + i_e[None, :]) * stride_out_d)
+    # Read once: cached in L2 only (L1 keeps the search's boundaries).
+    b_x = tl.load(p_src, mask=m_pay, other=0.0, cache_modifier=".cg")
+    m_lse = m_v & (i_lane >= TAIL0) & (i_lane <= TAIL1)
+    b_lse = tl.load(lse_ptr + i_b * stride_lse_b + i_h * stride_lse_h, mask=m_lse, other=0.0)
     b_lse = b_lse.to(tl.float32)
     if HAS_MASK:
-        m_empty = _row_is_empty(i_b, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS)
+        # One search per token of this program (a [TOK_POW2] tile), gathered to the vectors.
+        b_first = (v0 // RV) // HEADS_PER_RANK
+        i_t = b_first + tl.arange(0, TOK_POW2)
+        m_tok = _row_is_empty(i_t, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS).to(tl.int32)
+        i_idx = tl.minimum(i_b - b_first, TOK_POW2 - 1).to(tl.int32)
+        m_empty = tl.gather(m_tok, i_idx, 0) != 0
         b_lse = tl.where(m_empty, float("-inf"), b_lse)
-    for d0 in tl.static_range(0, HEAD_DIM, BLOCK_D):
-        i_d = d0 + tl.arange(0, BLOCK_D)
-        m_x = _chunk_mask(m_r, i_d, HEAD_DIM, BLOCK_R, BLOCK_D)
-        tl.store(send_ptr + (o_rec[:, None] + i_d[None, :]), b_xs[d0 // BLOCK_D], mask=m_x)
-    # Record tail, lanes [D, D_rec): the LSE lanes, then zeros in the padding lanes. Writing
-    # the whole record means every 32-byte sector of the send buffer is fully written (no
-    # partially written sectors, which the memory system completes with a read); for
-    # D % (16 / s) == 0 the tail is one 16-byte vector.
-    i_t = tl.arange(0, TAIL_POW2)
-    m_t = m_r[:, None] & (i_t[None, :] < REC_WIDTH - HEAD_DIM)
+    # The record's lanes [D, D_rec) as bits: the LSE lanes, then zeros (masked loads gave 0).
     if PACK == 2:
-        # fp32 bits as two 16-bit lanes, low half first (lane D), each bit-cast to the dtype.
         b_bits = b_lse.to(tl.uint32, bitcast=True)
-        b_lo = (b_bits & 0xFFFF).to(tl.uint16)
-        b_hi = (b_bits >> 16).to(tl.uint16)
-        b_zero = tl.zeros((BLOCK_R, TAIL_POW2), dtype=tl.uint16)
-        b_tail = tl.where(
-            i_t[None, :] == 0, b_lo[:, None], tl.where(i_t[None, :] == 1, b_hi[:, None], b_zero)
-        )
-        b_tail = b_tail.to(send_ptr.dtype.element_ty, bitcast=True)
+        b_lo = (b_bits & 0xFFFF).to(tl.uint16)[:, None]
+        b_hi = (b_bits >> 16).to(tl.uint16)[:, None]
+        b_rec = b_x.to(tl.uint16, bitcast=True)
+        if HEAD_DIM % VEC == 0:
+            # Lanes D, D + 1 are elements 0, 1 of vector TAIL0: a per-vector select.
+            b_zero = tl.zeros((BLOCK_V, VEC), dtype=tl.uint16)
+            b_tail = tl.where(i_e[None, :] == 0, b_lo, tl.where(i_e[None, :] == 1, b_hi, b_zero))
+            b_rec = tl.where((i_lane == TAIL0)[:, None], b_tail, b_rec)
+        else:
+            i_el = i_lane[:, None] * VEC + i_e[None, :]
+            b_rec = tl.where(i_el == HEAD_DIM, b_lo, tl.where(i_el == HEAD_DIM + 1, b_hi, b_rec))
     else:
-        b_tail = tl.where(i_t[None, :] == 0, b_lse[:, None], 0.0)
-    tl.store(send_ptr + (o_rec[:, None] + HEAD_DIM + i_t[None, :]), b_tail, mask=m_t)
+        b_word = b_lse.to(tl.uint32, bitcast=True)[:, None]
+        b_rec = b_x.to(tl.uint32, bitcast=True)
+        i_el = i_lane[:, None] * VEC + i_e[None, :]
+        b_rec = tl.where(i_el == HEAD_DIM, b_word, b_rec)
+    # One contiguous range of whole records per program: every sector fully written.
+    o_dst = tl.multiple_of((i_n * total_v + i_v) * VEC, VEC)
+    tl.store(
+        send_ptr + (o_dst[:, None] + i_e[None, :]),
+        b_rec.to(send_ptr.dtype.element_ty, bitcast=True),
+        mask=m_v[:, None],
+    )
 
 
 @triton.jit

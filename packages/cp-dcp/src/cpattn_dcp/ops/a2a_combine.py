@@ -49,8 +49,12 @@ _PACK_DIM = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 1}
 # e.g. H=64 D=128 N=8 0.80 / 0.72 / 0.75 of the copy bandwidth).
 _UNPACK_INFLIGHT_BYTES = 16384
 _UNPACK_MIN_BYTES = 2048
-# Payload bytes one pack program reads.
-_PACK_TARGET_BYTES = 16384
+# Pack: 16-byte vectors of the send buffer one program writes, and its warps (H200, bf16,
+# B=4096, fused mask: 256 vectors / 2 warps 0.84-0.86 of the copy bandwidth at H=64 D=128,
+# 0.96 at H=128 D=512; 512 / 4 and 1024 / 8 were within 0.03 below; benchmarks/
+# pack_variants.py).
+_PACK_BLOCK_V = 256
+_PACK_NUM_WARPS = 2
 # Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
 _pack_kernel = CachedKernel(_a2a_pack_kernel)
 _unpack_kernel = CachedKernel(_a2a_unpack_combine_fwd_kernel)
@@ -107,29 +111,38 @@ def _pack_plan(
     has_mask: bool,
     unit_d: bool,
     in_align: int,
-) -> tuple[tuple[int], Specialization]:
-    """Grid and kernel specialization of the pack kernel (memoised per shape)."""
+    max_offset: int,
+) -> tuple[tuple[int, int], Specialization]:
+    """Grid and kernel specialization of the pack kernel (memoised per shape).
+
+    ``max_offset``: an upper bound of every element offset into ``out`` and the LSE (int32
+    index arithmetic when it and the send buffer fit).
+    """
+    vec = 16 // size
     p = 4 // size
-    num_rows = b * h
-    block_r, block_d, num_warps = tile_config(num_rows, d, size, _PACK_TARGET_BYTES)
-    rec = -(-(d + p) // (16 // size)) * (16 // size)
+    rec = -(-(d + p) // vec) * vec
+    rv = rec // vec
+    total_v = b * hr * rv
+    # Tokens one program's vectors can touch: floor(cdiv(BLOCK_V, rv) / H_r) + 2.
+    tok = next_pow2(-(-_PACK_BLOCK_V // rv) // hr + 2)
+    n = h // hr
+    idx64 = max(n * total_v * vec + _PACK_BLOCK_V * vec, max_offset) >= 2**31
     consts = (
-        ("NUM_HEADS", h),
         ("HEADS_PER_RANK", hr),
         ("HEAD_DIM", d),
         ("REC_WIDTH", rec),
+        ("VEC", vec),
         ("PACK", p),
         ("UNIT_D", unit_d),
         ("IN_ALIGN", in_align),
-        ("REC_ALIGN", 16 // size),
-        ("TAIL_POW2", next_pow2(rec - d)),
+        ("IDX64", idx64),
         ("HAS_MASK", has_mask),
         ("SEARCH_STEPS", search_steps(num_seqs)),
-        ("BLOCK_R", block_r),
-        ("BLOCK_D", block_d),
-        ("num_warps", num_warps),
+        ("TOK_POW2", tok),
+        ("BLOCK_V", _PACK_BLOCK_V),
+        ("num_warps", _PACK_NUM_WARPS),
     )
-    return (-(-num_rows // block_r),), _pack_spec(consts)
+    return (-(-total_v // _PACK_BLOCK_V), n), _pack_spec(consts)
 
 
 def _pow2_divisor(x: int, cap: int) -> int:
@@ -157,13 +170,18 @@ def _launch_pack(
     s_out = cp_attn_out.stride()
     s_lse = cp_attn_lse.stride()
     size = cp_attn_out.element_size()
-    # Unit-stride head dim: the payload rows are read as row offset + lane, 16-byte vectors
-    # when both row strides are multiples of 16 bytes (and the pointer is 16-byte aligned,
-    # which Triton's launch specialisation sees by itself). Else the strided fallback.
+    # Unit-stride head dim: the payload is read as row offset + lane, 16-byte vectors when
+    # both row strides are multiples of 16 bytes (and the pointer is 16-byte aligned, which
+    # Triton's launch specialisation sees by itself). Else the strided fallback.
     unit_d = s_out[2] == 1 or d == 1
     vec = 16 // size
     in_align = _pow2_divisor(s_out[1], _pow2_divisor(s_out[0], vec)) if unit_d else 1
-    grid, spec = _pack_plan(b, h, h // n, d, size, num_seqs, has_mask, unit_d, in_align)
+    # Offsets the kernel may form (masked lanes past the last token and past D included).
+    rows = b + _PACK_BLOCK_V
+    max_offset = max(
+        rows * s_out[0] + h * s_out[1] + (d + 2 * vec) * s_out[2], rows * s_lse[0] + h * s_lse[1]
+    )
+    grid, spec = _pack_plan(b, h, h // n, d, size, num_seqs, has_mask, unit_d, in_align, max_offset)
     spec(
         grid,
         cp_attn_out,
