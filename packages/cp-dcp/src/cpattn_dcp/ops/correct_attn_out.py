@@ -43,8 +43,13 @@ _Tensor = torch.Tensor
 # 0.91 / 0.95, N=2 and N=4 within 0.01.
 _LSE_ROWS_MAX_N = 8
 _LSE_ROWS_MIN_TILE = 256
-# Partial-output bytes one program of the lean kernel reads.
+# Partial-output bytes one program of the lean kernel reads, and its most warps (H200, bf16,
+# B=4096, fraction of the copy bandwidth, 4 / 8 warps: H=64 D=128 N=2/4/8 0.936/0.908,
+# 0.903/0.894, 0.834/0.822; H=128 D=512 0.957/0.953, 0.960/0.949, 0.958/0.947; B=64 graph
+# replay 1-12% faster, B=1 within 0.04 us; benchmarks/variants.py --ab --ab-only
+# correct-warps).
 _CONTIG_TARGET_BYTES = 16384
+_CONTIG_MAX_WARPS = 4
 # Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
 _contig_kernel = CachedKernel(_correct_attn_out_contig_kernel)
 _general_kernel = CachedKernel(_correct_attn_out_fwd_kernel)
@@ -242,6 +247,7 @@ def _contig_plan(
     per program); consecutive programs read consecutive memory.
     """
     block_r, block_d, num_warps = tile_config(b * h, d, size, _CONTIG_TARGET_BYTES)
+    num_warps = min(num_warps, _CONTIG_MAX_WARPS)
     spec = _contig_spec(d, n, block_r, block_d, _align(16 // size, d), is_base_e, num_warps)
     return (-(-(b * h) // block_r),), spec
 
