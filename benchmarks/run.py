@@ -451,6 +451,13 @@ def measure_references(plan: Plan, device: Any, results: Any) -> None:
     except Exception as exc:
         results.notes.append(f"empty-kernel graph replay not measured: {_short(exc)}")
     try:
+        refs.touch_graph_us = (
+            hb.measure_touch_kernel_graph(device, calls_per_graph=plan.calls_per_graph).median_ms
+            * 1e3
+        )
+    except Exception as exc:
+        results.notes.append(f"load+store kernel graph replay not measured: {_short(exc)}")
+    try:
         host = hb.measure_reference_host_times(
             device, calls=plan.host_calls, rounds=plan.host_rounds
         )

@@ -12,7 +12,8 @@ Used by ``benchmarks/run.py``; nothing in the runtime packages imports it. The p
   fallback used by the smoke mode. All return a :class:`Timing` in milliseconds *per call*.
 - **Reference points**, measured in the same run as the kernels: device-to-device copy
   bandwidth (:func:`measure_copy_ceiling`, read + write bytes counted), an empty Triton
-  kernel's per-launch time inside a replayed CUDA graph (:func:`measure_empty_kernel_graph`),
+  kernel's per-launch time inside a replayed CUDA graph (:func:`measure_empty_kernel_graph`)
+  and that of a kernel which only loads and stores one vector (:func:`measure_touch_kernel_graph`),
   host time of an eager ``torch.Tensor.add_`` and of a plain Triton JIT launch
   (:func:`measure_host_overhead`).
 - **Results file.** :class:`Results` (and the row dataclasses) serialise to JSON
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 import json
 import math
 import os
@@ -61,6 +63,7 @@ __all__ = [
     "measure_copy_ceiling",
     "measure_empty_kernel_graph",
     "measure_host_overhead",
+    "measure_touch_kernel_graph",
     "merge_results",
     "plot_bandwidth",
     "render_markdown",
@@ -372,6 +375,36 @@ def _empty_launcher(device: torch.device, *, cached: bool = False) -> Callable[[
     return _EMPTY_LAUNCHERS[key]
 
 
+def measure_touch_kernel_graph(device: torch.device, *, calls_per_graph: int = 32) -> Timing:
+    """Per-launch time inside a replayed CUDA graph of the smallest kernel that reads and
+    writes memory: one program loads one 16-byte vector and stores it (rotating over
+    ``calls_per_graph`` buffer pairs, so the load is not an L2 hit left by the previous call).
+
+    The difference to :func:`measure_empty_kernel_graph` is one memory round trip plus a store
+    that must complete before the kernel ends: a floor for every decode-size op, none of which
+    can do less.
+    """
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _cpattn_bench_touch_kernel(src_ptr, dst_ptr):  # type: ignore[no-untyped-def]
+        offs = tl.arange(0, 4)
+        tl.store(dst_ptr + offs, tl.load(src_ptr + offs))
+
+    pairs = [
+        (torch.randn(4, device=device), torch.empty(4, device=device))
+        for _ in range(calls_per_graph)
+    ]
+    fns = [
+        functools.partial(_cpattn_bench_touch_kernel[(1,)], src, dst, num_warps=1)
+        for src, dst in pairs
+    ]
+    if device.type != "cuda":
+        return time_wall(fns[0])
+    return time_cuda_graph(fns)
+
+
 def measure_empty_kernel_graph(device: torch.device, *, calls_per_graph: int = 32) -> Timing:
     """Per-launch time of an empty Triton kernel inside a replayed CUDA graph.
 
@@ -540,6 +573,7 @@ class References:
     copy_ms: float | None = None
     copy_bytes_per_s: float | None = None
     empty_graph_us: float | None = None
+    touch_graph_us: float | None = None
     empty_launch_host_us: float | None = None
     add_host_us: float | None = None
     calls_per_graph: int = 32
@@ -678,6 +712,13 @@ def save_results(results: Results, path: str | Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results_to_dict(results), indent=1, allow_nan=False) + "\n")
     return out
+
+
+def _ratio_note(value: float | None, base: float | None) -> str:
+    """`` (1.49x the empty kernel)`` or nothing when either figure is missing."""
+    if value is None or not base:
+        return ""
+    return f" ({value / base:.2f}x the empty kernel)"
 
 
 def load_results(path: str | Path) -> Results:
@@ -1004,6 +1045,10 @@ def render_markdown(
         f"{refs.copy_timing} median |",
         f"| empty Triton kernel, CUDA-graph replay | **{_num(refs.empty_graph_us)} µs** per launch | "
         f"{refs.calls_per_graph} launches captured in one graph, replays timed with CUDA events |",
+        f"| one-vector load + store kernel, CUDA-graph replay | **{_num(refs.touch_graph_us)} µs** "
+        f"per launch{_ratio_note(refs.touch_graph_us, refs.empty_graph_us)} | one program loads "
+        "16 bytes and stores them (32 rotating buffer pairs): the floor of any kernel that reads "
+        "and writes memory, measured like the empty kernel |",
         f"| eager `torch.Tensor.add_` host time | **{_num(refs.add_host_us)} µs** per call | "
         f"1024-element fp32 tensor, host loop of {refs.host_calls} calls, median of {refs.host_rounds} rounds |",
         f"| plain Triton JIT launch host time | **{_num(refs.empty_launch_host_us)} µs** per call | "
