@@ -138,9 +138,10 @@ def _switches() -> dict[str, list[tuple[str, Callable[[], None]]]]:
 
         return set_
 
-    def pack_target(nbytes: int) -> Callable[[], None]:
+    def pack_block(vectors: int, num_warps: int) -> Callable[[], None]:
         def set_() -> None:
-            a2a_mod._PACK_TARGET_BYTES = nbytes
+            a2a_mod._PACK_BLOCK_V = vectors
+            a2a_mod._PACK_NUM_WARPS = num_warps
             a2a_mod._pack_plan.cache_clear()
 
         return set_
@@ -160,17 +161,45 @@ def _switches() -> dict[str, list[tuple[str, Callable[[], None]]]]:
 
         return set_
 
+    def force_warps(
+        mod: object, plans: list[Callable[..., object]], num_warps: int
+    ) -> Callable[[], None]:
+        """``tile_config`` of ``mod`` with its ``num_warps`` replaced (0: the shipped one)."""
+
+        def set_() -> None:
+            def forced(*a: int) -> tuple[int, int, int]:
+                block_r, block_d, _ = tile_config(*a)
+                return block_r, block_d, num_warps
+
+            mod.tile_config = forced if num_warps else tile_config  # type: ignore[attr-defined]
+            for plan in plans:
+                plan.cache_clear()  # type: ignore[attr-defined]
+
+        return set_
+
+    unpack_plans = [a2a_mod._unpack_config, a2a_mod._unpack_plan, a2a_mod._pack_plan]
+    correct_plans = [correct_mod._correct_config, correct_mod._contig_plan]
     return {
+        "unpack-warps": [
+            ("shipped", force_warps(a2a_mod, unpack_plans, 0)),
+            ("w4", force_warps(a2a_mod, unpack_plans, 4)),
+            ("w8", force_warps(a2a_mod, unpack_plans, 8)),
+        ],
+        "correct-warps": [
+            ("shipped", force_warps(correct_mod, correct_plans, 0)),
+            ("w4", force_warps(correct_mod, correct_plans, 4)),
+            ("w16", force_warps(correct_mod, correct_plans, 16)),
+        ],
         "correct": [
             ("16K", correct_target(16384)),
             ("8K", correct_target(8192)),
             ("32K", correct_target(32768)),
         ],
         "pack+mask": [
-            ("16K", pack_target(16384)),
-            ("8K", pack_target(8192)),
-            ("32K", pack_target(32768)),
-            ("64K", pack_target(65536)),
+            ("256v/2w", pack_block(256, 2)),
+            ("128v/1w", pack_block(128, 1)),
+            ("512v/4w", pack_block(512, 4)),
+            ("1024v/8w", pack_block(1024, 8)),
         ],
         "unpack": [
             ("min2K", unpack_min(2048)),
@@ -216,16 +245,17 @@ def ab(dev: torch.device, batch: int, only: str | None = None) -> None:
 
 def _pack_into(out: torch.Tensor, lse: torch.Tensor, n: int, send: torch.Tensor) -> None:
     """The pack kernel (no mask) into ``send [N, B, H_r, rec]`` of any record width ``rec``
-    (zero padding up to it), with the shipped tile choice."""
+    (a multiple of 8 lanes; zero padding up to it), with the shipped block choice."""
     b, h, d = out.shape
     rec = send.shape[-1]
-    block_r, block_d, num_warps = tile_config(b * h, d, 2, a2a_mod._PACK_TARGET_BYTES)
+    block_v = a2a_mod._PACK_BLOCK_V
     a2a_mod._pack_kernel(
-        (-(-(b * h) // block_r),),
+        (-(-(b * (h // n) * rec // 8) // block_v), n),
         out, *out.stride(), lse, *lse.stride(), send, lse, lse, 0, b,
-        NUM_HEADS=h, HEADS_PER_RANK=h // n, HEAD_DIM=d, REC_WIDTH=rec, PACK=2, UNIT_D=True,
-        IN_ALIGN=8, REC_ALIGN=8, TAIL_POW2=next_pow2(rec - d), HAS_MASK=False, SEARCH_STEPS=0,
-        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps,
+        HEADS_PER_RANK=h // n, HEAD_DIM=d, REC_WIDTH=rec, VEC=8, PACK=2, UNIT_D=True,
+        IN_ALIGN=8, IDX64=False, HAS_MASK=False, SEARCH_STEPS=0,
+        TOK_POW2=next_pow2(-(-block_v // (rec // 8)) // (h // n) + 2), BLOCK_V=block_v,
+        num_warps=a2a_mod._PACK_NUM_WARPS,
     )  # fmt: skip
 
 
