@@ -197,15 +197,19 @@ def test_readme_four_rank_example_runs(pytester: pytest.Pytester) -> None:
 def test_xdist_gpu_pinning(
     monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str | None
 ) -> None:
+    import os
+
     from cpattn_testing.pytest_plugin import _pin_gpu_for_xdist_worker
 
+    # The function writes os.environ directly: give it a copy, so that no CUDA_VISIBLE_DEVICES
+    # it sets outlives this test (it once did, and hid the GPU from the ranks spawned by later
+    # tests of the same session).
+    monkeypatch.setattr(os, "environ", dict(os.environ))
     for key in ("PYTEST_XDIST_WORKER", "CPATTN_XDIST_GPUS", "CUDA_VISIBLE_DEVICES"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     _pin_gpu_for_xdist_worker()
-    import os
-
     assert os.environ.get("CUDA_VISIBLE_DEVICES") == expected
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
     monkeypatch.setenv("CPATTN_XDIST_GPUS", "zero")
