@@ -108,6 +108,7 @@ def floor(dev: torch.device) -> None:
 
 def _set_min_programs(dcp: int, merge: int) -> None:
     dcp_common.MIN_PROGRAMS = dcp
+    a2a_mod.MIN_PROGRAMS = dcp
     merge_mod._MIN_PROGRAMS = merge
     for fn in (
         dcp_common.tile_config,

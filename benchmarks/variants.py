@@ -146,6 +146,14 @@ def _switches() -> dict[str, list[tuple[str, Callable[[], None]]]]:
 
         return set_
 
+    def pack_small(vectors: int, num_warps: int) -> Callable[[], None]:
+        def set_() -> None:
+            a2a_mod._PACK_SMALL_BLOCK_V = vectors
+            a2a_mod._PACK_SMALL_NUM_WARPS = num_warps
+            a2a_mod._pack_plan.cache_clear()
+
+        return set_
+
     def unpack_min(nbytes: int) -> Callable[[], None]:
         def set_() -> None:
             a2a_mod._UNPACK_MIN_BYTES = nbytes
@@ -200,6 +208,12 @@ def _switches() -> dict[str, list[tuple[str, Callable[[], None]]]]:
             ("128v/1w", pack_block(128, 1)),
             ("512v/4w", pack_block(512, 4)),
             ("1024v/8w", pack_block(1024, 8)),
+        ],
+        "pack-small": [
+            ("64v/1w", pack_small(64, 1)),
+            ("32v/1w", pack_small(32, 1)),
+            ("128v/1w", pack_small(128, 1)),
+            ("256v/2w", pack_small(256, 2)),
         ],
         "unpack": [
             ("min2K", unpack_min(2048)),

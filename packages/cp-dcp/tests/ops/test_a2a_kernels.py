@@ -238,6 +238,29 @@ def test_pack_int64_indexing(device: torch.device, monkeypatch: pytest.MonkeyPat
     assert torch.equal(got.cpu().view(torch.int16), want.cpu().view(torch.int16))
 
 
+def test_pack_small_grid_blocks(device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode-size grids use the smaller pack blocks (``_PACK_SMALL_BLOCK_V``): same records."""
+    import cpattn_dcp.ops.a2a_combine as a2a_mod
+
+    gen = torch.Generator().manual_seed(11)
+    b, h, d, n = 9, 8, 48, 2
+    out = torch.randn(b, h, d, generator=gen).to(torch.float16).to(device)
+    lse = torch.randn(b, h, generator=gen).to(device)
+    seq_lens = torch.tensor([2, 0, 1], dtype=torch.int32, device=device)
+    qsl = torch.tensor([0, 3, 4, 8], dtype=torch.int32, device=device)
+    want = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
+    a2a_mod._pack_plan.cache_clear()
+    monkeypatch.setattr(a2a_mod, "MIN_PROGRAMS", 10**9)
+    monkeypatch.setattr(a2a_mod, "_PACK_SMALL_BLOCK_V", 16)
+    try:
+        _, spec = a2a_mod._pack_plan(b, h, h // n, d, 2, 3, True, True, 8, 0)
+        assert spec.constexprs["BLOCK_V"] == 16
+        got = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
+    finally:
+        a2a_mod._pack_plan.cache_clear()
+    assert torch.equal(got.cpu().view(torch.int16), want.cpu().view(torch.int16))
+
+
 def test_pack_dim() -> None:
     assert a2a_pack_dim(torch.bfloat16) == 2
     assert a2a_pack_dim(torch.float16) == 2

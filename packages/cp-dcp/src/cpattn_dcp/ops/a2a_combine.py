@@ -32,7 +32,7 @@ from cpattn_dcp.comm.groups import (
 from cpattn_dcp.context import CPTritonContext
 from cpattn_dcp.kernels.a2a import _a2a_pack_kernel, _a2a_unpack_combine_fwd_kernel
 from cpattn_dcp.ops._collective_common import validate_combine_args
-from cpattn_dcp.ops._common import contiguous, next_pow2, search_steps, tile_config
+from cpattn_dcp.ops._common import MIN_PROGRAMS, contiguous, next_pow2, search_steps, tile_config
 
 __all__ = [
     "a2a_pack",
@@ -55,6 +55,10 @@ _UNPACK_MIN_BYTES = 2048
 # pack_variants.py).
 _PACK_BLOCK_V = 256
 _PACK_NUM_WARPS = 2
+# Grids under MIN_PROGRAMS programs (decode sizes, latency-bound): smaller blocks of one warp,
+# so that the few records spread over more programs.
+_PACK_SMALL_BLOCK_V = 64
+_PACK_SMALL_NUM_WARPS = 1
 # Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
 _pack_kernel = CachedKernel(_a2a_pack_kernel)
 _unpack_kernel = CachedKernel(_a2a_unpack_combine_fwd_kernel)
@@ -123,10 +127,13 @@ def _pack_plan(
     rec = -(-(d + p) // vec) * vec
     rv = rec // vec
     total_v = b * hr * rv
-    # Tokens one program's vectors can touch: floor(cdiv(BLOCK_V, rv) / H_r) + 2.
-    tok = next_pow2(-(-_PACK_BLOCK_V // rv) // hr + 2)
     n = h // hr
-    idx64 = max(n * total_v * vec + _PACK_BLOCK_V * vec, max_offset) >= 2**31
+    block_v, num_warps = _PACK_BLOCK_V, _PACK_NUM_WARPS
+    if -(-total_v // block_v) * n < MIN_PROGRAMS:
+        block_v, num_warps = _PACK_SMALL_BLOCK_V, _PACK_SMALL_NUM_WARPS
+    # Tokens one program's vectors can touch: floor(cdiv(BLOCK_V, rv) / H_r) + 2.
+    tok = next_pow2(-(-block_v // rv) // hr + 2)
+    idx64 = max(n * total_v * vec + block_v * vec, max_offset) >= 2**31
     consts = (
         ("HEADS_PER_RANK", hr),
         ("HEAD_DIM", d),
@@ -139,10 +146,10 @@ def _pack_plan(
         ("HAS_MASK", has_mask),
         ("SEARCH_STEPS", search_steps(num_seqs)),
         ("TOK_POW2", tok),
-        ("BLOCK_V", _PACK_BLOCK_V),
-        ("num_warps", _PACK_NUM_WARPS),
+        ("BLOCK_V", block_v),
+        ("num_warps", num_warps),
     )
-    return (-(-total_v // _PACK_BLOCK_V), n), _pack_spec(consts)
+    return (-(-total_v // block_v), n), _pack_spec(consts)
 
 
 def _pow2_divisor(x: int, cap: int) -> int:
