@@ -39,6 +39,7 @@ import torch
 from cpattn_common import launch as _launch
 from cpattn_common.ops.merge_attn_states import merge_attn_states_fwd
 from cpattn_dcp import correct_attn_out
+from cpattn_dcp.ops.a2a_combine import a2a_pack, a2a_unpack_combine
 from cpattn_dcp.ops.correct_attn_out import launch_correct
 from cpattn_dcp.ops.mask_empty_shards import mask_dcp_empty_shards_, masked_lse_copy
 
@@ -103,6 +104,7 @@ def main() -> None:
     qsl = torch.arange(b + 1, dtype=torch.int32)
     buf = torch.empty(b, h, d, dtype=torch.bfloat16)
     lse_out = torch.empty(b, h)
+    recv = torch.zeros(n, b, h // n, d + 8, dtype=torch.bfloat16)
 
     cases: dict[str, Callable[[], object]] = {
         "torch.empty(1024) [cpu]": lambda: torch.empty(1024),
@@ -116,6 +118,10 @@ def main() -> None:
         ),
         "mask_dcp_empty_shards_": lambda: mask_dcp_empty_shards_(lse, seq_lens, qsl),
         "masked_lse_copy": lambda: masked_lse_copy(lse, seq_lens, qsl),
+        # The collective ops' cheap checks accept CUDA tensors only: on CPU these two take the
+        # full validation (an upper bound of their Python part).
+        "a2a_pack (mask)": lambda: a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl),
+        "a2a_unpack_combine": lambda: a2a_unpack_combine(recv, head_dim=d, return_lse=True),
     }
     print(f"torch {torch.__version__}; per-call host time, launches stubbed (µs)")
     for name, fn in cases.items():
@@ -123,7 +129,7 @@ def main() -> None:
     info = _launch.launch_cache_info()
     print(f"launch cache: {info['fast']} cached (stubbed) launches, {info['plain']} JIT (stubbed)")
     if args.profile:
-        for name in ("correct_attn_out", "mask_dcp_empty_shards_"):
+        for name in ("correct_attn_out", "mask_dcp_empty_shards_", "a2a_pack (mask)"):
             prof = cProfile.Profile()
             fn = cases[name]
             prof.enable()

@@ -214,7 +214,7 @@ def test_preallocated_send(device: torch.device) -> None:
 
 def test_pack_int64_indexing(device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
     """The pack kernel's int64 index path (taken when an offset could overflow int32) writes
-    the same records as the int32 path: forced here by an oversized offset bound."""
+    the same records as the int32 path: forced here by a tiny int32 bound."""
     import cpattn_dcp.ops.a2a_combine as a2a_mod
 
     gen = torch.Generator().manual_seed(7)
@@ -224,17 +224,15 @@ def test_pack_int64_indexing(device: torch.device, monkeypatch: pytest.MonkeyPat
     seq_lens = torch.tensor([0, 3, 1, 0, 2], dtype=torch.int32, device=device)
     qsl = torch.tensor([0, 5, 9, 20, 30, 35], dtype=torch.int32, device=device)
     want = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
-    plan = a2a_mod._pack_plan
-    calls: list[bool] = []
-
-    def plan_int64(*args: object) -> object:
-        grid, spec = plan(*args[:-1], 2**31)  # type: ignore[arg-type]
-        calls.append(spec.constexprs["IDX64"])
-        return grid, spec
-
-    monkeypatch.setattr(a2a_mod, "_pack_plan", plan_int64)
-    got = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
-    assert calls == [True]
+    plan_args = (b, h, n, d, 2, 5, True, out.stride(), lse.stride())
+    assert not a2a_mod._pack_plan(*plan_args)[1].constexprs["IDX64"]
+    a2a_mod._pack_plan.cache_clear()
+    monkeypatch.setattr(a2a_mod, "_INT32_LIMIT", 1)
+    try:
+        assert a2a_mod._pack_plan(*plan_args)[1].constexprs["IDX64"]
+        got = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
+    finally:
+        a2a_mod._pack_plan.cache_clear()
     assert torch.equal(got.cpu().view(torch.int16), want.cpu().view(torch.int16))
 
 
@@ -253,7 +251,7 @@ def test_pack_small_grid_blocks(device: torch.device, monkeypatch: pytest.Monkey
     monkeypatch.setattr(a2a_mod, "MIN_PROGRAMS", 10**9)
     monkeypatch.setattr(a2a_mod, "_PACK_SMALL_BLOCK_V", 16)
     try:
-        _, spec = a2a_mod._pack_plan(b, h, h // n, d, 2, 3, True, True, 8, 0)
+        _, spec = a2a_mod._pack_plan(b, h, n, d, 2, 3, True, out.stride(), lse.stride())
         assert spec.constexprs["BLOCK_V"] == 16
         got = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
     finally:

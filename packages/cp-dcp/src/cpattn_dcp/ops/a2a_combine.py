@@ -59,6 +59,8 @@ _PACK_NUM_WARPS = 2
 # so that the few records spread over more programs.
 _PACK_SMALL_BLOCK_V = 64
 _PACK_SMALL_NUM_WARPS = 1
+# Offsets at or past this bound switch the pack kernel to int64 index arithmetic.
+_INT32_LIMIT = 2**31
 # Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
 _pack_kernel = CachedKernel(_a2a_pack_kernel)
 _unpack_kernel = CachedKernel(_a2a_unpack_combine_fwd_kernel)
@@ -108,32 +110,40 @@ def _pack_spec(consts: tuple[tuple[str, int | bool], ...]) -> Specialization:
 def _pack_plan(
     b: int,
     h: int,
-    hr: int,
+    n: int,
     d: int,
     size: int,
     num_seqs: int,
     has_mask: bool,
-    unit_d: bool,
-    in_align: int,
-    max_offset: int,
+    s_out: tuple[int, int, int],
+    s_lse: tuple[int, int],
 ) -> tuple[tuple[int, int], Specialization]:
-    """Grid and kernel specialization of the pack kernel (memoised per shape).
-
-    ``max_offset``: an upper bound of every element offset into ``out`` and the LSE (int32
-    index arithmetic when it and the send buffer fit).
-    """
+    """Grid and kernel specialization of the pack kernel (memoised per shape and strides,
+    so a repeated call costs one look-up)."""
     vec = 16 // size
     p = 4 // size
+    hr = h // n
     rec = -(-(d + p) // vec) * vec
     rv = rec // vec
     total_v = b * hr * rv
-    n = h // hr
     block_v, num_warps = _PACK_BLOCK_V, _PACK_NUM_WARPS
     if -(-total_v // block_v) * n < MIN_PROGRAMS:
         block_v, num_warps = _PACK_SMALL_BLOCK_V, _PACK_SMALL_NUM_WARPS
     # Tokens one program's vectors can touch: floor(cdiv(BLOCK_V, rv) / H_r) + 2.
     tok = next_pow2(-(-block_v // rv) // hr + 2)
-    idx64 = max(n * total_v * vec + block_v * vec, max_offset) >= 2**31
+    # Unit-stride head dim: the payload is read as row offset + lane, 16-byte vectors when
+    # both row strides are multiples of 16 bytes (and the pointer is 16-byte aligned, which
+    # Triton's launch specialisation sees by itself). Else the strided fallback.
+    unit_d = s_out[2] == 1 or d == 1
+    in_align = _pow2_divisor(s_out[1], _pow2_divisor(s_out[0], vec)) if unit_d else 1
+    # int32 index arithmetic unless an offset the kernel may form could overflow it (masked
+    # lanes past the last token and past D included).
+    rows = b + block_v
+    max_offset = max(
+        n * total_v * vec + block_v * vec,
+        rows * s_out[0] + h * s_out[1] + (d + 2 * vec) * s_out[2],
+        rows * s_lse[0] + h * s_lse[1],
+    )
     consts = (
         ("HEADS_PER_RANK", hr),
         ("HEAD_DIM", d),
@@ -142,7 +152,7 @@ def _pack_plan(
         ("PACK", p),
         ("UNIT_D", unit_d),
         ("IN_ALIGN", in_align),
-        ("IDX64", idx64),
+        ("IDX64", max_offset >= _INT32_LIMIT),
         ("HAS_MASK", has_mask),
         ("SEARCH_STEPS", search_steps(num_seqs)),
         ("TOK_POW2", tok),
@@ -169,26 +179,15 @@ def _launch_pack(
     if b == 0 or h == 0:
         return
     num_seqs = seq_lens.shape[0] if seq_lens is not None else 0
-    has_mask = seq_lens is not None
     # Index tensors as they are when contiguous (a ``.contiguous()`` call costs a dispatcher
     # round trip even then); without a mask they are never read (the LSE stands in).
     sl = cp_attn_lse if seq_lens is None else contiguous(seq_lens)
     qsl = cp_attn_lse if query_start_loc is None else contiguous(query_start_loc)
     s_out = cp_attn_out.stride()
     s_lse = cp_attn_lse.stride()
-    size = cp_attn_out.element_size()
-    # Unit-stride head dim: the payload is read as row offset + lane, 16-byte vectors when
-    # both row strides are multiples of 16 bytes (and the pointer is 16-byte aligned, which
-    # Triton's launch specialisation sees by itself). Else the strided fallback.
-    unit_d = s_out[2] == 1 or d == 1
-    vec = 16 // size
-    in_align = _pow2_divisor(s_out[1], _pow2_divisor(s_out[0], vec)) if unit_d else 1
-    # Offsets the kernel may form (masked lanes past the last token and past D included).
-    rows = b + _PACK_BLOCK_V
-    max_offset = max(
-        rows * s_out[0] + h * s_out[1] + (d + 2 * vec) * s_out[2], rows * s_lse[0] + h * s_lse[1]
+    grid, spec = _pack_plan(
+        b, h, n, d, cp_attn_out.element_size(), num_seqs, seq_lens is not None, s_out, s_lse
     )
-    grid, spec = _pack_plan(b, h, h // n, d, size, num_seqs, has_mask, unit_d, in_align, max_offset)
     spec(
         grid,
         cp_attn_out,
