@@ -11,7 +11,7 @@ is split into its low 16 bits (lane D) and high 16 bits (lane D + 1), each bit-c
 16-bit dtypes) the LSE is the word at byte offset ``D * s`` of its record, little endian.
 
 Alignment. ``D_rec * s`` is a multiple of 16 bytes, so every record of a 16-byte-aligned
-buffer starts 16-byte aligned and the records are a whole number of 16-byte vectors. Every index
+buffer starts 16-byte aligned and is a whole number of 16-byte vectors. Every index
 expression whose alignment matters carries an explicit ``tl.multiple_of`` hint whose value is
 true by construction or was checked on the host (``IN_ALIGN``): Triton 3.6's axis analysis
 over-states the divisibility of a remainder pattern ``x - (x // m) * m`` (m a runtime int
