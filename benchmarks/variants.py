@@ -30,6 +30,7 @@ import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -118,110 +119,68 @@ def methods(dev: torch.device, batch: int) -> None:
             torch.cuda.empty_cache()
 
 
+def _setter(mod: object, caches: list[Any], **values: object) -> Callable[[], None]:
+    """A setter of the module attributes ``values`` of ``mod`` that also clears the memoised
+    launch plans ``caches`` (``functools.lru_cache`` functions) that were derived from them."""
+
+    def set_() -> None:
+        for name, value in values.items():
+            setattr(mod, name, value)
+        for cache in caches:
+            cache.cache_clear()
+
+    return set_
+
+
+def _forced_warps(num_warps: int) -> Callable[..., tuple[int, int, int]]:
+    """``tile_config`` with its ``num_warps`` replaced (0: ``tile_config`` itself)."""
+    if not num_warps:
+        return tile_config
+
+    def forced(*a: int) -> tuple[int, int, int]:
+        block_r, block_d, _ = tile_config(*a)
+        return block_r, block_d, num_warps
+
+    return forced
+
+
 def _switches() -> dict[str, list[tuple[str, Callable[[], None]]]]:
     """Module-level knobs to compare, per op: (label, setter); the first entry is the default
     and every setter clears the memoised launch plans."""
-
-    def correct_rows(max_n: int) -> Callable[[], None]:
-        def set_() -> None:
-            correct_mod._LSE_ROWS_MAX_N = max_n
-            correct_mod._contig_spec.cache_clear()
-            correct_mod._contig_plan.cache_clear()
-
-        return set_
-
-    def unpack_inflight(nbytes: int) -> Callable[[], None]:
-        def set_() -> None:
-            a2a_mod._UNPACK_INFLIGHT_BYTES = nbytes
-            a2a_mod._unpack_config.cache_clear()
-            a2a_mod._unpack_plan.cache_clear()
-
-        return set_
-
-    def pack_block(vectors: int, num_warps: int) -> Callable[[], None]:
-        def set_() -> None:
-            a2a_mod._PACK_BLOCK_V = vectors
-            a2a_mod._PACK_NUM_WARPS = num_warps
-            a2a_mod._pack_plan.cache_clear()
-
-        return set_
-
-    def pack_small(vectors: int, num_warps: int) -> Callable[[], None]:
-        def set_() -> None:
-            a2a_mod._PACK_SMALL_BLOCK_V = vectors
-            a2a_mod._PACK_SMALL_NUM_WARPS = num_warps
-            a2a_mod._pack_plan.cache_clear()
-
-        return set_
-
-    def unpack_min(nbytes: int) -> Callable[[], None]:
-        def set_() -> None:
-            a2a_mod._UNPACK_MIN_BYTES = nbytes
-            a2a_mod._unpack_config.cache_clear()
-            a2a_mod._unpack_plan.cache_clear()
-
-        return set_
-
-    def correct_target(nbytes: int) -> Callable[[], None]:
-        def set_() -> None:
-            correct_mod._CONTIG_TARGET_BYTES = nbytes
-            correct_mod._contig_plan.cache_clear()
-
-        return set_
-
-    def force_warps(
-        mod: object, plans: list[Callable[..., object]], num_warps: int
-    ) -> Callable[[], None]:
-        """``tile_config`` of ``mod`` with its ``num_warps`` replaced (0: the shipped one)."""
-
-        def set_() -> None:
-            def forced(*a: int) -> tuple[int, int, int]:
-                block_r, block_d, _ = tile_config(*a)
-                return block_r, block_d, num_warps
-
-            mod.tile_config = forced if num_warps else tile_config  # type: ignore[attr-defined]
-            for plan in plans:
-                plan.cache_clear()  # type: ignore[attr-defined]
-
-        return set_
-
-    unpack_plans = [a2a_mod._unpack_config, a2a_mod._unpack_plan, a2a_mod._pack_plan]
-    correct_plans = [correct_mod._correct_config, correct_mod._contig_plan]
+    unpack_plans = [a2a_mod._unpack_config, a2a_mod._unpack_plan]
+    correct_plans = [correct_mod._contig_spec, correct_mod._contig_plan]
+    pack_plans = [a2a_mod._pack_plan]
     return {
         "unpack-warps": [
-            ("shipped", force_warps(a2a_mod, unpack_plans, 0)),
-            ("w4", force_warps(a2a_mod, unpack_plans, 4)),
-            ("w8", force_warps(a2a_mod, unpack_plans, 8)),
+            (label, _setter(a2a_mod, unpack_plans, tile_config=_forced_warps(w)))
+            for label, w in (("shipped", 0), ("w4", 4), ("w8", 8))
         ],
         "correct-warps": [
-            ("shipped", force_warps(correct_mod, correct_plans, 0)),
-            ("w4", force_warps(correct_mod, correct_plans, 4)),
-            ("w16", force_warps(correct_mod, correct_plans, 16)),
+            (f"w{w}", _setter(correct_mod, correct_plans, _CONTIG_MAX_WARPS=w)) for w in (4, 8)
         ],
         "correct": [
-            ("16K", correct_target(16384)),
-            ("8K", correct_target(8192)),
-            ("32K", correct_target(32768)),
+            (f"{nbytes // 1024}K", _setter(correct_mod, correct_plans, _CONTIG_TARGET_BYTES=nbytes))
+            for nbytes in (16384, 8192, 32768)
         ],
         "pack+mask": [
-            ("256v/2w", pack_block(256, 2)),
-            ("128v/1w", pack_block(128, 1)),
-            ("512v/4w", pack_block(512, 4)),
-            ("1024v/8w", pack_block(1024, 8)),
+            (f"{v}v/{w}w", _setter(a2a_mod, pack_plans, _PACK_BLOCK_V=v, _PACK_NUM_WARPS=w))
+            for v, w in ((256, 2), (128, 1), (512, 4), (1024, 8))
         ],
         "pack-small": [
-            ("64v/1w", pack_small(64, 1)),
-            ("32v/1w", pack_small(32, 1)),
-            ("128v/1w", pack_small(128, 1)),
-            ("256v/2w", pack_small(256, 2)),
+            (
+                f"{v}v/{w}w",
+                _setter(a2a_mod, pack_plans, _PACK_SMALL_BLOCK_V=v, _PACK_SMALL_NUM_WARPS=w),
+            )
+            for v, w in ((64, 1), (32, 1), (128, 1), (256, 2))
         ],
         "unpack": [
-            ("min2K", unpack_min(2048)),
-            ("min1K", unpack_min(1024)),
-            ("min4K", unpack_min(4096)),
-            ("min8K", unpack_min(8192)),
+            (f"min{nbytes // 1024}K", _setter(a2a_mod, unpack_plans, _UNPACK_MIN_BYTES=nbytes))
+            for nbytes in (2048, 1024, 4096, 8192)
         ],
-        "correct-weights": [("default", correct_rows(8)), ("lse-tile", correct_rows(0))],
+        "correct-weights": [
+            (label, _setter(correct_mod, correct_plans, _LSE_ROWS_MAX_N=max_n))
+            for label, max_n in (("default", 8), ("lse-tile", 0))
+        ],
     }
 
 
