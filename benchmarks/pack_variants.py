@@ -3,23 +3,23 @@
 Until this study the pack stored each record in two pieces: a ``[BLOCK_R, BLOCK_D]`` payload
 tile (a warp wrote two 256-byte payloads at D=128 bf16) and a ``[BLOCK_R, tail]`` tile (a warp
 wrote 32 scattered 16-byte tails); 0.79-0.82 of the copy bandwidth at H=64 D=128 without the
-mask, 0.73-0.76 with it. The variants here:
+mask, 0.73-0.76 with it. The variants here all run one kernel, ``_pack_flat_probe_kernel``,
+with the knobs the study turned on one after another:
 
 * ``flat``: each program writes one contiguous range of ``BLOCK_V`` 16-byte vectors of one
   destination's ``[B, H_r, D_rec]`` block (grid ``(cdiv(B * H_r * D_rec / v, BLOCK_V), N)``)
   and gathers every vector's source (a payload vector of ``out``, or the tail built from the
-  LSE): contiguous stores of whole records. The mask is searched per vector.
+  LSE): contiguous stores of whole records. The mask is searched per vector (binary search,
+  int64 index arithmetic).
 * ``flat-tok``: the mask searched once per token of the program (a small tile) and gathered
   to the vectors with ``tl.gather``; the LSE loaded by the tail vectors only.
 * ``flat32``: ``flat-tok`` with int32 index arithmetic and an int32 search; ``cg``: payload
-  loads cached in L2 only; ``kary``: a 16-ary search (4 rounds at R = 4096) instead of the
-  binary one (13 dependent rounds). ``flat32 v=256 w=2 cg kary`` is what ships now
-  (``cpattn_dcp.kernels.a2a._a2a_pack_kernel``, ``shipped`` below).
+  loads cached in L2 only; ``kary``: the shipped 16-ary search (``_row_is_empty``, 4 rounds
+  at R = 4096) instead of the binary one (13 dependent rounds). ``flat32 v=256 w=2 cg kary``
+  is what ships now (``cpattn_dcp.kernels.a2a._a2a_pack_kernel``, ``shipped`` below).
 
-``flat`` and ``flat-tok`` call the shared ``_row_is_empty``, which was the binary search when
-their figures in ``results/h200-2026-11-29-s3`` were taken (runs 1-3) and is the 16-ary search
-since. A fourth layout, one ``[BLOCK_R, 32, v]`` tile per program holding whole records,
-measured 0.30-0.39 (run 1) and was dropped from this file.
+A fourth layout, one ``[BLOCK_R, 32, v]`` tile per program holding whole records, measured
+0.30-0.39 (run 1 in ``results/h200-2026-11-29-s3``) and was dropped from this file.
 
 Covers 16-bit dtypes with D % 8 == 0 and unit-stride, 16-byte aligned rows only. Every
 variant's send buffer is compared bit for bit with the shipped op's before it is timed
@@ -61,109 +61,6 @@ def _tail_bits(b_lse, VEC: tl.constexpr):
 
 
 @triton.jit
-def _pack_flat_kernel(
-    out_ptr,
-    stride_out_b,
-    stride_out_h,
-    lse_ptr,
-    stride_lse_b,
-    stride_lse_h,
-    send_ptr,
-    seq_lens_ptr,
-    qsl_ptr,
-    num_seqs,
-    num_tokens,
-    HEADS_PER_RANK: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    REC_WIDTH: tl.constexpr,
-    VEC: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
-    DV: tl.constexpr = HEAD_DIM // VEC
-    RV: tl.constexpr = REC_WIDTH // VEC
-    i_n = tl.program_id(1)
-    total_v = num_tokens.to(tl.int64) * (HEADS_PER_RANK * RV)
-    i_v = tl.program_id(0).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V).to(tl.int64)
-    m_v = i_v < total_v
-    i_rec = i_v // RV
-    i_lane = i_v - i_rec * RV
-    i_b = i_rec // HEADS_PER_RANK
-    i_h = i_n * HEADS_PER_RANK + (i_rec - i_b * HEADS_PER_RANK)
-    i_e = tl.arange(0, VEC)
-    o_src = tl.multiple_of(i_b * stride_out_b + i_h * stride_out_h + i_lane * VEC, VEC)
-    m_pay = m_v & (i_lane < DV)
-    b_x = tl.load(out_ptr + (o_src[:, None] + i_e[None, :]), mask=m_pay[:, None], other=0.0)
-    m_tail = m_v & (i_lane == DV)
-    b_lse = tl.load(lse_ptr + i_b * stride_lse_b + i_h * stride_lse_h, mask=m_tail, other=0.0)
-    b_lse = b_lse.to(tl.float32)
-    if HAS_MASK:
-        m_empty = _row_is_empty(i_b, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS)
-        b_lse = tl.where(m_empty, float("-inf"), b_lse)
-    b_tail = _tail_bits(b_lse, VEC).to(send_ptr.dtype.element_ty, bitcast=True)
-    b_vec = tl.where((i_lane == DV)[:, None], b_tail, b_x)
-    o_dst = tl.multiple_of((i_n.to(tl.int64) * total_v + i_v) * VEC, VEC)
-    tl.store(send_ptr + (o_dst[:, None] + i_e[None, :]), b_vec, mask=m_v[:, None])
-
-
-@triton.jit
-def _pack_flat_tok_kernel(
-    out_ptr,
-    stride_out_b,
-    stride_out_h,
-    lse_ptr,
-    stride_lse_b,
-    stride_lse_h,
-    send_ptr,
-    seq_lens_ptr,
-    qsl_ptr,
-    num_seqs,
-    num_tokens,
-    HEADS_PER_RANK: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    REC_WIDTH: tl.constexpr,
-    VEC: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr,
-    TOK_POW2: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
-    """``flat`` with the empty-row search done once per token of the program (a
-    ``[TOK_POW2]`` tile), its result gathered to the vectors, and the LSE loaded by the
-    tail vectors only."""
-    DV: tl.constexpr = HEAD_DIM // VEC
-    RV: tl.constexpr = REC_WIDTH // VEC
-    i_n = tl.program_id(1)
-    total_v = num_tokens.to(tl.int64) * (HEADS_PER_RANK * RV)
-    v0 = tl.program_id(0).to(tl.int64) * BLOCK_V
-    i_v = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
-    m_v = i_v < total_v
-    i_rec = i_v // RV
-    i_lane = i_v - i_rec * RV
-    i_b = i_rec // HEADS_PER_RANK
-    i_h = i_n * HEADS_PER_RANK + (i_rec - i_b * HEADS_PER_RANK)
-    i_e = tl.arange(0, VEC)
-    o_src = tl.multiple_of(i_b * stride_out_b + i_h * stride_out_h + i_lane * VEC, VEC)
-    m_pay = m_v & (i_lane < DV)
-    b_x = tl.load(out_ptr + (o_src[:, None] + i_e[None, :]), mask=m_pay[:, None], other=0.0)
-    m_tail = m_v & (i_lane == DV)
-    b_lse = tl.load(lse_ptr + i_b * stride_lse_b + i_h * stride_lse_h, mask=m_tail, other=0.0)
-    b_lse = b_lse.to(tl.float32)
-    if HAS_MASK:
-        b_first = (v0 // RV) // HEADS_PER_RANK
-        i_t = b_first + tl.arange(0, TOK_POW2).to(tl.int64)
-        m_tok = _row_is_empty(i_t, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS).to(tl.int32)
-        i_idx = tl.minimum(i_b - b_first, TOK_POW2 - 1).to(tl.int32)
-        m_empty = tl.gather(m_tok, i_idx, 0) != 0
-        b_lse = tl.where(m_empty, float("-inf"), b_lse)
-    b_tail = _tail_bits(b_lse, VEC).to(send_ptr.dtype.element_ty, bitcast=True)
-    b_vec = tl.where((i_lane == DV)[:, None], b_tail, b_x)
-    o_dst = tl.multiple_of((i_n.to(tl.int64) * total_v + i_v) * VEC, VEC)
-    tl.store(send_ptr + (o_dst[:, None] + i_e[None, :]), b_vec, mask=m_v[:, None])
-
-
-@triton.jit
 def _row_is_empty_narrow(i_row, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS: tl.constexpr):
     """``_row_is_empty`` in the index dtype of ``i_row`` (int32 here): the boundaries are
     compared in their own dtype (promoted only where wider), so an int32 ``query_start_loc``
@@ -192,29 +89,7 @@ def _row_is_empty_narrow(i_row, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS: t
 
 
 @triton.jit
-def _row_is_empty_kary(i_row, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS: tl.constexpr):
-    """``_row_is_empty_narrow`` with a 16-ary search: ``cdiv(SEARCH_STEPS, 4)`` rounds of
-    independent loads (up to 15 boundaries each, counted) instead of ``SEARCH_STEPS``
-    dependent ones. Same result as the binary search for sorted boundaries."""
-    b_total = tl.load(qsl_ptr + num_seqs)
-    ROUNDS: tl.constexpr = (SEARCH_STEPS + 3) // 4
-    b_pos = tl.zeros_like(i_row)
-    i_k = tl.arange(0, 16) + 1
-    for i_round in tl.static_range(ROUNDS):
-        # Candidates b_pos + j * 2^shift, j = 1..16; those past R are masked (in the first
-        # round that also drops the ones past 2^SEARCH_STEPS > R).
-        b_cand = b_pos[:, None] + (i_k[None, :] << (4 * (ROUNDS - 1 - i_round)))
-        m_cand = b_cand <= num_seqs
-        b_bound = tl.load(qsl_ptr + b_cand, mask=m_cand, other=0)
-        b_cnt = tl.sum((m_cand & (b_bound <= i_row[:, None])).to(tl.int32), axis=1)
-        b_pos = b_pos + (b_cnt << (4 * (ROUNDS - 1 - i_round)))
-    b_seq = tl.minimum(b_pos, num_seqs - 1)
-    b_len = tl.load(seq_lens_ptr + b_seq, mask=b_seq >= 0, other=0)
-    return (i_row >= b_total) | (b_len == 0)
-
-
-@triton.jit
-def _pack_flat32_kernel(
+def _pack_flat_probe_kernel(
     out_ptr,
     stride_out_b,
     stride_out_h,
@@ -234,16 +109,26 @@ def _pack_flat32_kernel(
     SEARCH_STEPS: tl.constexpr,
     TOK_POW2: tl.constexpr,
     BLOCK_V: tl.constexpr,
-    PAYLOAD_CG: tl.constexpr = False,
-    KARY: tl.constexpr = False,
+    IDX64: tl.constexpr,
+    PER_VECTOR: tl.constexpr,
+    KARY: tl.constexpr,
+    PAYLOAD_CG: tl.constexpr,
 ):
-    """``flat-tok`` with int32 index arithmetic (host checks that every offset fits) and
-    the int32 search."""
+    """The flat layout with the knobs the study compared (see the module docstring):
+    ``IDX64`` int64 index arithmetic; ``PER_VECTOR`` the mask searched per vector instead of
+    once per token and gathered; ``KARY`` the shipped (16-ary) search instead of the binary
+    one; ``PAYLOAD_CG`` payload loads cached in L2 only. All four at the shipped setting
+    (False, False, True, True) is the shipped kernel's fast path."""
     DV: tl.constexpr = HEAD_DIM // VEC
     RV: tl.constexpr = REC_WIDTH // VEC
     i_n = tl.program_id(1)
-    total_v = num_tokens * (HEADS_PER_RANK * RV)
     v0 = tl.program_id(0) * BLOCK_V
+    n_tok = num_tokens
+    if IDX64:
+        i_n = i_n.to(tl.int64)
+        v0 = v0.to(tl.int64)
+        n_tok = n_tok.to(tl.int64)
+    total_v = n_tok * (HEADS_PER_RANK * RV)
     i_v = v0 + tl.arange(0, BLOCK_V)
     m_v = i_v < total_v
     i_rec = i_v // RV
@@ -254,7 +139,6 @@ def _pack_flat32_kernel(
     o_src = tl.multiple_of(i_b * stride_out_b + i_h * stride_out_h + i_lane * VEC, VEC)
     m_pay = m_v & (i_lane < DV)
     if PAYLOAD_CG:
-        # Streamed once: keep it out of L1, which then keeps the search's boundaries.
         b_x = tl.load(
             out_ptr + (o_src[:, None] + i_e[None, :]),
             mask=m_pay[:, None],
@@ -267,14 +151,20 @@ def _pack_flat32_kernel(
     b_lse = tl.load(lse_ptr + i_b * stride_lse_b + i_h * stride_lse_h, mask=m_tail, other=0.0)
     b_lse = b_lse.to(tl.float32)
     if HAS_MASK:
-        b_first = (v0 // RV) // HEADS_PER_RANK
-        i_t = b_first + tl.arange(0, TOK_POW2)
+        if PER_VECTOR:
+            i_t = i_b
+        else:
+            b_first = (v0 // RV) // HEADS_PER_RANK
+            i_t = b_first + tl.arange(0, TOK_POW2)
         if KARY:
-            m_tok = _row_is_empty_kary(i_t, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS)
+            m_tok = _row_is_empty(i_t, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS)
         else:
             m_tok = _row_is_empty_narrow(i_t, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS)
-        i_idx = tl.minimum(i_b - b_first, TOK_POW2 - 1)
-        m_empty = tl.gather(m_tok.to(tl.int32), i_idx, 0) != 0
+        if PER_VECTOR:
+            m_empty = m_tok
+        else:
+            i_idx = tl.minimum(i_b - b_first, TOK_POW2 - 1).to(tl.int32)
+            m_empty = tl.gather(m_tok.to(tl.int32), i_idx, 0) != 0
         b_lse = tl.where(m_empty, float("-inf"), b_lse)
     b_tail = _tail_bits(b_lse, VEC).to(send_ptr.dtype.element_ty, bitcast=True)
     b_vec = tl.where((i_lane == DV)[:, None], b_tail, b_x)
@@ -304,61 +194,35 @@ def _check_layout(out: torch.Tensor) -> tuple[int, int, int, int]:
     return b, h, d, vec
 
 
-def pack_flat(args: Args, send: torch.Tensor, block_v: int, num_warps: int) -> None:
+def pack_flat(
+    args: Args,
+    send: torch.Tensor,
+    block_v: int,
+    num_warps: int,
+    *,
+    idx64: bool = False,
+    per_vector: bool = False,
+    kary: bool = False,
+    payload_cg: bool = False,
+) -> None:
+    """``_pack_flat_probe_kernel`` into ``send [N, B, H_r, D_rec]`` with the given knobs."""
     out, lse, n, seq_lens, qsl = args
     b, h, d, vec = _check_layout(out)
     rec = send.shape[-1]
     if rec % vec:
         raise ValueError("records must be whole vectors")
-    sl, q, r, has_mask, steps = _mask_args(seq_lens, qsl, lse)
-    total_v = b * (h // n) * rec // vec
-    _pack_flat_kernel[(triton.cdiv(total_v, block_v), n)](
-        out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1), send, sl, q, r, b,
-        HEADS_PER_RANK=h // n, HEAD_DIM=d, REC_WIDTH=rec, VEC=vec, HAS_MASK=has_mask,
-        SEARCH_STEPS=steps, BLOCK_V=block_v, num_warps=num_warps,
-    )  # fmt: skip
-
-
-def pack_flat_tok(args: Args, send: torch.Tensor, block_v: int, num_warps: int) -> None:
-    out, lse, n, seq_lens, qsl = args
-    b, h, d, vec = _check_layout(out)
-    rec = send.shape[-1]
-    if rec % vec:
-        raise ValueError("records must be whole vectors")
+    if not idx64 and (send.numel() + block_v * vec >= 2**31 or out.numel() >= 2**31):
+        raise ValueError("int32 indexing needs offsets below 2^31")
     sl, q, r, has_mask, steps = _mask_args(seq_lens, qsl, lse)
     rv = rec // vec
     total_v = b * (h // n) * rv
     # Tokens a range of block_v vectors can touch: floor(cdiv(block_v, rv) / H_r) + 2.
     tok = next_pow2(-(-block_v // rv) // (h // n) + 2)
-    _pack_flat_tok_kernel[(triton.cdiv(total_v, block_v), n)](
+    _pack_flat_probe_kernel[(triton.cdiv(total_v, block_v), n)](
         out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1), send, sl, q, r, b,
         HEADS_PER_RANK=h // n, HEAD_DIM=d, REC_WIDTH=rec, VEC=vec, HAS_MASK=has_mask,
-        SEARCH_STEPS=steps, TOK_POW2=tok, BLOCK_V=block_v, num_warps=num_warps,
-    )  # fmt: skip
-
-
-def pack_flat32(
-    args: Args,
-    send: torch.Tensor,
-    block_v: int,
-    num_warps: int,
-    payload_cg: bool = False,
-    kary: bool = False,
-) -> None:
-    out, lse, n, seq_lens, qsl = args
-    b, h, d, vec = _check_layout(out)
-    rec = send.shape[-1]
-    if rec % vec or send.numel() + block_v * vec >= 2**31 or out.numel() >= 2**31:
-        raise ValueError("flat32 needs whole-vector records and int32 offsets")
-    sl, q, r, has_mask, steps = _mask_args(seq_lens, qsl, lse)
-    rv = rec // vec
-    total_v = b * (h // n) * rv
-    tok = next_pow2(-(-block_v // rv) // (h // n) + 2)
-    _pack_flat32_kernel[(triton.cdiv(total_v, block_v), n)](
-        out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1), send, sl, q, r, b,
-        HEADS_PER_RANK=h // n, HEAD_DIM=d, REC_WIDTH=rec, VEC=vec, HAS_MASK=has_mask,
-        SEARCH_STEPS=steps, TOK_POW2=tok, BLOCK_V=block_v, num_warps=num_warps,
-        PAYLOAD_CG=payload_cg, KARY=kary,
+        SEARCH_STEPS=steps, TOK_POW2=tok, BLOCK_V=block_v, IDX64=idx64,
+        PER_VECTOR=per_vector, KARY=kary, PAYLOAD_CG=payload_cg, num_warps=num_warps,
     )  # fmt: skip
 
 
@@ -370,19 +234,21 @@ def pack_shipped(args: Args, send: torch.Tensor) -> None:
 
 def _variants() -> dict[str, Callable[[Args, torch.Tensor], None]]:
     v: dict[str, Callable[[Args, torch.Tensor], None]] = {"shipped": pack_shipped}
-    v["flat v=1024 w=8"] = functools.partial(pack_flat, block_v=1024, num_warps=8)
-    v["flat-tok v=512 w=4"] = functools.partial(pack_flat_tok, block_v=512, num_warps=4)
+    v["flat v=1024 w=8"] = functools.partial(
+        pack_flat, block_v=1024, num_warps=8, idx64=True, per_vector=True
+    )
+    v["flat-tok v=512 w=4"] = functools.partial(pack_flat, block_v=512, num_warps=4, idx64=True)
     for bv, w in ((512, 4), (256, 2), (1024, 8)):
         for cg, kary in ((False, False), (True, False), (False, True), (True, True)):
             v[f"flat32 v={bv} w={w}{' cg' if cg else ''}{' kary' if kary else ''}"] = (
-                functools.partial(pack_flat32, block_v=bv, num_warps=w, payload_cg=cg, kary=kary)
+                functools.partial(pack_flat, block_v=bv, num_warps=w, payload_cg=cg, kary=kary)
             )
     return v
 
 
 def probe(dev: torch.device) -> None:
-    """One launch each (H=64 D=128 N=8, B=4096), to run under ``ncu``: the shipped pack
-    without and with the mask, ``flat`` without and ``flat-tok`` with it, then the
+    """One launch each (H=64 D=128 N=8, B=4096), to run under ``ncu``: the shipped pack with
+    the mask, ``flat32`` without and with it (plain, ``cg``, ``kary``), then the
     unpack-combine and ``correct_attn_out`` ops of the same shape."""
     from cpattn_dcp import correct_attn_out
     from cpattn_dcp.ops.a2a_combine import a2a_unpack_combine
@@ -394,10 +260,10 @@ def probe(dev: torch.device) -> None:
     qsl = torch.arange(b + 1, device=dev, dtype=torch.int32)
     send = torch.empty(n, b, h // n, a2a_record_width(d, out.dtype), device=dev, dtype=out.dtype)
     pack_shipped((out, lse, n, seq_lens, qsl), send)
-    pack_flat32((out, lse, n, None, None), send, 512, 4)
-    pack_flat32((out, lse, n, seq_lens, qsl), send, 512, 4)
-    pack_flat32((out, lse, n, seq_lens, qsl), send, 512, 4, payload_cg=True)
-    pack_flat32((out, lse, n, seq_lens, qsl), send, 512, 4, kary=True)
+    pack_flat((out, lse, n, None, None), send, 512, 4)
+    pack_flat((out, lse, n, seq_lens, qsl), send, 512, 4)
+    pack_flat((out, lse, n, seq_lens, qsl), send, 512, 4, payload_cg=True)
+    pack_flat((out, lse, n, seq_lens, qsl), send, 512, 4, kary=True)
     a2a_unpack_combine(send, head_dim=d, return_lse=True)
     lses = torch.randn(n, b, h, device=dev)
     correct_attn_out(out, lses, 0)
