@@ -46,13 +46,6 @@ def _nop_kernel(x_ptr):
 
 
 @triton.jit
-def _touch_kernel(src_ptr, dst_ptr):
-    """Each program copies one 16-byte vector (fp32 x 4)."""
-    i = tl.program_id(0) * 4 + tl.arange(0, 4)
-    tl.store(dst_ptr + i, tl.load(src_ptr + i))
-
-
-@triton.jit
 def _chain_kernel(idx_ptr, src_ptr, dst_ptr):
     """Two dependent loads per program (an index, then the vector it names), one store."""
     pid = tl.program_id(0)
@@ -76,13 +69,10 @@ def floor(dev: torch.device) -> None:
     line = "load+store one vector per program (grid x warps):"
     for grid in (1, 132, 264):
         for warps in (1, 4):
-            srcs = [torch.randn(grid * 4, device=dev) for _ in range(_SETS)]
-            dsts = [torch.empty_like(s) for s in srcs]
-            fns = [
-                functools.partial(_touch_kernel[(grid,)], s, d, num_warps=warps)
-                for s, d in zip(srcs, dsts, strict=True)
-            ]
-            line += f"  {grid}x{warps} {_us(fns):.2f}"
+            t = hb.measure_touch_kernel_graph(
+                dev, calls_per_graph=_SETS, grid=grid, num_warps=warps
+            )
+            line += f"  {grid}x{warps} {t.median_ms * 1e3:.2f}"
     print(line + " us", flush=True)
     line = "two dependent loads + store per program (grid, 1 warp):"
     for grid in (1, 132):

@@ -375,31 +375,42 @@ def _empty_launcher(device: torch.device, *, cached: bool = False) -> Callable[[
     return _EMPTY_LAUNCHERS[key]
 
 
-def measure_touch_kernel_graph(device: torch.device, *, calls_per_graph: int = 32) -> Timing:
+_TOUCH_KERNELS: list[Any] = []
+
+
+def _touch_kernel() -> Any:
+    """The Triton kernel of :func:`measure_touch_kernel_graph` (defined once, on first use)."""
+    if not _TOUCH_KERNELS:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def _cpattn_bench_touch_kernel(src_ptr, dst_ptr):  # type: ignore[no-untyped-def]
+            offs = tl.program_id(0) * 4 + tl.arange(0, 4)
+            tl.store(dst_ptr + offs, tl.load(src_ptr + offs))
+
+        _TOUCH_KERNELS.append(_cpattn_bench_touch_kernel)
+    return _TOUCH_KERNELS[0]
+
+
+def measure_touch_kernel_graph(
+    device: torch.device, *, calls_per_graph: int = 32, grid: int = 1, num_warps: int = 1
+) -> Timing:
     """Per-launch time inside a replayed CUDA graph of the smallest kernel that reads and
-    writes memory: one program loads one 16-byte vector and stores it (rotating over
-    ``calls_per_graph`` buffer pairs, so the load is not an L2 hit left by the previous call).
+    writes memory: each of ``grid`` programs loads one 16-byte vector and stores it (rotating
+    over ``calls_per_graph`` buffer pairs, so the load is not an L2 hit left by the previous
+    call).
 
     The difference to :func:`measure_empty_kernel_graph` is one memory round trip plus a store
     that must complete before the kernel ends: a floor for every decode-size op, none of which
     can do less.
     """
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _cpattn_bench_touch_kernel(src_ptr, dst_ptr):  # type: ignore[no-untyped-def]
-        offs = tl.arange(0, 4)
-        tl.store(dst_ptr + offs, tl.load(src_ptr + offs))
-
+    kernel = _touch_kernel()[(grid,)]
     pairs = [
-        (torch.randn(4, device=device), torch.empty(4, device=device))
+        (torch.randn(4 * grid, device=device), torch.empty(4 * grid, device=device))
         for _ in range(calls_per_graph)
     ]
-    fns = [
-        functools.partial(_cpattn_bench_touch_kernel[(1,)], src, dst, num_warps=1)
-        for src, dst in pairs
-    ]
+    fns = [functools.partial(kernel, src, dst, num_warps=num_warps) for src, dst in pairs]
     if device.type != "cuda":
         return time_wall(fns[0])
     return time_cuda_graph(fns)
