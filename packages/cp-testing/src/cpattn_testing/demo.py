@@ -418,35 +418,18 @@ def _run_dcp_path(
         lse_in = lse_in + 2.0  # a wrong weight for rank 0's partial
     seq_lens, qsl = prob.local_seq_lens, prob.query_start_loc
 
-    if combine == "ag_rs":
-        ref = prob.ref_out[:, rank * hr : (rank + 1) * hr]
+    # The three NCCL combines share one signature; AG+AR returns all heads, the others this
+    # rank's H/N.
+    collective = {
+        "ag_rs": cpattn_dcp.cp_lse_ag_out_rs,
+        "ag_ar": cpattn_dcp.cp_lse_ag_out_ar,
+        "a2a": cpattn_dcp.dcp_a2a_lse_reduce,
+    }.get(combine)
+    if collective is not None:
+        ref = prob.ref_out if combine == "ag_ar" else prob.ref_out[:, rank * hr : (rank + 1) * hr]
 
         def call() -> torch.Tensor:
-            return cpattn_dcp.cp_lse_ag_out_rs(
-                prob.partial_out.clone(),
-                lse_in.clone(),
-                group,
-                seq_lens=seq_lens,
-                query_start_loc=qsl,
-            )
-
-    elif combine == "ag_ar":
-        ref = prob.ref_out
-
-        def call() -> torch.Tensor:
-            return cpattn_dcp.cp_lse_ag_out_ar(
-                prob.partial_out.clone(),
-                lse_in.clone(),
-                group,
-                seq_lens=seq_lens,
-                query_start_loc=qsl,
-            )
-
-    elif combine == "a2a":
-        ref = prob.ref_out[:, rank * hr : (rank + 1) * hr]
-
-        def call() -> torch.Tensor:
-            return cpattn_dcp.dcp_a2a_lse_reduce(
+            return collective(
                 prob.partial_out.clone(),
                 lse_in.clone(),
                 group,
