@@ -371,6 +371,9 @@ def test_smoke_run_end_to_end(tmp_path: Path) -> None:
     assert res.mode == "smoke"
     assert res.env["git_commit"] == "test"
     assert res.references.copy_bytes_per_s
+    # Both launch-floor references (empty kernel, one-vector load + store) were measured.
+    assert res.references.empty_graph_us
+    assert res.references.touch_graph_us
     measured = {r.kernel for r in res.kernels if r.status == "ok"}
     for kernel, status in res.kernel_status.items():
         if status == "ok":
@@ -379,3 +382,4 @@ def test_smoke_run_end_to_end(tmp_path: Path) -> None:
     assert all(r.check_rel_err == 0.0 for r in res.kernels if r.status == "ok")
     page = (tmp_path / "smoke-page" / "performance.md").read_text()
     assert "## Targets" in page
+    assert "one-vector load + store kernel" in page
