@@ -156,7 +156,7 @@ def _switches() -> dict[str, list[tuple[str, Callable[[], None]]]]:
             for label, w in (("shipped", 0), ("w4", 4), ("w8", 8))
         ],
         "correct-warps": [
-            (f"w{w}", _setter(correct_mod, correct_plans, _CONTIG_MAX_WARPS=w)) for w in (4, 8)
+            (f"w{w}", _setter(correct_mod, correct_plans, _ROWS_MAX_WARPS=w)) for w in (8, 4)
         ],
         "correct": [
             (f"{nbytes // 1024}K", _setter(correct_mod, correct_plans, _CONTIG_TARGET_BYTES=nbytes))

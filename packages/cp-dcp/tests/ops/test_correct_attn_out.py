@@ -95,7 +95,7 @@ def test_weight_forms(
     [N_POW2, rows] tile), whatever the tile heuristic would pick for the shape."""
     import cpattn_dcp.ops.correct_attn_out as correct_mod
 
-    monkeypatch.setattr(correct_mod, "_LSE_ROWS_MIN_TILE", 0 if form == "lse-rows" else 1 << 30)
+    monkeypatch.setattr(correct_mod, "_LSE_ROWS_MAX_N", 8 if form == "lse-rows" else 0)
     correct_mod._contig_spec.cache_clear()
     correct_mod._contig_plan.cache_clear()
     try:

@@ -34,22 +34,24 @@ from cpattn_dcp.ops._common import (
 __all__ = ["correct_attn_out", "correct_attn_out_fwd", "launch_correct"]
 
 _Tensor = torch.Tensor
-# The lean kernel computes the weights from one row vector per source (element-wise) instead
-# of one [N_POW2, BLOCK_R] tile reduced across threads when N <= _LSE_ROWS_MAX_N and that
-# tile would have at least _LSE_ROWS_MIN_TILE elements (one per thread of 8 warps). H200,
-# bf16, B=4096 (benchmarks/variants.py --ab, fraction of the copy bandwidth, rows / tile):
-# H=64 D=128 (32-row blocks) N=8 0.84 / 0.78 (ncu: 45 vs 54 us, L1 34% vs 91% busy with the
-# tile's shared-memory reductions), N=4 0.89 / 0.93; H=128 D=512 (16-row blocks) N=8
-# 0.91 / 0.95, N=2 and N=4 within 0.01.
+# The lean kernel computes the weights from one row vector per source (element-wise, once
+# per row in a compact layout, the weight gathered to the payload rows) when N <=
+# _LSE_ROWS_MAX_N, else from one [N_POW2, BLOCK_R] tile reduced across threads. H200, bf16,
+# B=4096 (fraction of the copy bandwidth; benchmarks/variants.py --ab --ab-only
+# correct-gather, results/h200-2026-11-29-s4): H=64 D=128 N=2/4/8 0.914/0.926/0.932 with
+# the gathered rows (8 warps) against 0.937/0.901/0.834 with the rows in the payload layout
+# (4 warps; the N=2 pair is within the run-to-run noise: the same configuration read 0.913
+# in that run); H=128 D=512 0.95-0.98 either way; B=1 / B=64 graph replay equal or faster.
+# The tile form had measured 0.78 at N=8 D=128 (ncu: L1 91% busy with its shared-memory
+# reductions).
 _LSE_ROWS_MAX_N = 8
-_LSE_ROWS_MIN_TILE = 256
-# Partial-output bytes one program of the lean kernel reads, and its most warps (H200, bf16,
-# B=4096, fraction of the copy bandwidth, 4 / 8 warps: H=64 D=128 N=2/4/8 0.936/0.908,
-# 0.903/0.894, 0.834/0.822; H=128 D=512 0.957/0.953, 0.960/0.949, 0.958/0.947; B=64 graph
-# replay 1-12% faster, B=1 within 0.04 us; benchmarks/variants.py --ab --ab-only
-# correct-warps).
+# Partial-output bytes one program of the lean kernel reads, and its most warps: 8 with the
+# row-vector weights (above), 4 with the tile (H200, bf16, B=4096, 4 / 8 warps with the rows
+# in the payload layout: H=64 D=128 N=2/4/8 0.936/0.908, 0.903/0.894, 0.834/0.822; H=128
+# D=512 0.957/0.953, 0.960/0.949, 0.958/0.947).
 _CONTIG_TARGET_BYTES = 16384
-_CONTIG_MAX_WARPS = 4
+_ROWS_MAX_WARPS = 8
+_TILE_MAX_WARPS = 4
 # Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
 _contig_kernel = CachedKernel(_correct_attn_out_contig_kernel)
 _general_kernel = CachedKernel(_correct_attn_out_fwd_kernel)
@@ -230,7 +232,7 @@ def _contig_spec(
         BLOCK_D=block_d,
         ALIGN=align,
         IS_BASE_E=is_base_e,
-        LSE_ROWS=n <= _LSE_ROWS_MAX_N and next_pow2(n) * block_r >= _LSE_ROWS_MIN_TILE,
+        LSE_ROWS=n <= _LSE_ROWS_MAX_N,
         num_warps=num_warps,
     )
 
@@ -247,7 +249,7 @@ def _contig_plan(
     per program); consecutive programs read consecutive memory.
     """
     block_r, block_d, num_warps = tile_config(b * h, d, size, _CONTIG_TARGET_BYTES)
-    num_warps = min(num_warps, _CONTIG_MAX_WARPS)
+    num_warps = min(num_warps, _ROWS_MAX_WARPS if n <= _LSE_ROWS_MAX_N else _TILE_MAX_WARPS)
     spec = _contig_spec(d, n, block_r, block_d, _align(16 // size, d), is_base_e, num_warps)
     return (-(-(b * h) // block_r),), spec
 
