@@ -36,9 +36,12 @@ unless an offset could overflow it (``IDX64``).
 Unpack-combine: one program per ``BLOCK_R`` consecutive output (b, j) rows (no index
 division at all: recv rows and output rows are both the flattened (b, j)). For N <= 8 the N
 payload tiles (16-byte vector loads) and the N LSE words are loaded together (no load depends
-on a computed value), then the weights (element-wise per row), the fp32 weighted sum
-(zero-weight sources contribute exactly 0) and one 16-byte-vector store of the output rows.
+on a computed value), then the weights (element-wise, once per row in a compact layout, moved
+to the payload rows with ``tl.gather``), the fp32 weighted sum (zero-weight sources
+contribute exactly 0) and one 16-byte-vector store of the output rows.
 """
+
+from typing import Any  # noqa: F401  (used by type comments in the kernel)
 
 import triton
 import triton.language as tl
@@ -223,9 +226,14 @@ def _a2a_unpack_combine_fwd_kernel(
     rows start 16-byte aligned in a 16-byte-aligned buffer (16-byte vector loads).
     ``LSE_WORD``: the fp32 LSE of every record is one 4-byte-aligned word (16-bit dtype, D
     even, ``recv`` 4-byte aligned): one 32-bit load instead of two 16-bit loads.
-    N <= 8: fully unrolled and element-wise per row (no cross-thread reductions); the N
-    payload tiles of the first head-dim chunk and the N LSE words are loaded before any math
-    (H200, B=4096: a form that loops over the sources with one LSE tile measured no better).
+    N <= 8: unrolled over the sources (static loops) and element-wise per row (no
+    cross-thread reductions); the N payload tiles of the first head-dim chunk and the N LSE
+    words are loaded before any math (H200, B=4096: a form that loops over the sources with
+    one LSE tile measured no better). The LSE math runs in a compact layout of the rows
+    (once per row instead of once per thread holding a row, 16 per row at D=128); each
+    weight moves to the payload layout with ``tl.gather`` (H200, bf16: B=64 H=128 D=512
+    graph replay 2.7-2.8 instead of 3.0-3.4 µs; B=4096 within the run-to-run noise,
+    ``benchmarks/variants.py``-style A/B in ``results/h200-2026-11-29-s4``).
     N > 8: one ``[N_POW2, BLOCK_R]`` LSE pass, then the N payloads one after another.
     """
     REC: tl.constexpr = REC_WIDTH
@@ -233,113 +241,44 @@ def _a2a_unpack_combine_fwd_kernel(
     m_r = i_r < num_rows
     i_rows = tl.program_id(0).to(tl.int64) * 0 + num_rows  # int64 copy of num_rows
     if N <= 8:
+        # The LSE math runs once per row in a compact layout of its own and the weights move
+        # to the payload's row layout with tl.gather (as in correct_attn_out's lean kernel).
+        r0 = tl.program_id(0).to(tl.int64) * BLOCK_R
+        i_l = r0 + tl.arange(0, BLOCK_R).to(tl.int64)  # same rows, compact layout
+        m_l = i_l < num_rows
+        i_loc = (i_r - r0).to(tl.int32)
         for d0 in tl.static_range(0, HEAD_DIM, BLOCK_D):
             i_d = d0 + tl.arange(0, BLOCK_D)
             m_x = _chunk_mask(m_r, i_d, HEAD_DIM, BLOCK_R, BLOCK_D)
-            b_x0 = _rec_payload(recv_ptr, i_r, i_d, m_x, REC, REC_ALIGN)
-            if N > 1:
-                b_x1 = _rec_payload(recv_ptr, i_r + i_rows, i_d, m_x, REC, REC_ALIGN)
-            if N > 2:
-                b_x2 = _rec_payload(recv_ptr, i_r + 2 * i_rows, i_d, m_x, REC, REC_ALIGN)
-            if N > 3:
-                b_x3 = _rec_payload(recv_ptr, i_r + 3 * i_rows, i_d, m_x, REC, REC_ALIGN)
-            if N > 4:
-                b_x4 = _rec_payload(recv_ptr, i_r + 4 * i_rows, i_d, m_x, REC, REC_ALIGN)
-            if N > 5:
-                b_x5 = _rec_payload(recv_ptr, i_r + 5 * i_rows, i_d, m_x, REC, REC_ALIGN)
-            if N > 6:
-                b_x6 = _rec_payload(recv_ptr, i_r + 6 * i_rows, i_d, m_x, REC, REC_ALIGN)
-            if N > 7:
-                b_x7 = _rec_payload(recv_ptr, i_r + 7 * i_rows, i_d, m_x, REC, REC_ALIGN)
+            b_xs = ()  # type: tuple[Any, ...]
+            for n in tl.static_range(N):
+                b_x = _rec_payload(recv_ptr, i_r + n * i_rows, i_d, m_x, REC, REC_ALIGN)
+                b_xs = b_xs + (b_x,)  # noqa: RUF005
             if d0 == 0:
-                # LSE words (loads issued together with the payload loads above), weights.
-                b_l0 = _rec_lse2(recv_ptr, i_r, m_r, HEAD_DIM, REC, PACK, LSE_WORD, IS_BASE_E)
-                b_m = b_l0
-                if N > 1:
-                    b_l1 = _rec_lse2(
-                        recv_ptr, i_r + i_rows, m_r, HEAD_DIM, REC, PACK, LSE_WORD, IS_BASE_E
+                # LSE words (loads issued after the payload loads above), global LSE, weights.
+                b_ls = ()  # type: tuple[Any, ...]
+                for n in tl.static_range(N):
+                    b_l = _rec_lse2(
+                        recv_ptr, i_l + n * i_rows, m_l, HEAD_DIM, REC, PACK, LSE_WORD, IS_BASE_E
                     )
-                    b_m = tl.maximum(b_m, b_l1)
-                if N > 2:
-                    b_l2 = _rec_lse2(
-                        recv_ptr, i_r + 2 * i_rows, m_r, HEAD_DIM, REC, PACK, LSE_WORD, IS_BASE_E
-                    )
-                    b_m = tl.maximum(b_m, b_l2)
-                if N > 3:
-                    b_l3 = _rec_lse2(
-                        recv_ptr, i_r + 3 * i_rows, m_r, HEAD_DIM, REC, PACK, LSE_WORD, IS_BASE_E
-                    )
-                    b_m = tl.maximum(b_m, b_l3)
-                if N > 4:
-                    b_l4 = _rec_lse2(
-                        recv_ptr, i_r + 4 * i_rows, m_r, HEAD_DIM, REC, PACK, LSE_WORD, IS_BASE_E
-                    )
-                    b_m = tl.maximum(b_m, b_l4)
-                if N > 5:
-                    b_l5 = _rec_lse2(
-                        recv_ptr, i_r + 5 * i_rows, m_r, HEAD_DIM, REC, PACK, LSE_WORD, IS_BASE_E
-                    )
-                    b_m = tl.maximum(b_m, b_l5)
-                if N > 6:
-                    b_l6 = _rec_lse2(
-                        recv_ptr, i_r + 6 * i_rows, m_r, HEAD_DIM, REC, PACK, LSE_WORD, IS_BASE_E
-                    )
-                    b_m = tl.maximum(b_m, b_l6)
-                if N > 7:
-                    b_l7 = _rec_lse2(
-                        recv_ptr, i_r + 7 * i_rows, m_r, HEAD_DIM, REC, PACK, LSE_WORD, IS_BASE_E
-                    )
-                    b_m = tl.maximum(b_m, b_l7)
-                # Global LSE (stabiliser 0 for an all -inf row -> log2(0) = -inf).
+                    b_ls = b_ls + (b_l,)  # noqa: RUF005
+                b_m = b_ls[0]
+                for n in tl.static_range(1, N):
+                    b_m = tl.maximum(b_m, b_ls[n])
+                # Stabiliser 0 for an all -inf row -> log2(0) = -inf.
                 b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
-                b_s = tl.exp2(b_l0 - b_m)
-                if N > 1:
-                    b_s += tl.exp2(b_l1 - b_m)
-                if N > 2:
-                    b_s += tl.exp2(b_l2 - b_m)
-                if N > 3:
-                    b_s += tl.exp2(b_l3 - b_m)
-                if N > 4:
-                    b_s += tl.exp2(b_l4 - b_m)
-                if N > 5:
-                    b_s += tl.exp2(b_l5 - b_m)
-                if N > 6:
-                    b_s += tl.exp2(b_l6 - b_m)
-                if N > 7:
-                    b_s += tl.exp2(b_l7 - b_m)
+                b_s = tl.exp2(b_ls[0] - b_m)
+                for n in tl.static_range(1, N):
+                    b_s += tl.exp2(b_ls[n] - b_m)
                 b_g = tl.log2(b_s) + b_m
                 if HAS_LSE_OUT:
-                    tl.store(lse_out_ptr + i_r, _from_base2(b_g, IS_BASE_E), mask=m_r)
-                b_w0 = _weight(b_l0, b_g)
-                if N > 1:
-                    b_w1 = _weight(b_l1, b_g)
-                if N > 2:
-                    b_w2 = _weight(b_l2, b_g)
-                if N > 3:
-                    b_w3 = _weight(b_l3, b_g)
-                if N > 4:
-                    b_w4 = _weight(b_l4, b_g)
-                if N > 5:
-                    b_w5 = _weight(b_l5, b_g)
-                if N > 6:
-                    b_w6 = _weight(b_l6, b_g)
-                if N > 7:
-                    b_w7 = _weight(b_l7, b_g)
-            b_acc = _wsum(tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32), b_x0, b_w0)
-            if N > 1:
-                b_acc = _wsum(b_acc, b_x1, b_w1)
-            if N > 2:
-                b_acc = _wsum(b_acc, b_x2, b_w2)
-            if N > 3:
-                b_acc = _wsum(b_acc, b_x3, b_w3)
-            if N > 4:
-                b_acc = _wsum(b_acc, b_x4, b_w4)
-            if N > 5:
-                b_acc = _wsum(b_acc, b_x5, b_w5)
-            if N > 6:
-                b_acc = _wsum(b_acc, b_x6, b_w6)
-            if N > 7:
-                b_acc = _wsum(b_acc, b_x7, b_w7)
+                    tl.store(lse_out_ptr + i_l, _from_base2(b_g, IS_BASE_E), mask=m_l)
+                b_ws = ()  # type: tuple[Any, ...]
+                for n in tl.static_range(N):
+                    b_ws = b_ws + (tl.gather(_weight(b_ls[n], b_g), i_loc, 0),)  # noqa: RUF005
+            b_acc = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
+            for n in tl.static_range(N):
+                b_acc = _wsum(b_acc, b_xs[n], b_ws[n])
             tl.store(
                 dst_ptr + (i_r[:, None] * HEAD_DIM + i_d[None, :]),
                 b_acc.to(dst_ptr.dtype.element_ty),
