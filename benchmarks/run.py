@@ -361,6 +361,7 @@ def run_kernels(
         bar.update(1)
 
     tol = 5e-2
+    size_copy_bps: dict[int, float] = {}  # bytes moved -> same-size copy bandwidth
     for i, (spec, case) in enumerate(work):
         bar.set_postfix_str(f"{spec.name} H={case.H} D={case.D} N={case.N} B={case.B}")
         row = hb.KernelRow(
@@ -398,6 +399,17 @@ def run_kernels(
             row.bytes_per_s = row.bytes / (t.median_ms * 1e-3)
             if refs.copy_bytes_per_s:
                 row.copy_ratio = row.bytes_per_s / refs.copy_bytes_per_s
+            if t.method == "cold":
+                if row.bytes not in size_copy_bps:
+                    moved, tc = hb.measure_copy_ceiling(
+                        device,
+                        nbytes=row.bytes // 2,
+                        warmup_ms=plan.warmup_ms,
+                        rep_ms=plan.rep_ms,
+                        timer=hb.time_cold,
+                    )
+                    size_copy_bps[row.bytes] = moved / (tc.median_ms * 1e-3)
+                row.size_copy_ratio = row.bytes_per_s / size_copy_bps[row.bytes]
             if t.method == "cuda_graph" and refs.empty_graph_us:
                 row.empty_graph_ratio = t.median_ms * 1e3 / refs.empty_graph_us
                 if refs.copy_bytes_per_s:
