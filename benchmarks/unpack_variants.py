@@ -1,0 +1,301 @@
+"""Forms of the A2A unpack-combine kernel compared on the H200 (dev tool, GPU).
+
+The shipped kernel (``cpattn_dcp.kernels.a2a._a2a_unpack_combine_fwd_kernel``) issues every
+load of a program first (the N payload tiles and the N LSE words, about 16 KiB), then the
+weights, the weighted sum and the store; 2 warps per program at D=128 (Nsight Compute at
+H=64 D=128 N=8: 128 registers per thread, 25% occupancy, 68% of DRAM throughput; 0.81 / 0.75
+of the copy bandwidth at N=4 / N=8). ``merge_attn_states`` moves the same bytes (N 256-byte
+payload rows and N LSEs per output row) at 0.89-0.95 in another form: its LSE pass first,
+then payload loads *gated by the weights* (a zero weight skips the load), tiles of 4096
+elements with 8 warps. The variants here run one kernel, ``_unpack_probe_kernel``, with
+those knobs:
+
+* ``GATED``: LSE words, weights, then the payload loads masked by ``w != 0`` (``acc += w *
+  x``); otherwise every load first and ``acc + (w == 0 ? 0 : w * x)`` (the shipped math);
+* ``BLOCK_R`` / ``num_warps``: rows per program and warps;
+* ``IDX64``: int64 index arithmetic (the shipped kernel's) or int32.
+
+16-bit dtypes, D a multiple of ``BLOCK_D``, N <= 8. Every variant's output and LSE are
+compared with the float64 combine of the records (and with the shipped op) before it is
+timed (read-flush timing, ``cpattn_testing.bench.time_cold``).
+
+    PYTHONPATH=packages/cp-common/src:packages/cp-dcp/src:packages/cp-testing/src \
+        python3 benchmarks/unpack_variants.py [--cpu-check] [--probe]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+import cpattn_testing.bench as hb
+from cpattn_dcp.kernels.a2a import _rec_lse2
+from cpattn_dcp.kernels.lse_math import _from_base2, _weight
+from cpattn_dcp.ops.a2a_combine import a2a_unpack_combine
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import eager_baselines as eb
+
+
+@triton.jit
+def _rec_ptrs(recv_ptr, i_rec, i_d, REC: tl.constexpr):
+    """``[BLOCK_R, BLOCK_D]`` pointers to payload lanes ``i_d`` of records ``i_rec``."""
+    o_rec = tl.multiple_of(i_rec * REC, 8)  # records are whole 16-byte vectors
+    return recv_ptr + (o_rec[:, None] + i_d[None, :])
+
+
+@triton.jit
+def _unpack_probe_kernel(
+    recv_ptr,
+    dst_ptr,
+    lse_out_ptr,
+    num_rows,
+    N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    REC: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    GATED: tl.constexpr,
+    GATHER: tl.constexpr,
+    IDX64: tl.constexpr,
+):
+    """Grid ``(cdiv(B * H_r, BLOCK_R),)``; ``recv`` contiguous ``[N, B, H_r, REC]`` 16-bit,
+    4-byte aligned (LSE as one word), base-e LSEs. ``GATHER``: the LSE math runs once per
+    row in a compact layout and each weight is ``tl.gather``ed to the payload layout (else it
+    runs in the payload's row layout, replicated over the threads that hold a row)."""
+    r0 = tl.program_id(0) * BLOCK_R
+    if IDX64:
+        r0 = r0.to(tl.int64)
+        rows = tl.program_id(0).to(tl.int64) * 0 + num_rows
+    else:
+        rows = num_rows
+    i_r = r0 + tl.arange(0, BLOCK_R)
+    m_r = i_r < rows
+    i_d0 = tl.arange(0, BLOCK_D)
+    if not GATED:
+        # Every payload tile of the first chunk first (independent of the LSEs).
+        b_x0s = ()
+        for n in tl.static_range(N):
+            p_x = _rec_ptrs(recv_ptr, i_r + n * rows, i_d0, REC)
+            b_x0s = b_x0s + (tl.load(p_x, mask=m_r[:, None], other=0.0),)  # noqa: RUF005
+    if GATHER:
+        i_l = r0 + tl.arange(0, BLOCK_R)
+        m_l = i_l < rows
+    else:
+        i_l = i_r
+        m_l = m_r
+    b_ls = ()
+    for n in tl.static_range(N):
+        b_l = _rec_lse2(recv_ptr, i_l + n * rows, m_l, HEAD_DIM, REC, 2, True, True)
+        b_ls = b_ls + (b_l,)  # noqa: RUF005
+    b_m = b_ls[0]
+    for n in tl.static_range(1, N):
+        b_m = tl.maximum(b_m, b_ls[n])
+    b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
+    b_s = tl.exp2(b_ls[0] - b_m)
+    for n in tl.static_range(1, N):
+        b_s += tl.exp2(b_ls[n] - b_m)
+    b_g = tl.log2(b_s) + b_m
+    tl.store(lse_out_ptr + i_l, _from_base2(b_g, True), mask=m_l)
+    b_ws = ()
+    for n in tl.static_range(N):
+        b_w = _weight(b_ls[n], b_g)
+        if GATHER:
+            b_w = tl.gather(b_w, (i_r - r0).to(tl.int32), 0)
+        b_ws = b_ws + (b_w,)  # noqa: RUF005
+    for d0 in tl.static_range(0, HEAD_DIM, BLOCK_D):
+        i_d = d0 + i_d0
+        b_acc = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
+        for n in tl.static_range(N):
+            p_x = _rec_ptrs(recv_ptr, i_r + n * rows, i_d, REC)
+            b_w = b_ws[n][:, None]
+            if GATED:
+                m_x = (m_r & (b_ws[n] != 0.0))[:, None]
+                b_x = tl.load(p_x, mask=m_x, other=0.0)
+                b_acc += b_x.to(tl.float32) * b_w
+            else:
+                if d0 == 0:  # noqa: SIM108  (a constexpr branch, not a select)
+                    b_x = b_x0s[n]
+                else:
+                    b_x = tl.load(p_x, mask=m_r[:, None], other=0.0)
+                b_acc += tl.where(b_w == 0.0, 0.0, b_x.to(tl.float32) * b_w)
+        tl.store(
+            dst_ptr + (i_r[:, None] * HEAD_DIM + i_d[None, :]),
+            b_acc.to(dst_ptr.dtype.element_ty),
+            mask=m_r[:, None],
+        )
+
+
+def unpack_probe(
+    recv: torch.Tensor,
+    d: int,
+    block_r: int,
+    num_warps: int,
+    *,
+    gated: bool,
+    gather: bool = False,
+    idx64: bool = False,
+    block_d: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_unpack_probe_kernel`` over ``recv [N, B, H_r, D_rec]`` -> ``(out, lse)``
+    (``block_d``: head-dim chunk, default D)."""
+    n, b, hr, rec = recv.shape
+    block_d = d if block_d is None else block_d
+    if recv.element_size() != 2 or d % block_d or not recv.is_contiguous() or n > 8:
+        raise ValueError("unpack variants cover contiguous 16-bit records, D % BLOCK_D == 0")
+    if not idx64 and recv.numel() + block_r * rec >= 2**31:
+        raise ValueError("int32 indexing needs offsets below 2^31")
+    rows = b * hr
+    out = torch.empty(b, hr, d, device=recv.device, dtype=recv.dtype)
+    lse = torch.empty(b, hr, device=recv.device, dtype=torch.float32)
+    _unpack_probe_kernel[(triton.cdiv(rows, block_r),)](
+        recv, out, lse, rows, N=n, HEAD_DIM=d, REC=rec, BLOCK_R=block_r, BLOCK_D=block_d,
+        GATED=gated, GATHER=gather, IDX64=idx64, num_warps=num_warps,
+    )  # fmt: skip
+    return out, lse
+
+
+def shipped(recv: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    got, lse = a2a_unpack_combine(recv, head_dim=d, return_lse=True)
+    assert lse is not None
+    return got, lse
+
+
+Variant = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _variants(d: int) -> dict[str, Variant]:
+    v: dict[str, Variant] = {"shipped": shipped}
+    if d == 128:
+        eager = ((8, 2), (16, 4), (32, 8))
+        gated = ((16, 4), (32, 4), (32, 8), (64, 8))
+    else:
+        eager = ((2, 2), (4, 4))
+        gated = ((4, 4), (8, 8))
+    for kind, shapes in (("eager", eager), ("gated", gated)):
+        for r, w in shapes:
+            for gather in (False, True):
+                name = f"{kind} r={r} w={w}{' gather' if gather else ''}"
+                v[name] = functools.partial(
+                    unpack_probe, block_r=r, num_warps=w, gated=kind == "gated", gather=gather
+                )
+    r, w = eager[0]
+    for gather in (False, True):
+        v[f"eager r={r} w={w}{' gather' if gather else ''} i64"] = functools.partial(
+            unpack_probe, block_r=r, num_warps=w, gated=False, gather=gather, idx64=True
+        )
+    return v
+
+
+def _records(
+    b: int, h: int, d: int, n: int, dev: torch.device, gen: torch.Generator, empty: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Receive buffer of rank 0 built by the eager pack: ``(recv, outs, lses)``; with
+    ``empty``, source 1 is an empty shard for a third of the rows (LSE -inf, NaN payload)."""
+    outs = torch.randn(n, b, h, d, device=dev, generator=gen).to(torch.bfloat16)
+    lses = torch.randn(n, b, h, device=dev, generator=gen) * 4
+    if empty and n > 1:
+        outs[1, ::3] = float("nan")
+        lses[1, ::3] = float("-inf")
+    recv = torch.stack([eb.a2a_pack_eager(outs[r], lses[r], n)[0] for r in range(n)])
+    return recv.contiguous(), outs, lses
+
+
+def _reference(
+    outs: torch.Tensor, lses: torch.Tensor, hr: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    lse64 = lses[:, :, :hr].double()
+    glse = torch.logsumexp(lse64, dim=0)
+    w = torch.exp(lse64 - glse).nan_to_num(0.0)
+    x = torch.where(w[..., None] == 0, 0.0, outs[:, :, :hr].double())
+    return (w[..., None] * x).sum(0), glse
+
+
+def check(dev: torch.device, small: bool) -> None:
+    """Every variant against float64 (and the shipped op), NaN-poisoned empty shards."""
+    gen = torch.Generator(device=dev).manual_seed(0)
+    for d in (128,) if small else (128, 512):
+        for n in (1, 2, 4, 8):
+            b, h = (5, 2 * n) if small else (300, 8 * n)
+            recv, outs, lses = _records(b, h, d, n, dev, gen, empty=True)
+            ref, ref_lse = _reference(outs, lses, h // n)
+            base = shipped(recv, d)[0]
+            for name, fn in _variants(d).items():
+                got, lse = fn(recv, d)
+                err = ((got.double() - ref).norm() / ref.norm()).item()
+                lse_err = (lse.double() - ref_lse).abs().max().item()
+                diff = (got.float() - base.float()).abs().max().item()
+                ok = err < 1e-2 and lse_err < 1e-4 and not got.isnan().any().item()
+                print(
+                    f"check D={d} N={n} [{name}] rel err {err:.1e} lse {lse_err:.1e} "
+                    f"vs shipped {diff:.1e}{'' if ok else '  FAIL'}",
+                    flush=True,
+                )
+
+
+def probe(dev: torch.device) -> None:
+    """One launch each at H=64 D=128 N=8 B=4096, to run under ``ncu``: the shipped unpack,
+    eager r=8 w=2 (int32) without and with ``gather``, gated r=32 w=8 with ``gather``; then
+    ``correct_attn_out`` (N=8, same shape). (The ncu run of ``results/h200-2026-11-29-s4``
+    ran the shipped unpack and ``correct_attn_out`` before and after their LSE math moved to
+    the compact layout.)"""
+    from cpattn_dcp import correct_attn_out
+
+    recv = _records(4096, 64, 128, 8, dev, torch.Generator(device=dev).manual_seed(0), False)[0]
+    shipped(recv, 128)
+    unpack_probe(recv, 128, 8, 2, gated=False)
+    unpack_probe(recv, 128, 8, 2, gated=False, gather=True)
+    unpack_probe(recv, 128, 32, 8, gated=True, gather=True)
+    out = torch.randn(4096, 64, 128, device=dev).to(torch.bfloat16)
+    lses = torch.randn(8, 4096, 64, device=dev)
+    correct_attn_out(out, lses, 3)
+    torch.cuda.synchronize()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu-check", action="store_true", help="only the check, small, CPU")
+    parser.add_argument("--probe", action="store_true", help="one launch each, for ncu")
+    args = parser.parse_args()
+    if args.cpu_check:
+        check(torch.device("cpu"), small=True)
+        return
+    dev = torch.device("cuda", torch.cuda.current_device())
+    if args.probe:
+        probe(dev)
+        return
+    check(dev, small=False)
+    moved, t = hb.measure_copy_ceiling(dev, timer=hb.time_cold)
+    copy_bps = moved / (t.median_ms * 1e-3)
+    print(f"copy ceiling (read flush) {copy_bps / 1e12:.3f} TB/s", flush=True)
+    batch = 4096
+    for h, d, n in ((64, 128, 2), (64, 128, 4), (64, 128, 8), (128, 512, 4), (128, 512, 8)):
+        gen = torch.Generator(device=dev).manual_seed(n)
+        recv = _records(batch, h, d, n, dev, gen, empty=False)[0]
+        # Counted as bench_kernels counts the unpack: (D + 2) lanes per record read, the
+        # output and its fp32 LSE written.
+        nbytes = batch * h * (d + 2) * 2 + batch * (h // n) * (d * 2 + 4)
+        # A device copy moving the same number of bytes (half read, half written): the
+        # ceiling at this size (the 2 GB copy hides launch and ramp costs).
+        src = torch.empty(nbytes // 4, device=dev, dtype=torch.int16)
+        dst = torch.empty_like(src)
+        same = nbytes / (hb.time_cold(functools.partial(dst.copy_, src)).median_ms * 1e-3)
+        line = f"H={h} D={d} N={n} (same-size copy {same / copy_bps:.3f}):"
+        del src, dst
+        for name, fn in _variants(d).items():
+            bps = nbytes / (hb.time_cold(functools.partial(fn, recv, d)).median_ms * 1e-3)
+            line += f"  [{name}] {bps / copy_bps:.3f}"
+        print(line, flush=True)
+        del recv
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
