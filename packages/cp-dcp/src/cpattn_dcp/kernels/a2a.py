@@ -232,8 +232,8 @@ def _a2a_unpack_combine_fwd_kernel(
     one LSE tile measured no better). The LSE math runs in a compact layout of the rows
     (once per row instead of once per thread holding a row, 16 per row at D=128); each
     weight moves to the payload layout with ``tl.gather`` (H200, bf16: B=64 H=128 D=512
-    graph replay 2.7-2.8 instead of 3.0-3.4 µs; B=4096 within the run-to-run noise,
-    ``benchmarks/variants.py``-style A/B in ``results/h200-2026-11-29-s4``).
+    graph replay 2.7-2.8 instead of 3.0-3.4 µs; B=4096 within the run-to-run noise;
+    ``benchmarks/results/h200-2026-11-29-s4/ab_unpack_gather.txt``).
     N > 8: one ``[N_POW2, BLOCK_R]`` LSE pass, then the N payloads one after another.
     """
     REC: tl.constexpr = REC_WIDTH

@@ -10,11 +10,12 @@ flattened (b, h) rows times the full head dim (~16 KiB of bf16), so consecutive 
 consecutive memory and no index division is needed. General kernel (AG+RS / AG+AR, any row
 strides, grouped destination): grid ``(cdiv(B, BLOCK_B), cdiv(H, BLOCK_H))`` over ``BLOCK_B x
 BLOCK_H`` blocks of (b, h) rows, again without a division by a runtime value. Both issue every
-load first (first payload chunk, then the LSEs as ONE ``[N_POW2, rows]`` tile), so one memory
-latency covers the program; the LSE math runs once per (source, row) in that compact tile
-(``w = 2^(l_r - m) / sum_n 2^(l_n - m)``: N exp2 and one division per row) instead of once per
-thread that holds the row in the payload layout (16-32x replicated), and only the weight moves
-to the payload layout. The head dim is unit-stride; the row offsets carry ``tl.multiple_of``
+load first (first payload chunk, then the LSEs), so one memory latency covers the program, and
+run the LSE math once per (source, row) in a compact layout (``w = 2^(l_r - m) / sum_n
+2^(l_n - m)``: N exp2 and one division per row) instead of once per thread that holds the row
+in the payload layout (16-32x replicated); only the weight moves to the payload layout. The
+general kernel (and the lean one for N > 8) loads the LSEs as ONE ``[N_POW2, rows]`` tile; the
+lean kernel for N <= 8 as N row vectors, its weight moved with ``tl.gather``. The head dim is unit-stride; the row offsets carry ``tl.multiple_of``
 hints with their true alignment (``ALIGN`` / ``SRC_ALIGN`` / ``DST_ALIGN`` elements, from the
 host), which gives 16-byte vector accesses where they are valid and never where they are not
 (Triton 3.6's axis analysis can over-state the divisibility of index expressions; the hints
@@ -242,7 +243,7 @@ def _correct_attn_out_contig_kernel(
     weight moved to the payload's row layout with ``tl.gather`` (one shared-memory round
     trip). In the payload's row layout each of the threads that hold a row would repeat the
     math (N=8, D=128, 64 rows / 4 warps: 72 instead of 8 ex2 and 72 instead of 8 LSE loads
-    per thread; H200, B=4096: 0.83 instead of 0.93 of the copy bandwidth). Otherwise one
+    per thread; H200, B=4096: 0.83 of the copy bandwidth, 0.93 in the compact layout). Otherwise one
     ``[N_POW2, BLOCK_R]`` tile reduced across threads (``_lse_weight``).
     """
     r0 = tl.program_id(0).to(tl.int64) * BLOCK_R

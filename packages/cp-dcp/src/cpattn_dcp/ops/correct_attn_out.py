@@ -37,8 +37,9 @@ _Tensor = torch.Tensor
 # The lean kernel computes the weights from one row vector per source (element-wise, once
 # per row in a compact layout, the weight gathered to the payload rows) when N <=
 # _LSE_ROWS_MAX_N, else from one [N_POW2, BLOCK_R] tile reduced across threads. H200, bf16,
-# B=4096 (fraction of the copy bandwidth; benchmarks/variants.py --ab --ab-only
-# correct-gather, results/h200-2026-11-29-s4): H=64 D=128 N=2/4/8 0.914/0.926/0.932 with
+# B=4096 (fraction of the copy bandwidth; interleaved A/B in
+# benchmarks/results/h200-2026-11-29-s4/ab_correct_gather*.txt, run while both forms were a
+# module knob): H=64 D=128 N=2/4/8 0.914/0.926/0.932 with
 # the gathered rows (8 warps) against 0.937/0.901/0.834 with the rows in the payload layout
 # (4 warps; the N=2 pair is within the run-to-run noise: the same configuration read 0.913
 # in that run); H=128 D=512 0.95-0.98 either way; B=1 / B=64 graph replay equal or faster.
