@@ -37,7 +37,7 @@ import triton.language as tl
 
 import cpattn_testing.bench as hb
 from cpattn_dcp.kernels.a2a import _rec_lse2
-from cpattn_dcp.kernels.lse_math import _from_base2, _weight
+from cpattn_dcp.kernels.lse_math import _from_base2, _global_lse2_rows, _weight
 from cpattn_dcp.ops.a2a_combine import a2a_unpack_combine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -95,14 +95,7 @@ def _unpack_probe_kernel(
     for n in tl.static_range(N):
         b_l = _rec_lse2(recv_ptr, i_l + n * rows, m_l, HEAD_DIM, REC, 2, True, True)
         b_ls = b_ls + (b_l,)  # noqa: RUF005
-    b_m = b_ls[0]
-    for n in tl.static_range(1, N):
-        b_m = tl.maximum(b_m, b_ls[n])
-    b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
-    b_s = tl.exp2(b_ls[0] - b_m)
-    for n in tl.static_range(1, N):
-        b_s += tl.exp2(b_ls[n] - b_m)
-    b_g = tl.log2(b_s) + b_m
+    b_g = _global_lse2_rows(b_ls, N)
     tl.store(lse_out_ptr + i_l, _from_base2(b_g, True), mask=m_l)
     b_ws = ()
     for n in tl.static_range(N):

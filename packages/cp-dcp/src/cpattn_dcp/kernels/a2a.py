@@ -47,7 +47,13 @@ import triton
 import triton.language as tl
 
 from cpattn_dcp.kernels.empty_shards import _row_is_empty
-from cpattn_dcp.kernels.lse_math import _from_base2, _global_lse2, _to_base2, _weight
+from cpattn_dcp.kernels.lse_math import (
+    _from_base2,
+    _global_lse2,
+    _global_lse2_rows,
+    _to_base2,
+    _weight,
+)
 from cpattn_dcp.kernels.tiles import _chunk_mask
 
 
@@ -262,15 +268,7 @@ def _a2a_unpack_combine_fwd_kernel(
                         recv_ptr, i_l + n * i_rows, m_l, HEAD_DIM, REC, PACK, LSE_WORD, IS_BASE_E
                     )
                     b_ls = b_ls + (b_l,)  # noqa: RUF005
-                b_m = b_ls[0]
-                for n in tl.static_range(1, N):
-                    b_m = tl.maximum(b_m, b_ls[n])
-                # Stabiliser 0 for an all -inf row -> log2(0) = -inf.
-                b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
-                b_s = tl.exp2(b_ls[0] - b_m)
-                for n in tl.static_range(1, N):
-                    b_s += tl.exp2(b_ls[n] - b_m)
-                b_g = tl.log2(b_s) + b_m
+                b_g = _global_lse2_rows(b_ls, N)
                 if HAS_LSE_OUT:
                     tl.store(lse_out_ptr + i_l, _from_base2(b_g, IS_BASE_E), mask=m_l)
                 b_ws = ()  # type: tuple[Any, ...]

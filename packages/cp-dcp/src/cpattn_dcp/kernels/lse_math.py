@@ -39,6 +39,20 @@ def _global_lse2(b_lse2):
 
 
 @triton.jit
+def _global_lse2_rows(b_ls, N: tl.constexpr):
+    """``_global_lse2`` of a tuple of ``N`` sanitised base-2 LSE row vectors (element-wise:
+    no reduction across threads)."""
+    b_m = b_ls[0]
+    for n in tl.static_range(1, N):
+        b_m = tl.maximum(b_m, b_ls[n])
+    b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
+    b_s = tl.exp2(b_ls[0] - b_m)
+    for n in tl.static_range(1, N):
+        b_s += tl.exp2(b_ls[n] - b_m)
+    return tl.log2(b_s) + b_m
+
+
+@triton.jit
 def _weight(b_lse2, b_glse2):
     """``2^(l - L)`` with the NaN of ``-inf - (-inf)`` mapped to 0."""
     b_w = tl.exp2(b_lse2 - b_glse2)
