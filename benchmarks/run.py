@@ -329,6 +329,7 @@ def run_kernels(
     bar = _progress(len(work) + len(ok_specs), f"kernels ({plan.mode})")
 
     # Host overhead of one eager call at decode size, next to torch add_.
+    add = hb.host_reference_add(device)
     for spec in ok_specs:
         bar.set_postfix_str(f"host {spec.name}")
         if spec.uses_n:
@@ -345,17 +346,18 @@ def run_kernels(
             try:
                 gen = torch.Generator(device=device).manual_seed(1234)
                 inp = spec.make_inputs(case, device, gen)
-                t = hb.measure_host_overhead(
-                    spec.bind_ours(case, inp), calls=plan.host_calls, rounds=plan.host_rounds
+                # Our op in rounds alternating with add_ (the ratio is per round, see
+                # measure_host_ratio), then the eager baseline.
+                t, ta, ratio = hb.measure_host_ratio(
+                    spec.bind_ours(case, inp), add, calls=plan.host_calls, rounds=plan.host_rounds
                 )
                 te = hb.measure_host_overhead(
                     spec.bind_eager(case, inp), calls=plan.host_calls, rounds=plan.host_rounds
                 )
                 hrow.host_us = t.median_ms * 1e3
                 hrow.eager_baseline_host_us = te.median_ms * 1e3
-                hrow.add_us = refs.add_host_us
-                if refs.add_host_us:
-                    hrow.ratio_to_add = hrow.host_us / refs.add_host_us
+                hrow.add_us = ta.median_ms * 1e3
+                hrow.ratio_to_add = ratio
             except Exception as exc:
                 hrow.status = f"error: {_short(exc)}"
         bar.update(1)
@@ -476,12 +478,18 @@ def measure_references(plan: Plan, device: Any, results: Any) -> None:
         refs.add_host_us = host["torch_add_"].median_ms * 1e3
         refs.empty_launch_host_us = host["triton_jit_launch"].median_ms * 1e3
         # The cached launch path (issue 3) as a host row: same empty kernel, plain JIT launch
-        # as its baseline.
+        # as its baseline, in rounds alternating with add_ like the ops' rows.
         launch_row = hb.HostRow(kernel="launch_cached", dtype="float32", H=0, D=0, N=0, B=1)
-        launch_row.host_us = host["launch_cached"].median_ms * 1e3
+        t, ta, ratio = hb.measure_host_ratio(
+            hb.empty_kernel_launcher(device, cached=True),
+            hb.host_reference_add(device),
+            calls=plan.host_calls,
+            rounds=plan.host_rounds,
+        )
+        launch_row.host_us = t.median_ms * 1e3
         launch_row.eager_baseline_host_us = refs.empty_launch_host_us
-        launch_row.add_us = refs.add_host_us
-        launch_row.ratio_to_add = launch_row.host_us / refs.add_host_us
+        launch_row.add_us = ta.median_ms * 1e3
+        launch_row.ratio_to_add = ratio
         results.host.append(launch_row)
     except Exception as exc:
         results.notes.append(f"reference host times not measured: {_short(exc)}")

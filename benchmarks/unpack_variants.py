@@ -37,7 +37,7 @@ import triton.language as tl
 
 import cpattn_testing.bench as hb
 from cpattn_dcp.kernels.a2a import _rec_lse2
-from cpattn_dcp.kernels.lse_math import _from_base2, _global_lse2_rows, _weight
+from cpattn_dcp.kernels.lse_math import _from_base2, _global_lse2_rows, _to_base2, _weight
 from cpattn_dcp.ops.a2a_combine import a2a_unpack_combine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -65,6 +65,9 @@ def _unpack_probe_kernel(
     GATED: tl.constexpr,
     GATHER: tl.constexpr,
     IDX64: tl.constexpr,
+    LOAD_CACHE: tl.constexpr = "",
+    LOAD_EVICT: tl.constexpr = "",
+    STORE_CACHE: tl.constexpr = "",
 ):
     """Grid ``(cdiv(B * H_r, BLOCK_R),)``; ``recv`` contiguous ``[N, B, H_r, REC]`` 16-bit,
     4-byte aligned (LSE as one word), base-e LSEs. ``GATHER``: the LSE math runs once per
@@ -84,7 +87,11 @@ def _unpack_probe_kernel(
         b_x0s = ()
         for n in tl.static_range(N):
             p_x = _rec_ptrs(recv_ptr, i_r + n * rows, i_d0, REC)
-            b_x0s = b_x0s + (tl.load(p_x, mask=m_r[:, None], other=0.0),)  # noqa: RUF005
+            b_x = tl.load(
+                p_x, mask=m_r[:, None], other=0.0, cache_modifier=LOAD_CACHE,
+                eviction_policy=LOAD_EVICT,
+            )  # fmt: skip
+            b_x0s = b_x0s + (b_x,)  # noqa: RUF005
     if GATHER:
         i_l = r0 + tl.arange(0, BLOCK_R)
         m_l = i_l < rows
@@ -114,16 +121,136 @@ def _unpack_probe_kernel(
                 b_x = tl.load(p_x, mask=m_x, other=0.0)
                 b_acc += b_x.to(tl.float32) * b_w
             else:
-                if d0 == 0:  # noqa: SIM108  (a constexpr branch, not a select)
+                if d0 == 0:  # a constexpr branch, not a select
                     b_x = b_x0s[n]
                 else:
-                    b_x = tl.load(p_x, mask=m_r[:, None], other=0.0)
+                    b_x = tl.load(
+                        p_x, mask=m_r[:, None], other=0.0, cache_modifier=LOAD_CACHE,
+                        eviction_policy=LOAD_EVICT,
+                    )  # fmt: skip
                 b_acc += tl.where(b_w == 0.0, 0.0, b_x.to(tl.float32) * b_w)
         tl.store(
             dst_ptr + (i_r[:, None] * HEAD_DIM + i_d[None, :]),
             b_acc.to(dst_ptr.dtype.element_ty),
             mask=m_r[:, None],
+            cache_modifier=STORE_CACHE,
         )
+
+
+@triton.jit
+def _tile_loads(
+    recv_ptr, r0, rows, N: tl.constexpr, HEAD_DIM: tl.constexpr, REC: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    """The N payload tiles ``[BLOCK_R, D]`` and the N LSE words (compact row layout) of rows
+    ``[r0, r0 + BLOCK_R)``; rows past ``rows`` are masked (no memory traffic)."""
+    i_r = r0 + tl.arange(0, BLOCK_R)
+    m_r = i_r < rows
+    i_l = r0 + tl.arange(0, BLOCK_R)
+    m_l = i_l < rows
+    i_d = tl.arange(0, HEAD_DIM)
+    words = recv_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    b_xs = ()
+    for n in tl.static_range(N):
+        p_x = _rec_ptrs(recv_ptr, i_r + n * rows, i_d, REC)
+        b_xs = b_xs + (tl.load(p_x, mask=m_r[:, None], other=0.0),)  # noqa: RUF005
+    b_lw = ()
+    for n in tl.static_range(N):
+        p_l = words + ((i_l + n * rows) * (REC // 2) + HEAD_DIM // 2)
+        b_lw = b_lw + (tl.load(p_l, mask=m_l, other=0),)  # noqa: RUF005
+    return b_xs, b_lw
+
+
+@triton.jit
+def _tile_combine(
+    dst_ptr, lse_out_ptr, r0, rows, b_xs, b_lw, N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    """The shipped math on loaded tiles: compact LSE math, gathered weights, fp32 sum."""
+    i_r = r0 + tl.arange(0, BLOCK_R)
+    m_r = i_r < rows
+    i_l = r0 + tl.arange(0, BLOCK_R)
+    m_l = i_l < rows
+    i_d = tl.arange(0, HEAD_DIM)
+    b_ls = ()
+    for n in tl.static_range(N):
+        b_l = _to_base2(tl.where(m_l, b_lw[n].to(tl.float32, bitcast=True), float("-inf")), True)
+        b_ls = b_ls + (b_l,)  # noqa: RUF005
+    b_g = _global_lse2_rows(b_ls, N)
+    tl.store(lse_out_ptr + i_l, _from_base2(b_g, True), mask=m_l)
+    b_acc = tl.zeros((BLOCK_R, HEAD_DIM), dtype=tl.float32)
+    for n in tl.static_range(N):
+        b_w = tl.gather(_weight(b_ls[n], b_g), (i_r - r0).to(tl.int32), 0)[:, None]
+        b_acc += tl.where(b_w == 0.0, 0.0, b_xs[n].to(tl.float32) * b_w)
+    tl.store(
+        dst_ptr + (i_r[:, None] * HEAD_DIM + i_d[None, :]),
+        b_acc.to(dst_ptr.dtype.element_ty),
+        mask=m_r[:, None],
+    )
+
+
+@triton.jit
+def _unpack_persist_kernel(
+    recv_ptr,
+    dst_ptr,
+    lse_out_ptr,
+    num_rows,
+    num_tiles,
+    N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    REC: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    """Persistent: grid ``(P,)``, program p combines tiles ``p, p + P, ...`` of ``BLOCK_R``
+    rows (the tiles in flight at any time are neighbours in memory). ``PREFETCH``: the loads
+    of the program's next tile are issued (into registers) before the current tile's math
+    and store; else ``tl.range(num_stages=STAGES)`` lets Triton pipeline the loads
+    (``cp.async`` into shared memory on sm_90 for ``STAGES > 1``)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    if PREFETCH:
+        b_xs, b_lw = _tile_loads(recv_ptr, pid * BLOCK_R, num_rows, N, HEAD_DIM, REC, BLOCK_R)
+        for t in range(pid, num_tiles, nprog):
+            r_next = (t + nprog) * BLOCK_R
+            n_xs, n_lw = _tile_loads(recv_ptr, r_next, num_rows, N, HEAD_DIM, REC, BLOCK_R)
+            _tile_combine(dst_ptr, lse_out_ptr, t * BLOCK_R, num_rows, b_xs, b_lw, N, HEAD_DIM,
+                          BLOCK_R)  # fmt: skip
+            b_xs = n_xs
+            b_lw = n_lw
+    else:
+        for t in tl.range(pid, num_tiles, nprog, num_stages=STAGES):
+            b_xs, b_lw = _tile_loads(recv_ptr, t * BLOCK_R, num_rows, N, HEAD_DIM, REC, BLOCK_R)
+            _tile_combine(dst_ptr, lse_out_ptr, t * BLOCK_R, num_rows, b_xs, b_lw, N, HEAD_DIM,
+                          BLOCK_R)  # fmt: skip
+
+
+def unpack_persist(
+    recv: torch.Tensor,
+    d: int,
+    block_r: int,
+    num_warps: int,
+    *,
+    per_sm: int,
+    prefetch: bool,
+    stages: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_unpack_persist_kernel`` with ``per_sm`` programs per SM -> ``(out, lse)``."""
+    n, b, hr, rec = recv.shape
+    if recv.element_size() != 2 or not recv.is_contiguous() or n > 8:
+        raise ValueError("unpack variants cover contiguous 16-bit records")
+    rows = b * hr
+    out = torch.empty(b, hr, d, device=recv.device, dtype=recv.dtype)
+    lse = torch.empty(b, hr, device=recv.device, dtype=torch.float32)
+    tiles = triton.cdiv(rows, block_r)
+    # On the CPU (interpreter check) one program loops over every tile.
+    sms = torch.cuda.get_device_properties(recv.device).multi_processor_count if recv.is_cuda else 0
+    _unpack_persist_kernel[(max(1, min(tiles, sms * per_sm)),)](
+        recv, out, lse, rows, tiles, N=n, HEAD_DIM=d, REC=rec, BLOCK_R=block_r,
+        PREFETCH=prefetch, STAGES=stages, num_warps=num_warps,
+    )  # fmt: skip
+    return out, lse
 
 
 def unpack_probe(
@@ -136,9 +263,13 @@ def unpack_probe(
     gather: bool = False,
     idx64: bool = False,
     block_d: int | None = None,
+    load_cache: str = "",
+    load_evict: str = "",
+    store_cache: str = "",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``_unpack_probe_kernel`` over ``recv [N, B, H_r, D_rec]`` -> ``(out, lse)``
-    (``block_d``: head-dim chunk, default D)."""
+    (``block_d``: head-dim chunk, default D; ``load_*`` / ``store_cache``: the payload loads'
+    cache modifier and eviction policy, the output store's cache modifier, eager form only)."""
     n, b, hr, rec = recv.shape
     block_d = d if block_d is None else block_d
     if recv.element_size() != 2 or d % block_d or not recv.is_contiguous() or n > 8:
@@ -150,7 +281,8 @@ def unpack_probe(
     lse = torch.empty(b, hr, device=recv.device, dtype=torch.float32)
     _unpack_probe_kernel[(triton.cdiv(rows, block_r),)](
         recv, out, lse, rows, N=n, HEAD_DIM=d, REC=rec, BLOCK_R=block_r, BLOCK_D=block_d,
-        GATED=gated, GATHER=gather, IDX64=idx64, num_warps=num_warps,
+        GATED=gated, GATHER=gather, IDX64=idx64, LOAD_CACHE=load_cache, LOAD_EVICT=load_evict,
+        STORE_CACHE=store_cache, num_warps=num_warps,
     )  # fmt: skip
     return out, lse
 
@@ -164,8 +296,41 @@ def shipped(recv: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
 Variant = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
 
-def _variants(d: int) -> dict[str, Variant]:
+def _variants(d: int, family: str = "persist") -> dict[str, Variant]:
+    """``family``: ``"forms"`` (the fourth session's probe knobs), ``"persist"`` (the
+    persistent kernel: register prefetch or ``tl.range`` stages, programs per SM) or
+    ``"cache"`` (the shipped tile with cache modifiers / eviction policies)."""
     v: dict[str, Variant] = {"shipped": shipped}
+    if family == "cache":
+        r, w = (8, 2) if d == 128 else (2, 2)
+        for lc, le, sc in (
+            ("", "", ""),
+            (".cg", "", ""),
+            ("", "evict_first", ""),
+            (".cg", "evict_first", ""),
+            ("", "", ".cs"),
+            (".cg", "evict_first", ".cs"),
+            ("", "", ".wt"),
+        ):
+            name = f"r={r} w={w} ld{lc or '-'} {le or '-'} st{sc or '-'}"
+            v[name] = functools.partial(
+                unpack_probe, block_r=r, num_warps=w, gated=False, gather=True,
+                load_cache=lc, load_evict=le, store_cache=sc,
+            )  # fmt: skip
+        return v
+    if family == "persist":
+        tiles = ((8, 2), (16, 4), (32, 8)) if d == 128 else ((2, 2), (4, 4))
+        for r, w in tiles:
+            for per_sm in (4, 8, 16):
+                v[f"persist r={r} w={w} x{per_sm} prefetch"] = functools.partial(
+                    unpack_persist, block_r=r, num_warps=w, per_sm=per_sm, prefetch=True
+                )
+                for stages in (2, 3):
+                    v[f"persist r={r} w={w} x{per_sm} stages={stages}"] = functools.partial(
+                        unpack_persist, block_r=r, num_warps=w, per_sm=per_sm, prefetch=False,
+                        stages=stages,
+                    )  # fmt: skip
+        return v
     if d == 128:
         eager = ((8, 2), (16, 4), (32, 8))
         gated = ((16, 4), (32, 4), (32, 8), (64, 8))
@@ -211,7 +376,7 @@ def _reference(
     return (w[..., None] * x).sum(0), glse
 
 
-def check(dev: torch.device, small: bool) -> None:
+def check(dev: torch.device, small: bool, family: str) -> None:
     """Every variant against float64 (and the shipped op), NaN-poisoned empty shards."""
     gen = torch.Generator(device=dev).manual_seed(0)
     for d in (128,) if small else (128, 512):
@@ -220,7 +385,7 @@ def check(dev: torch.device, small: bool) -> None:
             recv, outs, lses = _records(b, h, d, n, dev, gen, empty=True)
             ref, ref_lse = _reference(outs, lses, h // n)
             base = shipped(recv, d)[0]
-            for name, fn in _variants(d).items():
+            for name, fn in _variants(d, family).items():
                 got, lse = fn(recv, d)
                 err = ((got.double() - ref).norm() / ref.norm()).item()
                 lse_err = (lse.double() - ref_lse).abs().max().item()
@@ -256,15 +421,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-check", action="store_true", help="only the check, small, CPU")
     parser.add_argument("--probe", action="store_true", help="one launch each, for ncu")
+    parser.add_argument("--family", choices=("forms", "persist", "cache"), default="persist")
     args = parser.parse_args()
     if args.cpu_check:
-        check(torch.device("cpu"), small=True)
+        check(torch.device("cpu"), small=True, family=args.family)
         return
     dev = torch.device("cuda", torch.cuda.current_device())
     if args.probe:
         probe(dev)
         return
-    check(dev, small=False)
+    check(dev, small=False, family=args.family)
     moved, t = hb.measure_copy_ceiling(dev, timer=hb.time_cold)
     copy_bps = moved / (t.median_ms * 1e-3)
     print(f"copy ceiling (read flush) {copy_bps / 1e12:.3f} TB/s", flush=True)
@@ -282,7 +448,7 @@ def main() -> None:
         same = nbytes / (hb.time_cold(functools.partial(dst.copy_, src)).median_ms * 1e-3)
         line = f"H={h} D={d} N={n} (same-size copy {same / copy_bps:.3f}):"
         del src, dst
-        for name, fn in _variants(d).items():
+        for name, fn in _variants(d, args.family).items():
             bps = nbytes / (hb.time_cold(functools.partial(fn, recv, d)).median_ms * 1e-3)
             line += f"  [{name}] {bps / copy_bps:.3f}"
         print(line, flush=True)

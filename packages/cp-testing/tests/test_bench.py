@@ -262,6 +262,34 @@ def test_cpu_timing_fallbacks() -> None:
     assert tc.median_ms > 0
 
 
+def test_host_ratio_interleaves_and_compares_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rounds alternate ref, fn; the ratio is the median of per-round ratios."""
+    order: list[str] = []
+    ticks = iter(range(10_000))
+    clock = {"now": 0.0}
+
+    def ref() -> None:
+        order.append("r")
+        clock["now"] += 1.0  # 1 ms per ref call
+
+    def fn() -> None:
+        order.append("f")
+        clock["now"] += 3.0 if next(ticks) % 2 else 2.0  # 2 or 3 ms per fn call
+
+    with monkeypatch.context() as m:
+        m.setattr(hb.time, "perf_counter", lambda: clock["now"] / 1e3)
+        t_fn, t_ref, ratio = hb.measure_host_ratio(fn, ref, calls=4, rounds=3)
+    assert order[:6] == ["r", "f"] * 3  # warm-up
+    assert order[6:] == (["r"] * 4 + ["f"] * 4) * 3
+    assert t_ref.median_ms == pytest.approx(1.0)
+    assert t_fn.median_ms == pytest.approx(2.5)
+    assert ratio == pytest.approx(2.5)
+    x = torch.zeros(8)
+    _, _, r = hb.measure_host_ratio(lambda: x.add_(1.0), hb.host_reference_add(x.device))
+    assert math.isfinite(r)
+    assert r > 0
+
+
 def test_environment_stamp_keys() -> None:
     stamp = hb.environment_stamp(commit="abc123")
     assert stamp["git_commit"] == "abc123"

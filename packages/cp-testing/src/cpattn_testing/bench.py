@@ -55,14 +55,17 @@ __all__ = [
     "Target",
     "TargetResult",
     "Timing",
+    "empty_kernel_launcher",
     "environment_stamp",
     "evaluate_target",
     "format_bytes",
+    "host_reference_add",
     "l2_cache_bytes",
     "load_results",
     "measure_copy_ceiling",
     "measure_empty_kernel_graph",
     "measure_host_overhead",
+    "measure_host_ratio",
     "measure_touch_kernel_graph",
     "merge_results",
     "plot_bandwidth",
@@ -293,6 +296,52 @@ def measure_host_overhead(fn: Callable[[], object], *, calls: int = 200, rounds:
     return _timing_from_samples(samples, "wall")
 
 
+def measure_host_ratio(
+    fn: Callable[[], object], ref: Callable[[], object], *, calls: int = 200, rounds: int = 7
+) -> tuple[Timing, Timing, float]:
+    """Host time per eager call of ``fn`` and of ``ref`` in alternating rounds, and their ratio.
+
+    Each round times ``calls`` calls of ``ref`` and then ``calls`` calls of ``fn`` (the device
+    synchronised before each loop, outside the timed region). Returns ``(fn timing, ref
+    timing, median over rounds of fn / ref)``: each ratio compares two loops run a few
+    milliseconds apart, so a host whose speed drifts during a run (a shared machine) affects
+    both sides alike, where a ratio of two separately measured medians would not.
+    """
+    for _ in range(3):
+        ref()
+        fn()
+    fn_samples: list[float] = []
+    ref_samples: list[float] = []
+    ratios: list[float] = []
+    for _ in range(rounds):
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            ref()
+        t_ref = (time.perf_counter() - t0) * 1e3 / calls
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t_fn = (time.perf_counter() - t0) * 1e3 / calls
+        ref_samples.append(t_ref)
+        fn_samples.append(t_fn)
+        ratios.append(t_fn / max(t_ref, 1e-9))
+    _sync()
+    return (
+        _timing_from_samples(fn_samples, "wall"),
+        _timing_from_samples(ref_samples, "wall"),
+        _quantile(ratios, 0.5),
+    )
+
+
+def host_reference_add(device: torch.device) -> Callable[[], object]:
+    """The host-time reference op: an eager ``add_`` of two 1024-element fp32 tensors."""
+    x = torch.zeros(1024, device=device, dtype=torch.float32)
+    y = torch.ones_like(x)
+    return lambda: x.add_(y)
+
+
 def l2_cache_bytes(device: torch.device) -> int:
     """The device's L2 size in bytes (``DEFAULT_L2_BYTES`` when unknown or on the CPU)."""
     if device.type == "cuda":
@@ -348,7 +397,7 @@ def measure_copy_ceiling(
 _EMPTY_LAUNCHERS: dict[str, Callable[[], object]] = {}
 
 
-def _empty_launcher(device: torch.device, *, cached: bool = False) -> Callable[[], object]:
+def empty_kernel_launcher(device: torch.device, *, cached: bool = False) -> Callable[[], object]:
     """A callable that launches an empty Triton kernel (one unused pointer argument): the
     plain way (``kernel[grid](...)``), or through ``cpattn_common.launch_cached``."""
     key = f"{device}:{cached}"
@@ -422,7 +471,7 @@ def measure_empty_kernel_graph(device: torch.device, *, calls_per_graph: int = 3
     Measured exactly like :func:`time_cuda_graph` measures decode-size ops (same number of
     calls per graph), so the ratio of the two is the decode-latency figure of merit.
     """
-    launch = _empty_launcher(device)
+    launch = empty_kernel_launcher(device)
     if device.type != "cuda":
         return time_wall(launch)
     return time_cuda_graph([launch] * calls_per_graph)
@@ -433,12 +482,11 @@ def measure_reference_host_times(
 ) -> dict[str, Timing]:
     """Host time per eager call of ``torch.Tensor.add_``, of a plain Triton JIT launch and of
     ``cpattn_common.launch_cached`` (the same empty kernel)."""
-    x = torch.zeros(1024, device=device, dtype=torch.float32)
-    y = torch.ones_like(x)
-    launch = _empty_launcher(device)
-    cached = _empty_launcher(device, cached=True)
+    add = host_reference_add(device)
+    launch = empty_kernel_launcher(device)
+    cached = empty_kernel_launcher(device, cached=True)
     return {
-        "torch_add_": measure_host_overhead(lambda: x.add_(y), calls=calls, rounds=rounds),
+        "torch_add_": measure_host_overhead(add, calls=calls, rounds=rounds),
         "triton_jit_launch": measure_host_overhead(launch, calls=calls, rounds=rounds),
         "launch_cached": measure_host_overhead(cached, calls=calls, rounds=rounds),
     }
@@ -1156,7 +1204,9 @@ def render_markdown(
         lines += [
             f"Decode-size inputs; host loop of {refs.host_calls} calls without synchronisation, median of "
             f"{refs.host_rounds} rounds. "
-            "*vs add_* = our host time / `add_` host time in the same run.",
+            "Each round times a loop of `add_` and then a loop of our op; *vs add_* is the "
+            "median over rounds of the two loops' ratio (so a drift of the shared host's speed "
+            "during the run cancels), `add_ µs` the median of its loops.",
             "",
             "| kernel | dtype | H | D | N | B | ours µs | eager baseline µs | `add_` µs | vs add_ |",
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
