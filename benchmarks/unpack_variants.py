@@ -2,25 +2,28 @@
 
 The shipped kernel (``cpattn_dcp.kernels.a2a._a2a_unpack_combine_fwd_kernel``) issues every
 load of a program first (the N payload tiles and the N LSE words, about 16 KiB), then the
-weights, the weighted sum and the store; 2 warps per program at D=128 (Nsight Compute at
-H=64 D=128 N=8: 128 registers per thread, 25% occupancy, 68% of DRAM throughput; 0.81 / 0.75
-of the copy bandwidth at N=4 / N=8). ``merge_attn_states`` moves the same bytes (N 256-byte
-payload rows and N LSEs per output row) at 0.89-0.95 in another form: its LSE pass first,
-then payload loads *gated by the weights* (a zero weight skips the load), tiles of 4096
-elements with 8 warps. The variants here run one kernel, ``_unpack_probe_kernel``, with
-those knobs:
+weights, the weighted sum and the store; 2 warps per program at D=128. Families of forms
+(``--family``), each next to the shipped op:
 
-* ``GATED``: LSE words, weights, then the payload loads masked by ``w != 0`` (``acc += w *
-  x``); otherwise every load first and ``acc + (w == 0 ? 0 : w * x)`` (the shipped math);
-* ``BLOCK_R`` / ``num_warps``: rows per program and warps;
-* ``IDX64``: int64 index arithmetic (the shipped kernel's) or int32.
+* ``forms`` (fourth session): one kernel, ``_unpack_probe_kernel``, with the knobs ``GATED``
+  (LSE words, weights, then payload loads masked by ``w != 0``, as ``merge_attn_states``
+  does; otherwise every load first and ``acc + (w == 0 ? 0 : w * x)``, the shipped math),
+  ``GATHER`` (LSE math once per row in a compact layout), ``BLOCK_R`` / ``num_warps`` and
+  ``IDX64`` (int64 or int32 index arithmetic);
+* ``persist`` (fifth session): ``_unpack_persist_kernel``, a persistent grid of 4-16
+  programs per SM looping over row tiles, either prefetching the next tile's loads into
+  registers before the current tile's math (``PREFETCH``) or letting ``tl.range(num_stages=2
+  / 3)`` pipeline them (``cp.async`` into shared memory);
+* ``cache`` (fifth session): the shipped tile (``_unpack_probe_kernel`` with ``GATHER``)
+  with cache modifiers / eviction policies on the payload loads and the output store.
 
 16-bit dtypes, D a multiple of ``BLOCK_D``, N <= 8. Every variant's output and LSE are
 compared with the float64 combine of the records (and with the shipped op) before it is
-timed (read-flush timing, ``cpattn_testing.bench.time_cold``).
+timed (read-flush timing, ``cpattn_testing.bench.time_cold``) next to a device copy of the
+same bytes. ``--probe``: one launch each for Nsight Compute (see ``probe``).
 
     PYTHONPATH=packages/cp-common/src:packages/cp-dcp/src:packages/cp-testing/src \
-        python3 benchmarks/unpack_variants.py [--cpu-check] [--probe]
+        python3 benchmarks/unpack_variants.py [--family F] [--cpu-check] [--probe]
 """
 
 from __future__ import annotations
@@ -303,13 +306,15 @@ def _variants(d: int, family: str = "persist") -> dict[str, Variant]:
     v: dict[str, Variant] = {"shipped": shipped}
     if family == "cache":
         r, w = (8, 2) if d == 128 else (2, 2)
+        # (ptxas rejects .cg loads with an L1 evict_first policy.)
         for lc, le, sc in (
             ("", "", ""),
             (".cg", "", ""),
             ("", "evict_first", ""),
-            (".cg", "evict_first", ""),
+            ("", "evict_last", ""),
             ("", "", ".cs"),
-            (".cg", "evict_first", ".cs"),
+            (".cg", "", ".cs"),
+            ("", "evict_first", ".cs"),
             ("", "", ".wt"),
         ):
             name = f"r={r} w={w} ld{lc or '-'} {le or '-'} st{sc or '-'}"
@@ -399,21 +404,24 @@ def check(dev: torch.device, small: bool, family: str) -> None:
 
 
 def probe(dev: torch.device) -> None:
-    """One launch each at H=64 D=128 N=8 B=4096, to run under ``ncu``: the shipped unpack,
-    eager r=8 w=2 (int32) without and with ``gather``, gated r=32 w=8 with ``gather``; then
-    ``correct_attn_out`` (N=8, same shape). (The ncu run of ``results/h200-2026-11-29-s4``
-    ran the shipped unpack and ``correct_attn_out`` before and after their LSE math moved to
-    the compact layout.)"""
-    from cpattn_dcp import correct_attn_out
-
-    recv = _records(4096, 64, 128, 8, dev, torch.Generator(device=dev).manual_seed(0), False)[0]
-    shipped(recv, 128)
-    unpack_probe(recv, 128, 8, 2, gated=False)
-    unpack_probe(recv, 128, 8, 2, gated=False, gather=True)
-    unpack_probe(recv, 128, 32, 8, gated=True, gather=True)
-    out = torch.randn(4096, 64, 128, device=dev).to(torch.bfloat16)
-    lses = torch.randn(8, 4096, 64, device=dev)
-    correct_attn_out(out, lses, 3)
+    """One launch each at H=64 D=128 N=8 B=4096 inside the NVTX range ``probe``, to run under
+    ``ncu --nvtx --nvtx-include probe/``: the shipped unpack; a device copy moving the same
+    bytes (as counted for the page); a read-only reduction over the receive buffer (reads
+    what the unpack reads). (The fourth session's ncu run, ``results/h200-2026-11-29-s4``,
+    profiled the shipped unpack, forms of ``_unpack_probe_kernel`` and ``correct_attn_out``.)
+    """
+    b, h, d, n = 4096, 64, 128, 8
+    recv = _records(b, h, d, n, dev, torch.Generator(device=dev).manual_seed(0), False)[0]
+    nbytes = b * h * (d + 2) * 2 + b * (h // n) * (d * 2 + 4)
+    src = torch.empty(nbytes // 4, device=dev, dtype=torch.int16)
+    dst = torch.empty_like(src)
+    sink = torch.empty((), device=dev, dtype=torch.float32)
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push("probe")
+    shipped(recv, d)
+    dst.copy_(src)
+    torch.sum(recv.view(-1), dtype=torch.float32, out=sink)
+    torch.cuda.nvtx.range_pop()
     torch.cuda.synchronize()
 
 
