@@ -177,6 +177,23 @@ def _switches() -> dict[str, list[tuple[str, Callable[[], None]]]]:
             (f"min{nbytes // 1024}K", _setter(a2a_mod, unpack_plans, _UNPACK_MIN_BYTES=nbytes))
             for nbytes in (2048, 1024, 4096, 8192)
         ],
+        "unpack-inflight": [
+            (f"{nbytes // 1024}K", _setter(a2a_mod, unpack_plans, _UNPACK_INFLIGHT_BYTES=nbytes))
+            for nbytes in (16384, 8192)
+        ],
+        "unpack-store": [
+            (label, _setter(a2a_mod, unpack_plans, _UNPACK_OUT_CACHE=cache))
+            for label, cache in (("wb", ""), ("cs", ".cs"))
+        ],
+        "unpack-both": [
+            (
+                f"{nbytes // 1024}K/{cache or 'wb'}",
+                _setter(
+                    a2a_mod, unpack_plans, _UNPACK_INFLIGHT_BYTES=nbytes, _UNPACK_OUT_CACHE=cache
+                ),
+            )
+            for nbytes, cache in ((16384, ""), (8192, ".cs"))
+        ],
         "correct-weights": [
             (label, _setter(correct_mod, correct_plans, _LSE_ROWS_MAX_N=max_n))
             for label, max_n in (("default", 8), ("lse-tile", 0))
@@ -189,10 +206,10 @@ def ab(dev: torch.device, batch: int, only: str | None = None) -> None:
     moved, t = hb.measure_copy_ceiling(dev, timer=hb.time_cold)
     copy_bps = moved / (t.median_ms * 1e-3)
     for switch, settings in _switches().items():
-        if only is not None and switch != only:
+        if only is not None and switch not in only.split(","):
             continue
         op_name = switch.split("-")[0]
-        for h, d in ((64, 128), (128, 512)):
+        for h, d in ((64, 128), (64, 256), (128, 512)):
             for n in (2, 4, 8):
                 t_in = _inputs(dev, batch, h, d, n, n)
                 dec = [_inputs(dev, b, h, d, n, 0) for b in (1, 64)]
@@ -290,7 +307,7 @@ def main() -> None:
     parser.add_argument("--skip-methods", action="store_true")
     parser.add_argument("--probe", action="store_true", help="only a few launches, for ncu")
     parser.add_argument("--ab", action="store_true", help="only the knob comparisons")
-    parser.add_argument("--ab-only", help="with --ab: one switch name (e.g. correct)")
+    parser.add_argument("--ab-only", help="with --ab: switch names, comma-separated (e.g. correct)")
     parser.add_argument("--records", action="store_true", help="only the record-width probe")
     args = parser.parse_args()
     dev = torch.device("cuda", torch.cuda.current_device())

@@ -225,8 +225,11 @@ def _a2a_unpack_combine_fwd_kernel(
     BLOCK_D: tl.constexpr,
     IS_BASE_E: tl.constexpr,
     HAS_LSE_OUT: tl.constexpr,
+    OUT_CACHE: tl.constexpr = "",
 ):
     """Grid ``(cdiv(B * H_r, BLOCK_R),)``; ``recv`` contiguous ``[N, B, H_r, D_rec]``.
+
+    ``OUT_CACHE``: cache modifier of the output stores (``".cs"``: streaming, written once).
 
     ``REC_WIDTH``: ``D_rec``; ``REC_ALIGN``: ``16 / s`` (a divisor of ``D_rec``): payload
     rows start 16-byte aligned in a 16-byte-aligned buffer (16-byte vector loads).
@@ -270,7 +273,10 @@ def _a2a_unpack_combine_fwd_kernel(
                     b_ls = b_ls + (b_l,)  # noqa: RUF005
                 b_g = _global_lse2_rows(b_ls, N)
                 if HAS_LSE_OUT:
-                    tl.store(lse_out_ptr + i_l, _from_base2(b_g, IS_BASE_E), mask=m_l)
+                    tl.store(
+                        lse_out_ptr + i_l, _from_base2(b_g, IS_BASE_E), mask=m_l,
+                        cache_modifier=OUT_CACHE,
+                    )  # fmt: skip
                 b_ws = ()  # type: tuple[Any, ...]
                 for n in tl.static_range(N):
                     b_ws = b_ws + (tl.gather(_weight(b_ls[n], b_g), i_loc, 0),)  # noqa: RUF005
@@ -281,6 +287,7 @@ def _a2a_unpack_combine_fwd_kernel(
                 dst_ptr + (i_r[:, None] * HEAD_DIM + i_d[None, :]),
                 b_acc.to(dst_ptr.dtype.element_ty),
                 mask=m_x,
+                cache_modifier=OUT_CACHE,
             )
     else:
         i_n = tl.arange(0, N_POW2)
@@ -302,7 +309,10 @@ def _a2a_unpack_combine_fwd_kernel(
         b_glse2 = _global_lse2(b_lse2)
         b_w = _weight(b_lse2, b_glse2[None, :])
         if HAS_LSE_OUT:
-            tl.store(lse_out_ptr + i_r, _from_base2(b_glse2, IS_BASE_E), mask=m_r)
+            tl.store(
+                lse_out_ptr + i_r, _from_base2(b_glse2, IS_BASE_E), mask=m_r,
+                cache_modifier=OUT_CACHE,
+            )  # fmt: skip
         for d0 in tl.static_range(0, HEAD_DIM, BLOCK_D):
             i_d = d0 + tl.arange(0, BLOCK_D)
             m_x = _chunk_mask(m_r, i_d, HEAD_DIM, BLOCK_R, BLOCK_D)
@@ -315,4 +325,5 @@ def _a2a_unpack_combine_fwd_kernel(
                 dst_ptr + (i_r[:, None] * HEAD_DIM + i_d[None, :]),
                 b_acc.to(dst_ptr.dtype.element_ty),
                 mask=m_x,
+                cache_modifier=OUT_CACHE,
             )

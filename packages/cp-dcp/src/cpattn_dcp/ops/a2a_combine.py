@@ -49,6 +49,8 @@ _PACK_DIM = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 1}
 # e.g. H=64 D=128 N=8 0.80 / 0.72 / 0.75 of the copy bandwidth).
 _UNPACK_INFLIGHT_BYTES = 16384
 _UNPACK_MIN_BYTES = 2048
+# Cache modifier of the unpack's output stores ("" = default write-back).
+_UNPACK_OUT_CACHE = ""
 # Pack: 16-byte vectors of the send buffer one program writes, and its warps (H200, bf16,
 # B=4096, fused mask: 256 vectors / 2 warps 0.84-0.86 of the copy bandwidth at H=64 D=128,
 # 0.96 at H=128 D=512; 512 / 4 and 1024 / 8 were within 0.03 below; benchmarks/
@@ -237,6 +239,7 @@ def _unpack_plan(
         ("BLOCK_D", block_d),
         ("IS_BASE_E", base_e),
         ("HAS_LSE_OUT", has_lse),
+        ("OUT_CACHE", _UNPACK_OUT_CACHE),
         ("num_warps", num_warps),
     )
     return (grid0,), _unpack_spec(consts)
