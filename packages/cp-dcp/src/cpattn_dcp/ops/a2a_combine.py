@@ -46,10 +46,12 @@ _PACK_DIM = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 1}
 # The unpack kernel keeps N payload tiles in flight (unrolled over N): the tile per source
 # shrinks with N so that about 16 KiB of loads are in flight per program (H200, bf16,
 # B=4096, benchmarks/variants.py: 16 KiB beat 32 and 64 KiB at every N and both head shapes,
-# e.g. H=64 D=128 N=8 0.80 / 0.72 / 0.75 of the copy bandwidth).
+# e.g. H=64 D=128 N=8 0.80 / 0.72 / 0.75 of the copy bandwidth; 8 KiB was within the noise
+# of 16 KiB, +-0.03 either way, results/h200-2026-11-29-s5/ab_unpack.txt).
 _UNPACK_INFLIGHT_BYTES = 16384
 _UNPACK_MIN_BYTES = 2048
-# Cache modifier of the unpack's output stores ("" = default write-back).
+# Cache modifier of the unpack's output stores: "" (write-back). Streaming stores (".cs")
+# measured within the noise of it (+-0.03 of the copy bandwidth, same A/B).
 _UNPACK_OUT_CACHE = ""
 # Pack: 16-byte vectors of the send buffer one program writes, and its warps (H200, bf16,
 # B=4096, fused mask: 256 vectors / 2 warps 0.84-0.86 of the copy bandwidth at H=64 D=128,
