@@ -229,8 +229,6 @@ def _a2a_unpack_combine_fwd_kernel(
 ):
     """Grid ``(cdiv(B * H_r, BLOCK_R),)``; ``recv`` contiguous ``[N, B, H_r, D_rec]``.
 
-    ``OUT_CACHE``: cache modifier of the output stores (``".cs"``: streaming, written once).
-
     ``REC_WIDTH``: ``D_rec``; ``REC_ALIGN``: ``16 / s`` (a divisor of ``D_rec``): payload
     rows start 16-byte aligned in a 16-byte-aligned buffer (16-byte vector loads).
     ``LSE_WORD``: the fp32 LSE of every record is one 4-byte-aligned word (16-bit dtype, D
@@ -244,6 +242,8 @@ def _a2a_unpack_combine_fwd_kernel(
     graph replay 2.7-2.8 instead of 3.0-3.4 µs; B=4096 within the run-to-run noise;
     ``benchmarks/results/h200-2026-11-29-s4/ab_unpack_gather.txt``).
     N > 8: one ``[N_POW2, BLOCK_R]`` LSE pass, then the N payloads one after another.
+    ``OUT_CACHE``: cache modifier of the output and LSE stores (the op passes ``""``, the
+    default write-back; see ``ops.a2a_combine._UNPACK_OUT_CACHE``).
     """
     REC: tl.constexpr = REC_WIDTH
     i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
