@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from cpattn_testing.cases import GARBAGE_LSE_VALUES, make_dcp_decode_case
+from cpattn_testing.cases import GARBAGE_LSE_VALUES, make_dcp_decode_case, random_lses
 from cpattn_testing.reference import LN2, local_seq_lens, lse_combine_ref, mask_empty_shards_ref
 from cpattn_testing.tolerances import assert_close_to_ref, coarsest
 
@@ -173,3 +173,18 @@ def test_bad_arguments(kwargs: dict[str, object], error: type[Exception], match:
     base.update(kwargs)
     with pytest.raises(error, match=match):
         make_dcp_decode_case(**base)  # type: ignore[arg-type]
+
+
+def test_random_lses_mix_specials_into_normal_values() -> None:
+    """About the asked fraction of NaN / +inf / -inf, the rest finite and spread, any dtype."""
+    gen = torch.Generator().manual_seed(3)
+    lses = random_lses((200, 50), gen, special_fraction=0.3)
+    assert lses.shape == (200, 50)
+    assert lses.dtype == torch.float32
+    for kind in (torch.isnan(lses), lses == math.inf, lses == -math.inf):
+        assert 0.07 < float(kind.float().mean()) < 0.13
+    finite = lses[torch.isfinite(lses)]
+    assert 3.0 < float(finite.std()) < 5.0
+    half = random_lses((8,), gen, dtype=torch.bfloat16, special_fraction=0.0)
+    assert half.dtype == torch.bfloat16
+    assert bool(torch.isfinite(half).all())

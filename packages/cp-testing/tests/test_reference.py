@@ -12,6 +12,7 @@ from cpattn_testing.reference import (
     LN2,
     attention_ref,
     contiguous_shard_positions,
+    correct_attn_out_ref,
     dual_chunk_swap_positions,
     interleaved_shard_positions,
     local_seq_lens,
@@ -90,6 +91,28 @@ def test_combine_all_sources_empty_gives_zero_and_neginf(base_e: bool) -> None:
 def test_combine_shape_errors() -> None:
     with pytest.raises(ValueError, match=r"\[N, B, H, D\]"):
         lse_combine_ref(torch.zeros(2, 3, 4, 5), torch.zeros(2, 3, 5))
+
+
+@pytest.mark.parametrize("base_e", [True, False])
+def test_correct_ref_sums_to_the_combine(base_e: bool) -> None:
+    """The rescaled partials of every rank sum to the combine, and each carries its LSE."""
+    outs = torch.randn(3, 4, 2, 5, dtype=torch.float64)
+    lses = torch.randn(3, 4, 2, dtype=torch.float64) * 4
+    lses[0, 0, 0] = NAN
+    lses[:, 1, 1] = -INF
+    outs[0, 0, 0] = NAN
+    want_out, want_lse = lse_combine_ref(outs, lses, is_lse_base_on_e=base_e)
+    total = torch.zeros_like(want_out)
+    for r in range(3):
+        out_r, lse_r = correct_attn_out_ref(outs[r], lses, r, is_lse_base_on_e=base_e)
+        assert torch.equal(lse_r, want_lse)
+        assert not out_r.isnan().any()
+        total += out_r
+    torch.testing.assert_close(total, want_out, rtol=1e-13, atol=1e-13)
+    with pytest.raises(ValueError, match=r"rank must be in \[0, world_size=3\)"):
+        correct_attn_out_ref(outs[0], lses, 3)
+    with pytest.raises(ValueError, match=r"\[B, H, D\]"):
+        correct_attn_out_ref(outs[0, :, :1], lses, 0)
 
 
 # ---------------------------------------------------------------------------------------------

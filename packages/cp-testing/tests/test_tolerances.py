@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from cpattn_testing.tolerances import TOLERANCES, assert_close_to_ref, coarsest, tolerance
+from cpattn_testing.tolerances import (
+    TOLERANCES,
+    ChunkedAgreement,
+    assert_close_to_ref,
+    coarsest,
+    tolerance,
+)
 
 
 def test_table_and_lookup() -> None:
@@ -74,3 +80,34 @@ def test_coarsest() -> None:
     assert coarsest(torch.float64) == torch.float64
     with pytest.raises(ValueError, match="at least one"):
         coarsest()
+
+
+def test_chunked_agreement_matches_the_whole_check() -> None:
+    """Chunk by chunk: a rounded result passes; the relative norm error is the whole
+    result's (a bias spread over chunks fails as it does in one piece); NaN and inf
+    mismatches are counted with where the first one is."""
+    ref = torch.randn(300, 7, dtype=torch.float64)
+    agree = ChunkedAgreement(torch.bfloat16, name="out")
+    for s in range(0, 300, 64):
+        agree.add(ref[s : s + 64].to(torch.bfloat16), ref[s : s + 64])
+    agree.check()
+
+    ones = torch.ones(1000, dtype=torch.float64)
+    biased = ChunkedAgreement(torch.bfloat16)
+    for s in range(0, 1000, 100):
+        biased.add(ones[s : s + 100] + 1.5e-2, ones[s : s + 100])
+    with pytest.raises(AssertionError, match=r"relative norm error: 1\.500e-02"):
+        biased.check()
+
+    ref2 = torch.tensor([[1.0, -math.inf], [2.0, 3.0]], dtype=torch.float64)
+    bad = ChunkedAgreement(torch.float32, name="lse")
+    bad.add(ref2[:1].float(), ref2[:1])
+    bad.add(torch.tensor([[2.0, math.nan]]), ref2[1:])
+    with pytest.raises(AssertionError) as info:
+        bad.check()
+    text = str(info.value)
+    assert text.startswith("lse: not close")
+    assert "non-finite mismatches (NaN/inf where the reference differs): 1" in text
+    assert "first mismatch: chunk 1 at (0, 1): actual nan, ref 3.0" in text
+    with pytest.raises(AssertionError, match=r"shape \(2,\) != reference shape \(3,\)"):
+        bad.add(torch.zeros(2), torch.zeros(3))

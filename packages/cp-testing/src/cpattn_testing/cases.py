@@ -26,7 +26,7 @@ from cpattn_testing.reference import (
     partial_attention_ref,
 )
 
-__all__ = ["GARBAGE_LSE_VALUES", "DCPDecodeCase", "make_dcp_decode_case"]
+__all__ = ["GARBAGE_LSE_VALUES", "DCPDecodeCase", "make_dcp_decode_case", "random_lses"]
 
 #: LSE values planted on rows that the empty-shard mask must fix (a large finite value would
 #: dominate the combine if the mask were skipped).
@@ -198,3 +198,26 @@ def make_dcp_decode_case(
         padding_rows=padding_rows,
         is_lse_base_on_e=is_lse_base_on_e,
     )
+
+
+def random_lses(
+    shape: tuple[int, ...],
+    generator: torch.Generator,
+    *,
+    dtype: torch.dtype = torch.float32,
+    special_fraction: float = 0.06,
+) -> torch.Tensor:
+    """Random LSEs (normal, standard deviation 4) with NaN, +inf and -inf each at about a third
+    of ``special_fraction`` of the entries, drawn on ``generator``'s device.
+
+    Made on the device in a few element-wise passes, so it serves tensors of billions of
+    entries (tests of offsets past 2**31) as well as small ones.
+    """
+    dev = generator.device
+    lses = torch.randn(shape, generator=generator, device=dev, dtype=torch.float32) * 4.0
+    pick = torch.rand(shape, generator=generator, device=dev)
+    third = special_fraction / 3
+    lses.masked_fill_(pick < third, -math.inf)
+    lses.masked_fill_((pick >= third) & (pick < 2 * third), math.nan)
+    lses.masked_fill_((pick >= 2 * third) & (pick < special_fraction), math.inf)
+    return lses.to(dtype)

@@ -34,7 +34,7 @@ from cpattn_testing.launcher import (
     run_distributed,
 )
 
-__all__ = ["RunRanks", "device", "dist_backend", "run_ranks"]
+__all__ = ["RunRanks", "device", "dist_backend", "require_device_memory", "run_ranks"]
 
 _DEVICE_ENV = "CPATTN_TEST_DEVICE"
 _XDIST_GPUS_ENV = "CPATTN_XDIST_GPUS"
@@ -102,6 +102,21 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if needed == 1:
             pytest.skip("needs a CUDA GPU; none is visible to torch on this machine")
         pytest.skip(f"needs {needed} CUDA GPUs; {gpus} visible to torch on this machine")
+
+
+def require_device_memory(device: torch.device, nbytes: int) -> None:
+    """Skip the calling test unless ``device`` is a CUDA device with ``nbytes`` free now.
+
+    For tests of very large tensors (offsets past 2**31 elements), which a smaller GPU or a
+    shared one cannot hold. Returns the blocks torch's caching allocator holds unused to the
+    device first, so that what earlier tests freed counts as free.
+    """
+    if device.type != "cuda":
+        pytest.skip(f"needs {nbytes / 2**30:.1f} GiB of CUDA memory; running on {device}")
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info(device)
+    if free < nbytes:
+        pytest.skip(f"needs {nbytes / 2**30:.1f} GiB free on {device}, {free / 2**30:.1f} free")
 
 
 def _requested_device() -> torch.device:

@@ -38,6 +38,7 @@ __all__ = [
     "LN2",
     "attention_ref",
     "contiguous_shard_positions",
+    "correct_attn_out_ref",
     "dual_chunk_swap_positions",
     "interleaved_shard_positions",
     "local_seq_lens",
@@ -95,7 +96,17 @@ def lse_combine_ref(
             f"expected outs [N, B, H, D] and lses [N, B, H], got {tuple(outs.shape)} "
             f"and {tuple(lses.shape)}"
         )
+    weights, combined = _combine_weights(lses, is_lse_base_on_e)
     o = outs.to(_F64)
+    contrib = torch.where(weights[..., None] == 0, 0.0, weights[..., None] * o)
+    return contrib.sum(dim=0), combined
+
+
+def _combine_weights(
+    lses: torch.Tensor, is_lse_base_on_e: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(w [N, B, H], L [B, H])`` of :func:`lse_combine_ref`, float64, ``L`` in the input's
+    base."""
     lse = lses.to(_F64)
     lse = torch.where(torch.isnan(lse) | (lse == math.inf), -math.inf, lse)
     if not is_lse_base_on_e:
@@ -103,11 +114,38 @@ def lse_combine_ref(
     combined = torch.logsumexp(lse, dim=0)  # [B, H]; -inf when every source is -inf
     weights = torch.exp(lse - combined)  # [N, B, H]; NaN where both are -inf
     weights = torch.nan_to_num(weights, nan=0.0)
-    contrib = torch.where(weights[..., None] == 0, 0.0, weights[..., None] * o)
-    out = contrib.sum(dim=0)
     if not is_lse_base_on_e:
         combined = combined / LN2
-    return out, combined
+    return weights, combined
+
+
+def correct_attn_out_ref(
+    out: torch.Tensor, lses: torch.Tensor, cp_rank: int, *, is_lse_base_on_e: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One rank's partial output rescaled by its combine weight, in float64.
+
+    ``out_r * w_r`` with ``w_r`` the weight of source ``cp_rank`` in :func:`lse_combine_ref`
+    (exactly 0 where ``w_r == 0``, even for a NaN partial); summing this over the ranks gives
+    :func:`lse_combine_ref`'s output.
+
+    Args:
+        out: ``[B, H, D]`` partial output of rank ``cp_rank`` (any float dtype).
+        lses: ``[N, B, H]`` LSEs of every rank (any float dtype).
+        cp_rank: which source ``out`` is.
+        is_lse_base_on_e: True for natural-log LSEs, False for base 2 (input and output).
+
+    Returns:
+        ``(out [B, H, D], lse [B, H])`` in float64: the rescaled partial and the global LSE.
+    """
+    if out.dim() != 3 or lses.dim() != 3 or out.shape[:2] != lses.shape[1:]:
+        raise ValueError(
+            f"expected out [B, H, D] and lses [N, B, H], got {tuple(out.shape)} and "
+            f"{tuple(lses.shape)}"
+        )
+    _check_rank(lses.shape[0], cp_rank)
+    weights, combined = _combine_weights(lses, is_lse_base_on_e)
+    w = weights[cp_rank, :, :, None]
+    return torch.where(w == 0, 0.0, w * out.to(_F64)), combined
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import math
 
 import torch
 
-__all__ = ["TOLERANCES", "assert_close_to_ref", "coarsest", "tolerance"]
+__all__ = ["TOLERANCES", "ChunkedAgreement", "assert_close_to_ref", "coarsest", "tolerance"]
 
 #: dtype -> (atol, rtol, max_rel_norm). Low-precision rows allow a few ulps of the output dtype
 #: (bf16 eps = 2**-7, fp16 eps = 2**-10) since outputs are rounded at least once, and the
@@ -76,6 +76,63 @@ def _fmt_index(flat: int, shape: torch.Size) -> tuple[int, ...]:
     return tuple(reversed(idx))
 
 
+class _Comparison:
+    """Elementwise terms of the policy for one pair of float64 tensors (same device)."""
+
+    def __init__(self, a: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> None:
+        finite = torch.isfinite(r)
+        a_finite = torch.isfinite(a)
+        self.nonfinite_bad = (finite & ~a_finite) | (torch.isinf(r) & (a != r))
+        rf = torch.where(finite, r, 0.0)
+        self.err = (torch.where(finite & a_finite, a, 0.0) - rf).abs()
+        self.elem_bad = finite & a_finite & (self.err > atol + rtol * rf.abs())
+        self.ref_sq = float(rf.square().sum())
+        self.err_sq = float(self.err.square().sum())
+        self.n_finite = int(finite.sum())
+
+
+def _norm_verdict(
+    ref_sq: float, err_sq: float, n_finite: int, atol: float, max_rel_norm: float
+) -> tuple[float, bool, bool]:
+    """``(relative norm error, whether it is checked, whether it passes)``."""
+    ref_norm, err_norm = math.sqrt(ref_sq), math.sqrt(err_sq)
+    rel_norm = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+    # A reference that is essentially zero has no meaningful relative error: atol governs.
+    checked = ref_norm > atol * math.sqrt(max(1, n_finite))
+    return rel_norm, checked, rel_norm <= max_rel_norm or not checked
+
+
+def _scaled_tolerance(dtype: torch.dtype, reduction_len: int | None) -> tuple[float, float, float]:
+    atol, rtol, max_rel_norm = tolerance(dtype)
+    if reduction_len is not None:
+        atol *= math.sqrt(max(1, reduction_len))
+    return atol, rtol, max_rel_norm
+
+
+def _summary(
+    label: str,
+    dtype: torch.dtype,
+    tol: tuple[float, float, float],
+    shape: str,
+    rel_norm: float,
+    norm_checked: bool,
+    max_abs: str,
+    n_elem_bad: int,
+    total: int,
+    n_nonfinite_bad: int,
+) -> list[str]:
+    atol, rtol, max_rel_norm = tol
+    return [
+        f"{label}not close to the reference under {dtype} tolerance "
+        f"(atol={atol:.3g}, rtol={rtol:.3g}, max_rel_norm={max_rel_norm:.3g}); shape {shape}",
+        f"  relative norm error: {rel_norm:.3e}"
+        + ("" if norm_checked else " (not checked: the reference is ~0)"),
+        f"  max abs error: {max_abs}",
+        f"  elementwise mismatches: {n_elem_bad} / {total}",
+        f"  non-finite mismatches (NaN/inf where the reference differs): {n_nonfinite_bad}",
+    ]
+
+
 def assert_close_to_ref(
     actual: torch.Tensor,
     ref: torch.Tensor,
@@ -97,9 +154,8 @@ def assert_close_to_ref(
         AssertionError: with the relative norm error, max abs error (and where), and the counts
             of elementwise mismatches and non-finite mismatches.
     """
-    atol, rtol, max_rel_norm = tolerance(dtype)
-    if reduction_len is not None:
-        atol *= math.sqrt(max(1, reduction_len))
+    tol = _scaled_tolerance(dtype, reduction_len)
+    atol, rtol, max_rel_norm = tol
     label = f"{name}: " if name else ""
     if actual.shape != ref.shape:
         raise AssertionError(
@@ -107,40 +163,105 @@ def assert_close_to_ref(
         )
     a = actual.detach().to(device="cpu", dtype=torch.float64)
     r = ref.detach().to(device="cpu", dtype=torch.float64)
-    finite = torch.isfinite(r)
-    inf_ref = torch.isinf(r)
-    nonfinite_bad = (finite & ~torch.isfinite(a)) | (inf_ref & (a != r))
-    n_nonfinite_bad = int(nonfinite_bad.sum())
-
-    af = torch.where(finite & torch.isfinite(a), a, 0.0)
-    rf = torch.where(finite, r, 0.0)
-    err = (af - rf).abs()
-    elem_bad = finite & torch.isfinite(a) & (err > atol + rtol * rf.abs())
-    n_elem_bad = int(elem_bad.sum())
-    ref_norm = float(torch.linalg.vector_norm(rf))
-    err_norm = float(torch.linalg.vector_norm(err))
-    rel_norm = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
-    # A reference that is essentially zero has no meaningful relative error: atol governs.
-    norm_checked = ref_norm > atol * math.sqrt(max(1, int(finite.sum())))
-    norm_ok = rel_norm <= max_rel_norm or not norm_checked
-    max_abs = float(err.max()) if err.numel() else 0.0
-
+    c = _Comparison(a, r, atol, rtol)
+    n_nonfinite_bad = int(c.nonfinite_bad.sum())
+    n_elem_bad = int(c.elem_bad.sum())
+    rel_norm, norm_checked, norm_ok = _norm_verdict(
+        c.ref_sq, c.err_sq, c.n_finite, atol, max_rel_norm
+    )
     if n_nonfinite_bad == 0 and n_elem_bad == 0 and norm_ok:
         return
-    total = r.numel()
-    lines = [
-        f"{label}not close to the reference under {dtype} tolerance "
-        f"(atol={atol:.3g}, rtol={rtol:.3g}, max_rel_norm={max_rel_norm:.3g}); shape "
-        f"{tuple(r.shape)}",
-        f"  relative norm error: {rel_norm:.3e}"
-        + ("" if norm_checked else " (not checked: the reference is ~0)"),
-        f"  max abs error: {max_abs:.3e}"
-        + (f" at {_fmt_index(int(err.argmax()), r.shape)}" if err.numel() else ""),
-        f"  elementwise mismatches: {n_elem_bad} / {total}",
-        f"  non-finite mismatches (NaN/inf where the reference differs): {n_nonfinite_bad}",
-    ]
-    bad = (elem_bad | nonfinite_bad).flatten().nonzero().flatten()[:5].tolist()
+    err = c.err
+    max_abs = f"{float(err.max()) if err.numel() else 0.0:.3e}" + (
+        f" at {_fmt_index(int(err.argmax()), r.shape)}" if err.numel() else ""
+    )
+    lines = _summary(
+        label, dtype, tol, str(tuple(r.shape)), rel_norm, norm_checked, max_abs, n_elem_bad,
+        r.numel(), n_nonfinite_bad,
+    )  # fmt: skip
+    bad = (c.elem_bad | c.nonfinite_bad).flatten().nonzero().flatten()[:5].tolist()
     for flat in bad:
         idx = _fmt_index(int(flat), r.shape)
         lines.append(f"    at {idx}: actual {a[idx].item()!r}, ref {r[idx].item()!r}")
     raise AssertionError("\n".join(lines))
+
+
+class ChunkedAgreement:
+    """:func:`assert_close_to_ref` for a result checked one chunk at a time.
+
+    For results too large to hold next to a float64 copy (tensors past 2**31 elements): call
+    :meth:`add` with each chunk and its float64 reference, then :meth:`check`. The elementwise
+    and non-finite criteria apply to every chunk, the relative norm error to the whole
+    result. The work stays on the chunks' device (no copy to the host).
+
+    Example::
+
+        agree = ChunkedAgreement(torch.bfloat16, name="out")
+        for s in range(0, B, 4096):
+            agree.add(out[s : s + 4096], reference(s, s + 4096))
+        agree.check()
+    """
+
+    def __init__(
+        self, dtype: torch.dtype, *, name: str = "", reduction_len: int | None = None
+    ) -> None:
+        self.dtype = dtype
+        self.name = name
+        self._tol = _scaled_tolerance(dtype, reduction_len)
+        self._ref_sq = 0.0
+        self._err_sq = 0.0
+        self._n_finite = 0
+        self._n_elem_bad = 0
+        self._n_nonfinite_bad = 0
+        self._total = 0
+        self._chunks = 0
+        self._max_abs = 0.0
+        self._first_bad: str | None = None
+
+    def add(self, actual: torch.Tensor, ref: torch.Tensor) -> None:
+        """Compare one chunk (same shape; the reference usually float64)."""
+        if actual.shape != ref.shape:
+            raise AssertionError(
+                f"{self.name or 'chunk'}: shape {tuple(actual.shape)} != reference shape "
+                f"{tuple(ref.shape)}"
+            )
+        a = actual.detach().to(torch.float64)
+        r = ref.detach().to(device=a.device, dtype=torch.float64)
+        atol, rtol, _ = self._tol
+        c = _Comparison(a, r, atol, rtol)
+        self._ref_sq += c.ref_sq
+        self._err_sq += c.err_sq
+        self._n_finite += c.n_finite
+        n_elem_bad = int(c.elem_bad.sum())
+        n_nonfinite_bad = int(c.nonfinite_bad.sum())
+        if (n_elem_bad or n_nonfinite_bad) and self._first_bad is None:
+            flat = int((c.elem_bad | c.nonfinite_bad).flatten().nonzero()[0])
+            idx = _fmt_index(flat, r.shape)
+            self._first_bad = (
+                f"chunk {self._chunks} at {idx}: actual {a[idx].item()!r}, ref {r[idx].item()!r}"
+            )
+        self._n_elem_bad += n_elem_bad
+        self._n_nonfinite_bad += n_nonfinite_bad
+        self._total += r.numel()
+        self._chunks += 1
+        if c.err.numel():
+            self._max_abs = max(self._max_abs, float(c.err.max()))
+
+    def check(self) -> None:
+        """Raise ``AssertionError`` (same message terms as :func:`assert_close_to_ref`) unless
+        every chunk added so far passes."""
+        atol, _, max_rel_norm = self._tol
+        rel_norm, norm_checked, norm_ok = _norm_verdict(
+            self._ref_sq, self._err_sq, self._n_finite, atol, max_rel_norm
+        )
+        if self._n_elem_bad == 0 and self._n_nonfinite_bad == 0 and norm_ok:
+            return
+        label = f"{self.name}: " if self.name else ""
+        lines = _summary(
+            label, self.dtype, self._tol, f"{self._total} elements in chunks", rel_norm,
+            norm_checked, f"{self._max_abs:.3e}", self._n_elem_bad, self._total,
+            self._n_nonfinite_bad,
+        )  # fmt: skip
+        if self._first_bad is not None:
+            lines.append(f"    first mismatch: {self._first_bad}")
+        raise AssertionError("\n".join(lines))
