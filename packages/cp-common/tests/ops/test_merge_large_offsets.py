@@ -1,0 +1,48 @@
+"""``merge_attn_states`` past 2**31 elements, where int32 offsets would wrap (GPU only).
+
+Fresh random partials whose last sources and rows sit past element offset 2**31, compared
+row chunk by row chunk with the float64 reference on the device. Needs about 16 GB of free
+device memory per test; skips otherwise.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cpattn_common import merge_attn_states
+from cpattn_testing.cases import random_lses
+from cpattn_testing.pytest_plugin import require_device_memory
+from cpattn_testing.reference import lse_combine_ref
+from cpattn_testing.tolerances import ChunkedAgreement
+
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+
+_INT32_SPAN = 2**31
+_CHUNK_ROWS = 1 << 14
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "head-slice"])
+def test_merge_past_int32_offsets(device: torch.device, layout: str) -> None:
+    """Every merged row and LSE matches the reference; with a head slice of a wider tensor
+    the partials' strides are not those of a packed tensor."""
+    n, h, d = 2, 8, 512
+    extra_heads = 1 if layout == "head-slice" else 0
+    b = _INT32_SPAN // (n * (h + extra_heads) * d) + 64
+    require_device_memory(device, 2 * n * b * (h + extra_heads) * d * 2 + 4 * 2**30)
+    gen = torch.Generator(device).manual_seed(201 + extra_heads)
+    backing = torch.randn(
+        n, b, h + extra_heads, d, generator=gen, device=device, dtype=torch.bfloat16
+    )
+    partial_outs = backing[:, :, extra_heads:]
+    partial_lses = random_lses((n, b, h), gen)
+    out, lse = merge_attn_states(partial_outs, partial_lses, return_lse=True)
+    check_out = ChunkedAgreement(torch.bfloat16, name="out", reduction_len=n)
+    check_lse = ChunkedAgreement(torch.float32, name="lse")
+    for s in range(0, b, _CHUNK_ROWS):
+        e = min(b, s + _CHUNK_ROWS)
+        ref_out, ref_lse = lse_combine_ref(partial_outs[:, s:e], partial_lses[:, s:e])
+        check_out.add(out[s:e], ref_out)
+        check_lse.add(lse[s:e], ref_lse)
+    check_out.check()
+    check_lse.check()
