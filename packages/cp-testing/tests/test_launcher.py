@@ -26,23 +26,28 @@ from cpattn_testing.launcher import (
 
 
 def collective_checks(rank: int, world_size: int, seed: int) -> dict[str, Any]:
-    """all_reduce / all_gather / broadcast on WORLD; returns what this rank saw."""
+    """all_reduce / all_gather / broadcast on WORLD; returns what this rank saw (on the CPU).
+
+    The tensors live where the backend needs them: the CPU for gloo, this rank's GPU (set by
+    the launcher) for nccl."""
+    nccl = dist.get_backend() == "nccl"
+    dev = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
     gen = torch.Generator().manual_seed(seed + rank)
     mine = torch.randn(3, generator=gen, dtype=torch.float64)
-    summed = mine.clone()
+    summed = mine.to(dev, copy=True)
     dist.all_reduce(summed)
-    gathered = [torch.empty_like(mine) for _ in range(world_size)]
-    dist.all_gather(gathered, mine)
-    token = torch.tensor([rank * 10 + 7])
+    gathered = [torch.empty_like(summed) for _ in range(world_size)]
+    dist.all_gather(gathered, mine.to(dev))
+    token = torch.tensor([rank * 10 + 7], device=dev)
     dist.broadcast(token, src=world_size - 1)
     return {
         "rank": dist.get_rank(),
         "world_size": dist.get_world_size(),
         "pid": os.getpid(),
         "mine": mine,
-        "summed": summed,
-        "gathered": torch.stack(gathered),
-        "token": int(token),
+        "summed": summed.cpu(),
+        "gathered": torch.stack(gathered).cpu(),
+        "token": int(token.cpu()),
         "env": {
             k: os.environ.get(k)
             for k in (
@@ -172,9 +177,14 @@ def test_collectives_on_gloo(world_size: int, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_run_ranks_fixture(run_ranks: Any, dist_backend: str) -> None:
+    """The fixture starts ranks on the session's backend (nccl on GPUs: needs 2)."""
     results = run_ranks(collective_checks, 2, 7, timeout=60)
     assert [r["rank"] for r in results] == [0, 1]
     assert dist_backend in ("gloo", "nccl")
+    want = results[0]["mine"] + results[1]["mine"]
+    for r in results:
+        torch.testing.assert_close(r["summed"], want)
+        assert r["token"] == 17
 
 
 @pytest.mark.parametrize("bad_rank", [0, 3])
