@@ -9,3 +9,5 @@ timeout 360 python3 benchmarks/run.py --skip-kernels --commit "$1" --out $OUT/co
 echo "collectives rc=$?"; tail -30 $OUT/coll-x2.txt
 timeout 180 python3 -m cpattn_testing.demo --backend nccl --world-size 2 > $OUT/demo-x2.txt 2>&1
 echo "demo rc=$?"; tail -25 $OUT/demo-x2.txt
+timeout 120 bash scripts/gpu_tests.sh -q -rs packages/cp-testing/tests/test_launcher.py > $OUT/gpu_tests_launcher_x2.txt 2>&1
+echo "launcher tests rc=$?"; tail -4 $OUT/gpu_tests_launcher_x2.txt
