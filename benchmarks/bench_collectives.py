@@ -10,7 +10,11 @@ Per world size N in {2, 4, 8} (as many as the machine has GPUs), ranks are start
   LSEs, ``reduce_scatter_tensor`` and ``all_reduce`` of the output.
 
 Timing: barrier, then CUDA events around a loop of ``iters`` calls; the median of ``reps`` such
-loops per rank; the reported latency is the max over ranks. Bus bandwidth follows nccl-tests:
+loops per rank; the reported latency is the max over ranks. At decode sizes (B <= 256) that eager
+loop measures the host, so ``GRAPH_OPS`` (the A2A paths and AG+RS, with their bare NCCL
+counterparts) are also timed as 16 calls captured in one CUDA graph and replayed (rows ending
+in ``[graph]``), in a separate launch of the ranks so that a failed capture costs only those
+rows. Bus bandwidth follows nccl-tests:
 algbw = bytes / time; busbw = algbw x (N-1)/N for all-gather, reduce-scatter, all-to-all, and
 x 2(N-1)/N for all-reduce.
 """
@@ -112,6 +116,40 @@ def _time_loop(fn: Callable[[], object], iters: int, reps: int) -> float:
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) / iters)
+    return statistics.median(samples)
+
+
+def _time_graph(fn: Callable[[], object], calls: int, reps: int) -> float:
+    """Median milliseconds per call of ``calls`` calls captured in one CUDA graph and replayed
+    ``reps`` times (a barrier before each replay; the NCCL calls inside the graphs of the
+    ranks meet as they would eagerly). Warm-up on a side stream first, as capture needs."""
+    import torch.distributed as dist
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    samples: list[float] = []
+    for _ in range(reps):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / calls)
+    del graph
     return statistics.median(samples)
 
 
@@ -282,6 +320,16 @@ def _rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> list[dict[str
         close = getattr(ws, "close", None)
         if callable(close):
             close()
+    return _finish_rows(rows, kinds, times, device, rank, n)
+
+
+def _finish_rows(
+    rows: list[Any], kinds: list[str], times: list[float], device: torch.device, rank: int, n: int
+) -> list[dict[str, Any]]:
+    """Latency = the slowest rank's time of each row (an all-reduce MAX); rank 0 returns the
+    rows with their bandwidths, the other ranks nothing."""
+    import torch.distributed as dist
+
     t = torch.nan_to_num(torch.tensor(times, device=device, dtype=torch.float64), nan=-1.0)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     if rank != 0:
@@ -292,6 +340,89 @@ def _rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> list[dict[str
             row.algbw_bytes_per_s = row.bytes / (ms * 1e-3)
             row.busbw_bytes_per_s = row.algbw_bytes_per_s * _busbw_factor(kind, n)
     return [asdict(r) for r in rows]
+
+
+#: Ops also timed inside a replayed CUDA graph at decode sizes, where the eager loop above is
+#: bound by the host (Python, launches, NCCL call overhead) rather than by the device.
+GRAPH_OPS = (
+    "ours: A2A (dcp_a2a_lse_reduce)",
+    "ours: direct A2A",
+    "nccl: all_to_all_single",
+    "ours: AG+RS (cp_lse_ag_out_rs)",
+    "nccl: all_gather + reduce_scatter",
+)
+GRAPH_SUFFIX = " [graph]"
+GRAPH_MAX_B = 256
+_GRAPH_CALLS = 16
+
+
+def _rank_graph_main(rank: int, world_size: int, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """One rank: the ``GRAPH_OPS`` at every shape and every B <= ``GRAPH_MAX_B``, each timed
+    as ``_GRAPH_CALLS`` calls in one replayed CUDA graph (labels end in ``GRAPH_SUFFIX``)."""
+    import warnings
+
+    import torch.distributed as dist
+
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
+
+    from cpattn_testing.bench import CollectiveRow
+
+    device = _rank_device()
+    group = dist.group.WORLD
+    n = world_size
+    ours = _resolve_ops()
+    rows: list[CollectiveRow] = []
+    kinds: list[str] = []
+    times: list[float] = []
+    gen = torch.Generator(device=device).manual_seed(2000 + rank)
+    direct_cache: dict[Any, Any] = {}
+    bs = [b for b in cfg["bs"] if b <= GRAPH_MAX_B]
+    for (h, d), b in ((shape, b) for shape in cfg["shapes"] for b in bs):
+        if h % n:
+            continue
+        for label, kind, nbytes, formula, call in _shape_candidates(
+            group, n, h, d, b, ours, gen, max(bs), direct_cache
+        ):
+            if label not in GRAPH_OPS:
+                continue
+            row = CollectiveRow(
+                op=label + GRAPH_SUFFIX, world_size=n, dtype="bfloat16", H=h, D=d, B=b,
+                bytes=nbytes, byte_formula=formula,
+            )  # fmt: skip
+            kinds.append(kind)
+            if isinstance(call, str):
+                row.status = call
+                times.append(float("nan"))
+            else:
+                try:
+                    times.append(_time_graph(call, _GRAPH_CALLS, cfg["reps"] * 4))
+                except Exception as exc:  # the same failure happens on every rank
+                    row.status = f"error: {type(exc).__name__}: {exc}".splitlines()[0][:160]
+                    times.append(float("nan"))
+            rows.append(row)
+        torch.cuda.empty_cache()
+    for ws in direct_cache.values():
+        close = getattr(ws, "close", None)
+        if callable(close):
+            close()
+    return _finish_rows(rows, kinds, times, device, rank, n)
+
+
+def _graph_rows(
+    run_distributed: Callable[..., Any], n: int, cfg: dict[str, Any], timeout: float, row_type: Any
+) -> list[Any]:
+    """The CUDA-graph rows of world size ``n`` (``_rank_graph_main``), or one row saying why
+    there are none."""
+    print(f"collectives: world size {n} (nccl), CUDA-graph replay", file=sys.stderr, flush=True)
+    try:
+        per_rank = run_distributed(_rank_graph_main, n, "nccl", args=(cfg,), timeout=timeout)
+    except Exception as exc:
+        reason = f"error: {type(exc).__name__}: {exc}".splitlines()[0][:200]
+        return [
+            row_type(op="(all)" + GRAPH_SUFFIX, world_size=n, dtype="bfloat16", H=0, D=0, B=0,
+                     bytes=0, byte_formula="", status=reason)
+        ]  # fmt: skip
+    return [row_type(**r) for r in per_rank[0]]
 
 
 def run_collectives(
@@ -333,6 +464,9 @@ def run_collectives(
         try:
             per_rank = run_distributed(_rank_main, n, backend, args=(cfg,), timeout=timeout)
             rows += [CollectiveRow(**r) for r in per_rank[0]]
+            if backend == "nccl":
+                # Its own launch: a capture that fails or hangs loses only the graph rows.
+                rows += _graph_rows(run_distributed, n, cfg, timeout, CollectiveRow)
         except Exception as exc:
             reason = f"error: {type(exc).__name__}: {exc}".splitlines()[0][:200]
             rows.append(

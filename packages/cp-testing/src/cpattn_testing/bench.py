@@ -1225,7 +1225,9 @@ def render_markdown(
     if results.collectives:
         lines += [
             f"Status: {results.collectives_status}. Latency = max over ranks of each rank's median "
-            "(CUDA events around a loop of calls, after a barrier); algbw = bytes / latency; busbw "
+            "(CUDA events around a loop of eager calls, after a barrier; rows marked `[graph]`: "
+            "calls captured in one CUDA graph and replayed, the decode-time setting, where the eager "
+            "loop measures the host); algbw = bytes / latency; busbw "
             "follows nccl-tests: all-gather, reduce-scatter, all-to-all ×(N-1)/N, all-reduce ×2(N-1)/N.",
             "",
             "| op | N | dtype | H | D | B | bytes | µs | algbw GB/s | busbw GB/s | bytes formula |",
