@@ -43,8 +43,8 @@ import triton
 import triton.language as tl
 
 import cpattn_testing.bench as hb
-from cpattn_dcp.kernels.a2a import _rec_lse2
-from cpattn_dcp.kernels.lse_math import _from_base2, _global_lse2_rows, _to_base2, _weight
+from cpattn_dcp.kernels.a2a import _rec_lse
+from cpattn_dcp.kernels.lse_math import _lse_f32, _lse_from, _max_sum_rows, _weight
 from cpattn_dcp.ops import a2a_combine as a2a_ops
 from cpattn_dcp.ops.a2a_combine import a2a_unpack_combine
 
@@ -108,13 +108,14 @@ def _unpack_probe_kernel(
         m_l = m_r
     b_ls = ()
     for n in tl.static_range(N):
-        b_l = _rec_lse2(recv_ptr, i_l + n * rows, m_l, HEAD_DIM, REC, 2, True, True)
+        b_l = _rec_lse(recv_ptr, i_l + n * rows, m_l, HEAD_DIM, REC, 2, True)
         b_ls = b_ls + (b_l,)  # noqa: RUF005
-    b_g = _global_lse2_rows(b_ls, N)
-    tl.store(lse_out_ptr + i_l, _from_base2(b_g, True), mask=m_l)
+    b_m, b_s = _max_sum_rows(b_ls, N, True)
+    tl.store(lse_out_ptr + i_l, _lse_from(b_m, b_s, True), mask=m_l)
+    b_inv_s = 1.0 / tl.maximum(b_s, 1.0)
     b_ws = ()
     for n in tl.static_range(N):
-        b_w = _weight(b_ls[n], b_g)
+        b_w = _weight(b_ls[n], b_m, b_inv_s, True)
         if GATHER:
             b_w = tl.gather(b_w, (i_r - r0).to(tl.int32), 0)
         b_ws = b_ws + (b_w,)  # noqa: RUF005
@@ -182,13 +183,14 @@ def _tile_combine(
     i_d = tl.arange(0, HEAD_DIM)
     b_ls = ()
     for n in tl.static_range(N):
-        b_l = _to_base2(tl.where(m_l, b_lw[n].to(tl.float32, bitcast=True), float("-inf")), True)
+        b_l = _lse_f32(tl.where(m_l, b_lw[n].to(tl.float32, bitcast=True), float("-inf")))
         b_ls = b_ls + (b_l,)  # noqa: RUF005
-    b_g = _global_lse2_rows(b_ls, N)
-    tl.store(lse_out_ptr + i_l, _from_base2(b_g, True), mask=m_l)
+    b_m, b_s = _max_sum_rows(b_ls, N, True)
+    tl.store(lse_out_ptr + i_l, _lse_from(b_m, b_s, True), mask=m_l)
+    b_inv_s = 1.0 / tl.maximum(b_s, 1.0)
     b_acc = tl.zeros((BLOCK_R, HEAD_DIM), dtype=tl.float32)
     for n in tl.static_range(N):
-        b_w = tl.gather(_weight(b_ls[n], b_g), (i_r - r0).to(tl.int32), 0)[:, None]
+        b_w = tl.gather(_weight(b_ls[n], b_m, b_inv_s, True), (i_r - r0).to(tl.int32), 0)[:, None]
         b_acc += tl.where(b_w == 0.0, 0.0, b_xs[n].to(tl.float32) * b_w)
     tl.store(
         dst_ptr + (i_r[:, None] * HEAD_DIM + i_d[None, :]),

@@ -390,3 +390,23 @@ def test_gpu_merge_bandwidth_report(device: torch.device) -> None:
         for n in (2, 4, 8)
     ]
     print("\n" + "\n".join(lines))
+
+
+@pytest.mark.parametrize("shift", [1.0e3, 1.0e4, -1.0e4])
+@pytest.mark.parametrize("n", [2, 9])
+@pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+def test_large_close_lses_keep_fp32_accuracy(
+    device: torch.device, shift: float, n: int, base_e: bool
+) -> None:
+    """LSEs around +-1e3..1e4 within a few units of each other: weights from the differences
+    (exact in fp32), so fp32 outputs keep fp32 accuracy at any LSE magnitude."""
+    gen = torch.Generator().manual_seed(int(abs(shift)) + n)
+    outs = torch.randn(n, 5, 4, 24, generator=gen)
+    lses = shift + torch.randn(n, 5, 4, generator=gen) * 2.0
+    lses[:, 0, 0] = shift
+    want_out, want_lse = lse_combine_ref(outs, lses, is_lse_base_on_e=base_e)
+    got_out, got_lse = merge_attn_states(
+        outs.to(device), lses.to(device), is_lse_base_on_e=base_e, return_lse=True
+    )
+    assert_close_to_ref(got_out, want_out, dtype=torch.float32, name="out")
+    assert_close_to_ref(got_lse, want_lse, dtype=torch.float32, name="lse")

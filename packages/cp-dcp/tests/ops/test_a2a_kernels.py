@@ -113,6 +113,31 @@ def test_lse_lanes_hold_fp32_bits(device: torch.device, dtype: torch.dtype) -> N
         assert torch.equal(fp32.reshape(-1), lse.cpu().reshape(-1))
 
 
+@pytest.mark.parametrize("shift", [1.0e3, 1.0e4, -1.0e4])
+@pytest.mark.parametrize("n", [2, 9], ids=["rows", "tile"])
+@pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+def test_unpack_large_close_lses_keep_fp32_accuracy(
+    device: torch.device, shift: float, n: int, base_e: bool
+) -> None:
+    """fp32 records whose LSEs sit around +-1e3..1e4 within a few units of each other: the
+    combine keeps fp32 accuracy (weights from the differences, taken before any scaling)."""
+    gen = torch.Generator().manual_seed(int(abs(shift)) + n)
+    b, hr, d = 5, 2, 24
+    outs = torch.randn(n, b, n * hr, d, generator=gen)
+    lses = shift + torch.randn(n, b, n * hr, generator=gen) * 2.0
+    lses[:, 0, 0] = shift  # equal LSEs: weights exactly 1 / n
+    want_out, want_lse = lse_combine_ref(outs, lses, is_lse_base_on_e=base_e)
+    sends = [a2a_pack(outs[r].to(device), lses[r].to(device), n) for r in range(n)]
+    for dst in range(n):
+        got_out, got_lse = a2a_unpack_combine(
+            _exchange(sends, dst), head_dim=d, return_lse=True, is_lse_base_on_e=base_e
+        )
+        heads = slice(dst * hr, (dst + 1) * hr)
+        assert got_lse is not None
+        assert_close_to_ref(got_out, want_out[:, heads], dtype=torch.float32, name="out")
+        assert_close_to_ref(got_lse, want_lse[:, heads], dtype=torch.float32, name="lse")
+
+
 # (N, H_r) x queries per request x padding x seq_lens: the fused mask is bit-identical to the
 # eager mask followed by an unmasked pack. Grid pruned to keep the interpreter run short.
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

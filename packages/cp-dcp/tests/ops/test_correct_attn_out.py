@@ -10,7 +10,7 @@ import torch
 from cpattn_common.alloc import get_output_poison
 from cpattn_dcp import CPTritonContext, correct_attn_out
 from cpattn_dcp.ops.correct_attn_out import _squeeze_lses, _squeeze_out, _valid_fast, _validate
-from cpattn_testing.reference import lse_combine_ref
+from cpattn_testing.reference import correct_attn_out_ref, lse_combine_ref
 from cpattn_testing.tolerances import assert_close_to_ref, coarsest
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -338,3 +338,31 @@ def test_without_output_poisoning(device: torch.device) -> None:
         assert_close_to_ref(lse, ref_lse, dtype=torch.bfloat16, name="lse")
         total += out.cpu().double()
     assert_close_to_ref(total, ref_out, dtype=torch.bfloat16, name="out", reduction_len=n)
+
+
+@pytest.mark.parametrize("shift", [1.0e3, 1.0e4, -1.0e4])
+@pytest.mark.parametrize("n", [2, 9], ids=["rows", "tile"])
+@pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_large_close_lses_keep_fp32_accuracy(
+    device: torch.device, shift: float, n: int, base_e: bool, layout: str
+) -> None:
+    """LSEs around +-1e3..1e4 within a few units of each other: the weights depend only on
+    the differences, which fp32 holds exactly, so fp32 outputs keep fp32 accuracy (the
+    difference is taken before any scaling to base 2: scaling first rounds each LSE by up to
+    half an ulp of 1.4e4, about 5e-4, before the subtraction)."""
+    gen = torch.Generator().manual_seed(int(abs(shift)) + n)
+    b, h, d = 6, 4, 24
+    lses = shift + torch.randn(n, b, h, generator=gen) * 2.0
+    lses[:, 0, 0] = shift  # equal LSEs: weight exactly 1 / n
+    out_cpu = torch.randn(b, h, d, generator=gen)
+    want_out, want_lse = correct_attn_out_ref(out_cpu, lses, n - 1, is_lse_base_on_e=base_e)
+    if layout == "strided":  # a head slice: the general kernel
+        storage = torch.randn(b, h + 1, d, generator=gen).to(device)
+        storage[:, 1:] = out_cpu.to(device)
+        out = storage[:, 1:]
+    else:
+        out = out_cpu.to(device, copy=True)
+    got_out, got_lse = correct_attn_out(out, lses.to(device), n - 1, is_lse_base_on_e=base_e)
+    assert_close_to_ref(got_out, want_out, dtype=torch.float32, name="out")
+    assert_close_to_ref(got_lse, want_lse, dtype=torch.float32, name="lse")

@@ -38,7 +38,8 @@ division at all: recv rows and output rows are both the flattened (b, j)). For N
 payload tiles (16-byte vector loads) and the N LSE words are loaded together (no load depends
 on a computed value), then the weights (element-wise, once per row in a compact layout, moved
 to the payload rows with ``tl.gather``), the fp32 weighted sum (zero-weight sources
-contribute exactly 0) and one 16-byte-vector store of the output rows.
+contribute exactly 0) and one 16-byte-vector store of the output rows. LSE math in the
+LSEs' own base (``lse_math``: weights ``b^(l - m) / s``, large LSEs keep fp32 accuracy).
 """
 
 from typing import Any  # noqa: F401  (used by type comments in the kernel)
@@ -47,13 +48,7 @@ import triton
 import triton.language as tl
 
 from cpattn_dcp.kernels.empty_shards import _row_is_empty
-from cpattn_dcp.kernels.lse_math import (
-    _from_base2,
-    _global_lse2,
-    _global_lse2_rows,
-    _to_base2,
-    _weight,
-)
+from cpattn_dcp.kernels.lse_math import _lse_f32, _lse_from, _max_sum, _max_sum_rows, _weight
 from cpattn_dcp.kernels.tiles import _chunk_mask
 
 
@@ -167,7 +162,7 @@ def _a2a_pack_kernel(
 
 
 @triton.jit
-def _rec_lse2(
+def _rec_lse(
     recv_ptr,
     i_rec,
     m_r,
@@ -175,9 +170,9 @@ def _rec_lse2(
     REC: tl.constexpr,
     PACK: tl.constexpr,
     LSE_WORD: tl.constexpr,
-    IS_BASE_E: tl.constexpr,
 ):
-    """Sanitised base-2 LSE of records ``i_rec`` (int64 [BLOCK_R]) of ``REC`` lanes."""
+    """Sanitised fp32 LSE (its own base) of records ``i_rec`` (int64 [BLOCK_R]) of ``REC``
+    lanes; -inf where ``m_r`` is false."""
     if LSE_WORD:
         # One aligned 32-bit word: word index rec * REC/2 + D/2.
         words = recv_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
@@ -191,7 +186,7 @@ def _rec_lse2(
         b_lse = (b_lo | (b_hi << 16)).to(tl.float32, bitcast=True)
     else:
         b_lse = tl.load(recv_ptr + (i_rec * REC + HEAD_DIM), mask=m_r, other=0.0).to(tl.float32)
-    return _to_base2(tl.where(m_r, b_lse, float("-inf")), IS_BASE_E)
+    return _lse_f32(tl.where(m_r, b_lse, float("-inf")))
 
 
 @triton.jit
@@ -267,19 +262,19 @@ def _a2a_unpack_combine_fwd_kernel(
                 # LSE words (loads issued after the payload loads above), global LSE, weights.
                 b_ls = ()  # type: tuple[Any, ...]
                 for n in tl.static_range(N):
-                    b_l = _rec_lse2(
-                        recv_ptr, i_l + n * i_rows, m_l, HEAD_DIM, REC, PACK, LSE_WORD, IS_BASE_E
-                    )
+                    b_l = _rec_lse(recv_ptr, i_l + n * i_rows, m_l, HEAD_DIM, REC, PACK, LSE_WORD)
                     b_ls = b_ls + (b_l,)  # noqa: RUF005
-                b_g = _global_lse2_rows(b_ls, N)
+                b_m, b_s = _max_sum_rows(b_ls, N, IS_BASE_E)
                 if HAS_LSE_OUT:
                     tl.store(
-                        lse_out_ptr + i_l, _from_base2(b_g, IS_BASE_E), mask=m_l,
+                        lse_out_ptr + i_l, _lse_from(b_m, b_s, IS_BASE_E), mask=m_l,
                         cache_modifier=OUT_CACHE,
                     )  # fmt: skip
+                b_inv_s = 1.0 / tl.maximum(b_s, 1.0)
                 b_ws = ()  # type: tuple[Any, ...]
                 for n in tl.static_range(N):
-                    b_ws = b_ws + (tl.gather(_weight(b_ls[n], b_g), i_loc, 0),)  # noqa: RUF005
+                    b_wn = _weight(b_ls[n], b_m, b_inv_s, IS_BASE_E)
+                    b_ws = b_ws + (tl.gather(b_wn, i_loc, 0),)  # noqa: RUF005
             b_acc = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
             for n in tl.static_range(N):
                 b_acc = _wsum(b_acc, b_xs[n], b_ws[n])
@@ -305,12 +300,12 @@ def _a2a_unpack_combine_fwd_kernel(
             b_lse = (b_lo | (b_hi << 16)).to(tl.float32, bitcast=True)
         else:
             b_lse = tl.load(recv_ptr + (i_rec * REC + HEAD_DIM), mask=m_l, other=0.0)
-        b_lse2 = _to_base2(tl.where(m_l, b_lse.to(tl.float32), float("-inf")), IS_BASE_E)
-        b_glse2 = _global_lse2(b_lse2)
-        b_w = _weight(b_lse2, b_glse2[None, :])
+        b_l = _lse_f32(tl.where(m_l, b_lse.to(tl.float32), float("-inf")))
+        b_m, b_s = _max_sum(b_l, IS_BASE_E)
+        b_w = _weight(b_l, b_m[None, :], (1.0 / tl.maximum(b_s, 1.0))[None, :], IS_BASE_E)
         if HAS_LSE_OUT:
             tl.store(
-                lse_out_ptr + i_r, _from_base2(b_glse2, IS_BASE_E), mask=m_r,
+                lse_out_ptr + i_r, _lse_from(b_m, b_s, IS_BASE_E), mask=m_r,
                 cache_modifier=OUT_CACHE,
             )  # fmt: skip
         for d0 in tl.static_range(0, HEAD_DIM, BLOCK_D):

@@ -3,7 +3,8 @@
 For every (row b, head h), with the gathered LSEs ``l_n = lses[n, b, h]`` (n < N):
 ``L = log(sum_n b^(l_n - m)) + m`` (``m = max_n l_n``, 0 if all are -inf) and
 ``dst[b, h, :] = w == 0 ? 0 : w * src[b, h, :]`` with ``w = b^(l_r - L)``, ``r = cp_rank``.
-NaN / +inf LSEs count as -inf; math in fp32 and base 2.
+NaN / +inf LSEs count as -inf; math in fp32, in the LSEs' base (``lse_math``: differences
+``l - m`` before any scaling, so large LSEs keep fp32 accuracy).
 
 Lean contiguous kernel (``correct_attn_out``): a program takes ``BLOCK_R`` consecutive
 flattened (b, h) rows times the full head dim (~16 KiB of bf16), so consecutive programs stream
@@ -11,8 +12,8 @@ consecutive memory and no index division is needed. General kernel (AG+RS / AG+A
 strides, grouped destination): grid ``(cdiv(B, BLOCK_B), cdiv(H, BLOCK_H))`` over ``BLOCK_B x
 BLOCK_H`` blocks of (b, h) rows, again without a division by a runtime value. Both issue every
 load first (first payload chunk, then the LSEs), so one memory latency covers the program, and
-run the LSE math once per (source, row) in a compact layout (``w = 2^(l_r - m) / sum_n
-2^(l_n - m)``: N exp2 and one division per row) instead of once per thread that holds the row
+run the LSE math once per (source, row) in a compact layout (``w = b^(l_r - m) / sum_n
+b^(l_n - m)``: N exp2 and one division per row) instead of once per thread that holds the row
 in the payload layout (16-32x replicated); only the weight moves to the payload layout. The
 general kernel (and the lean one for N > 8) loads the LSEs as ONE ``[N_POW2, rows]`` tile; the
 lean kernel for N <= 8 as N row vectors, its weight moved with ``tl.gather``. The head dim is unit-stride; the row offsets carry ``tl.multiple_of``
@@ -30,7 +31,7 @@ from typing import Any  # noqa: F401  (used by type comments in the kernels)
 import triton
 import triton.language as tl
 
-from cpattn_dcp.kernels.lse_math import _from_base2, _to_base2
+from cpattn_dcp.kernels.lse_math import _exp_shift, _lse_f32, _lse_from
 from cpattn_dcp.kernels.tiles import _chunk_mask
 
 
@@ -43,12 +44,12 @@ def _add2(a0, a1, b0, b1):
 def _lse_weight(lses_ptr, stride_n, o_l, m_r, cp_rank, cp_world_size, N_POW2: tl.constexpr,
                 IS_BASE_E: tl.constexpr):  # fmt: skip
     """Load the ``[N_POW2, rows]`` LSE tile at ``lses_ptr + n * stride_n + o_l`` (one 2-D load,
-    padding sources -inf) and return ``(w, L2)``: this rank's weight ``2^(l_r - L)`` and the
-    base-2 global LSE ``L2`` of each row, in the tile's own (compact) layout.
+    padding sources -inf) and return ``(w, L)``: this rank's weight and the global LSE ``L``
+    (the LSEs' base) of each row, in the tile's own (compact) layout.
 
-    ``w = 2^(l_r - m) / max(s, 1)`` with ``s = sum_n 2^(l_n - m)``: one exp2 per source plus
+    ``w = b^(l_r - m) / max(s, 1)`` with ``s = sum_n b^(l_n - m)``: one exp2 per source plus
     one, no ``-inf - -inf``; ``s >= 1`` whenever a source is finite and ``s = 0`` (then
-    ``l_r = -inf``, ``w = 0``) for an all-empty row, whose ``L2 = log2(0) + 0 = -inf``.
+    ``l_r = -inf``, ``w = 0``) for an all-empty row, whose ``L = 0 + log(0) = -inf``.
     """
     i_n = tl.arange(0, N_POW2)
     m_l = (i_n[:, None] < cp_world_size) & m_r[None, :]
@@ -57,14 +58,14 @@ def _lse_weight(lses_ptr, stride_n, o_l, m_r, cp_rank, cp_world_size, N_POW2: tl
         mask=m_l,
         other=float("-inf"),
     )
-    b_l = _to_base2(b_l, IS_BASE_E)
+    b_l = _lse_f32(b_l)
     b_m = tl.max(b_l, axis=0)
     b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
-    b_e = tl.exp2(b_l - b_m[None, :])
+    b_e = _exp_shift(b_l, b_m[None, :], IS_BASE_E)
     # One two-operand reduction: the sum and this rank's term (one shared-memory pass).
     b_s, b_own = tl.reduce((b_e, tl.where(i_n[:, None] == cp_rank, b_e, 0.0)), 0, _add2)
     b_w = b_own / tl.maximum(b_s, 1.0)
-    return b_w, tl.log2(b_s) + b_m
+    return b_w, _lse_from(b_m, b_s, IS_BASE_E)
 
 
 @triton.jit
@@ -75,7 +76,7 @@ def _lse_weight_rows(lses_ptr, stride_n, o_l, m_r, cp_rank, N: tl.constexpr,
     b_ls = ()  # type: tuple[Any, ...]
     for n in tl.static_range(N):
         b_l = tl.load(lses_ptr + (n * stride_n + o_l), mask=m_r, other=float("-inf"))
-        b_ls = b_ls + (_to_base2(b_l, IS_BASE_E),)  # noqa: RUF005
+        b_ls = b_ls + (_lse_f32(b_l),)  # noqa: RUF005
     b_m = b_ls[0]
     for n in tl.static_range(1, N):
         b_m = tl.maximum(b_m, b_ls[n])
@@ -83,10 +84,10 @@ def _lse_weight_rows(lses_ptr, stride_n, o_l, m_r, cp_rank, N: tl.constexpr,
     b_s = tl.zeros_like(b_m)
     b_own = tl.zeros_like(b_m)
     for n in tl.static_range(N):
-        b_e = tl.exp2(b_ls[n] - b_m)
+        b_e = _exp_shift(b_ls[n], b_m, IS_BASE_E)
         b_s += b_e
         b_own += tl.where(cp_rank == n, b_e, 0.0)
-    return b_own / tl.maximum(b_s, 1.0), tl.log2(b_s) + b_m
+    return b_own / tl.maximum(b_s, 1.0), _lse_from(b_m, b_s, IS_BASE_E)
 
 
 @triton.jit
@@ -137,7 +138,7 @@ def _correct_body(
     m_x0 = _chunk_mask(m_r, i_d0, HEAD_DIM, BLOCK_R, BLOCK_D)
     b_x0 = tl.load(src_ptr + (o_src[:, None] + i_d0[None, :]), mask=m_x0, other=0.0)
     o_l = i_b * stride_lses_b + i_h * stride_lses_h
-    b_w, b_glse2 = _lse_weight(
+    b_w, b_glse = _lse_weight(
         lses_ptr, stride_lses_n, o_l, m_r, cp_rank, cp_world_size, N_POW2, IS_BASE_E
     )
     b_w = b_w[:, None]
@@ -169,7 +170,7 @@ def _correct_body(
         m_lo = m_r & (i_hl >= 0) & (i_hl < lse_hn)
         tl.store(
             lse_out_ptr + (i_b * lse_hn + i_hl),
-            _from_base2(b_glse2, IS_BASE_E).to(lse_out_ptr.dtype.element_ty),
+            b_glse.to(lse_out_ptr.dtype.element_ty),
             mask=m_lo,
         )
 
@@ -256,12 +257,12 @@ def _correct_attn_out_contig_kernel(
     if LSE_ROWS:
         i_l = r0 + tl.arange(0, BLOCK_R)  # same rows, the compact layout's own index
         m_l = i_l < num_rows
-        b_wl, b_glse2 = _lse_weight_rows(lses_ptr, num_rows, i_l, m_l, cp_rank, N, IS_BASE_E)
+        b_wl, b_glse = _lse_weight_rows(lses_ptr, num_rows, i_l, m_l, cp_rank, N, IS_BASE_E)
         b_w = tl.gather(b_wl, (i_r - r0).to(tl.int32), 0)
     else:
         i_l = i_r
         m_l = m_r
-        b_w, b_glse2 = _lse_weight(lses_ptr, num_rows, i_r, m_r, cp_rank, N, N_POW2, IS_BASE_E)
+        b_w, b_glse = _lse_weight(lses_ptr, num_rows, i_r, m_r, cp_rank, N, N_POW2, IS_BASE_E)
     b_w = b_w[:, None]
     for d0 in tl.static_range(0, HEAD_DIM, BLOCK_D):
         i_d = d0 + i_d0
@@ -277,6 +278,6 @@ def _correct_attn_out_contig_kernel(
         )
     tl.store(
         lse_out_ptr + i_l,
-        _from_base2(b_glse2, IS_BASE_E).to(lse_out_ptr.dtype.element_ty),
+        b_glse.to(lse_out_ptr.dtype.element_ty),
         mask=m_l,
     )

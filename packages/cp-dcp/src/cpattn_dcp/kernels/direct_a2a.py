@@ -18,13 +18,14 @@ and skip the payload (the receiver never reads a zero-weight payload).
 
 ``_direct_a2a_combine_kernel`` (grid ``(T, cdiv(H_r, BLOCK_H), cdiv(D, D_PER_PROG))``; small
 batches split heads and the head dim over more programs to cut latency) waits for every source's
-signal of this call, then for each (row, head) combines (base 2 internally)::
+signal of this call, then for each (row, head) combines (in the LSEs' base b, exp2 on the
+differences, which fp32 holds exactly for close LSEs; see ``kernels.lse_math``)::
 
-    l_s   = sanitize(lse_s) * (log2(e) if base e else 1)     # NaN / +inf -> -inf
+    l_s   = sanitize(lse_s)                                  # NaN / +inf -> -inf
     m     = max_s l_s  (0 if all -inf)
-    S     = sum_s 2^(l_s - m);   w_s = 2^(l_s - m) / S  (0 if S == 0)
+    S     = sum_s b^(l_s - m);   w_s = b^(l_s - m) / S  (0 if S == 0)
     out   = sum_{s: w_s > 0} w_s * o_s                       # fp32 accumulation
-    lse   = (log2(S) + m) * (ln 2 if base e else 1)          # -inf if all sources empty
+    lse   = m + log_b(S)                                     # -inf if all sources empty
 
 On a timeout nothing is read; the output is NaN and the error record is set.
 """
@@ -165,12 +166,14 @@ def _direct_a2a_combine_kernel(
         other=float("-inf"),
         cache_modifier=".cg",
     ).to(tl.float32)
+    # In the LSEs' own base, differences before scaling (see kernels.lse_math).
     lse = tl.where((lse != lse) | (lse == float("inf")), float("-inf"), lse)
-    if IS_BASE_E:
-        lse = lse * 1.4426950408889634
     mx = tl.max(lse, axis=0)
     mx = tl.where(mx == float("-inf"), 0.0, mx)
-    p = tl.exp2(lse - mx[None, :])
+    shifted = lse - mx[None, :]
+    if IS_BASE_E:
+        shifted = shifted * 1.4426950408889634
+    p = tl.exp2(shifted)
     s = tl.sum(p, axis=0)
     inv = tl.where(s > 0.0, 1.0 / tl.where(s > 0.0, s, 1.0), 0.0)
     w = p * inv[None, :]
@@ -197,9 +200,10 @@ def _direct_a2a_combine_kernel(
             mask=m_hd,
         )
     if HAS_LSE_OUT and i_db == 0:
-        g = tl.where(s > 0.0, tl.log2(tl.where(s > 0.0, s, 1.0)) + mx, float("-inf"))
+        g = tl.log2(tl.where(s > 0.0, s, 1.0))
         if IS_BASE_E:
             g = g * 0.6931471805599453
+        g = tl.where(s > 0.0, g + mx, float("-inf"))
         g = tl.where(ok, g, nan)
         tl.store(res_lse_ptr + i_t * stride_res_lse_t + o_h, g, mask=m_h)
 

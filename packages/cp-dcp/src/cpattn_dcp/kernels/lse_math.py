@@ -1,7 +1,12 @@
-"""Shared LSE math (base-2 internally): sanitise, global LSE of N sources.
+"""Shared LSE math: sanitise, stabiliser and sum of N sources, weights, global LSE.
 
-Base-e inputs are scaled by ``log2(e)`` on load and the global LSE is scaled back by
-``ln(2)`` on store, so every kernel uses ``exp2``/``log2`` only.
+LSEs stay in their own base (e or 2); only a *difference* ``l - m`` (``m`` the row's largest
+LSE) is scaled by ``log2(e)`` before ``exp2``. fp32 holds the difference of two close LSEs
+exactly, so the weights keep fp32 accuracy at any magnitude: scaling each LSE first would
+round it by up to half an ulp of ``1.44 |l|`` (5e-4 at ``|l| = 1e4``) before the subtraction.
+Weights are ``b^(l - m) / s`` with ``s = sum_n b^(l_n - m)``, never ``b^(l - L)`` with the
+global ``L``, whose rounding would enter every weight. Reference: ``cpattn_testing.reference.
+lse_combine_ref`` (float64); ``cpattn_common``'s merge kernel uses the same scheme.
 """
 
 import triton
@@ -18,49 +23,54 @@ def _sanitize(b_lse):
 
 
 @triton.jit
-def _to_base2(b_lse, IS_BASE_E: tl.constexpr):
-    """fp32 LSE in base 2, sanitised."""
-    b_lse = b_lse.to(tl.float32)
+def _lse_f32(b_lse):
+    """fp32 LSE in its own base, sanitised."""
+    return _sanitize(b_lse.to(tl.float32))
+
+
+@triton.jit
+def _exp_shift(b_l, b_m, IS_BASE_E: tl.constexpr):
+    """``b^(l - m)``: the difference in the LSE's base, then ``exp2`` (0 for ``l = -inf``)."""
+    b_x = b_l - b_m
     if IS_BASE_E:
-        b_lse = b_lse * LOG2E
-    return _sanitize(b_lse)
+        b_x = b_x * LOG2E
+    return tl.exp2(b_x)
 
 
 @triton.jit
-def _global_lse2(b_lse2):
-    """Global base-2 LSE over axis 0 of a sanitised ``[N_POW2, BLOCK_R]`` tile.
-
-    The stabiliser of an all-empty row is 0, so such a row gets ``log2(0) = -inf``.
-    """
-    b_max = tl.max(b_lse2, axis=0)
-    b_max = tl.where(b_max == float("-inf"), 0.0, b_max)
-    b_sum = tl.sum(tl.exp2(b_lse2 - b_max[None, :]), axis=0)
-    return tl.log2(b_sum) + b_max
+def _lse_from(b_m, b_s, IS_BASE_E: tl.constexpr):
+    """Global LSE ``m + log_b(s)`` in the LSE's base (-inf for an all-empty row: s = 0)."""
+    b_g = tl.log2(b_s)
+    if IS_BASE_E:
+        b_g = b_g * LN2
+    return b_m + b_g
 
 
 @triton.jit
-def _global_lse2_rows(b_ls, N: tl.constexpr):
-    """``_global_lse2`` of a tuple of ``N`` sanitised base-2 LSE row vectors (element-wise:
-    no reduction across threads)."""
+def _max_sum(b_l, IS_BASE_E: tl.constexpr):
+    """``(m, s)`` over axis 0 of a sanitised ``[N_POW2, BLOCK_R]`` LSE tile: ``m`` the largest
+    LSE (0 for an all-empty row), ``s = sum_n b^(l_n - m)`` (>= 1 unless the row is empty)."""
+    b_m = tl.max(b_l, axis=0)
+    b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
+    return b_m, tl.sum(_exp_shift(b_l, b_m[None, :], IS_BASE_E), axis=0)
+
+
+@triton.jit
+def _max_sum_rows(b_ls, N: tl.constexpr, IS_BASE_E: tl.constexpr):
+    """``_max_sum`` of a tuple of ``N`` sanitised LSE row vectors (element-wise: no reduction
+    across threads)."""
     b_m = b_ls[0]
     for n in tl.static_range(1, N):
         b_m = tl.maximum(b_m, b_ls[n])
     b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
-    b_s = tl.exp2(b_ls[0] - b_m)
+    b_s = _exp_shift(b_ls[0], b_m, IS_BASE_E)
     for n in tl.static_range(1, N):
-        b_s += tl.exp2(b_ls[n] - b_m)
-    return tl.log2(b_s) + b_m
+        b_s += _exp_shift(b_ls[n], b_m, IS_BASE_E)
+    return b_m, b_s
 
 
 @triton.jit
-def _weight(b_lse2, b_glse2):
-    """``2^(l - L)`` with the NaN of ``-inf - (-inf)`` mapped to 0."""
-    b_w = tl.exp2(b_lse2 - b_glse2)
-    return tl.where(b_w == b_w, b_w, 0.0)
-
-
-@triton.jit
-def _from_base2(b_lse2, IS_BASE_E: tl.constexpr):
-    if IS_BASE_E:
-        return b_lse2 * LN2
-    return b_lse2
+def _weight(b_l, b_m, b_inv_s, IS_BASE_E: tl.constexpr):
+    """``b^(l - m) / s`` with ``b_inv_s = 1 / max(s, 1)``: exactly 0 for ``l = -inf``, also
+    in an all-empty row (``s = 0``)."""
+    return _exp_shift(b_l, b_m, IS_BASE_E) * b_inv_s
