@@ -66,6 +66,7 @@ _MAX_HEADS = 16
 # too large (HealthCheck.large_base_example); B is capped to fit.
 _MAX_LSE_COUNT = 256
 _DEAD_LSE = st.sampled_from([-math.inf, math.inf, math.nan])
+_LSE_SHIFTS = st.sampled_from([0.0, 0.0, 0.0, 1.0e3, 1.0e4, -1.0e4])
 _BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
 
 
@@ -96,9 +97,14 @@ def _shapes(draw: st.DrawFn, *, heads_divisible: bool) -> tuple[int, int, int, i
 
 @st.composite
 def _gathered_lses(draw: st.DrawFn, n: int, b: int, h: int, dtype: torch.dtype) -> torch.Tensor:
-    """Adversarial ``lses [N, B, H]`` (``cst.lse_tensors``), sometimes with one (b, h) whose
-    every source is dead: each of its N LSEs -inf, +inf or NaN."""
+    """Adversarial ``lses [N, B, H]`` (``cst.lse_tensors``); sometimes the finite ones are
+    moved to within +-8 of +-1e3..1e4 (the weights depend only on differences: large, close
+    LSEs must keep the output dtype's accuracy); sometimes one (b, h) has every source dead:
+    each of its N LSEs -inf, +inf or NaN."""
     lses = draw(cst.lse_tensors((n, b, h), dtype=torch.float64))
+    shift = draw(_LSE_SHIFTS)
+    if shift:  # close values far from 0: finite LSEs clamped to +-8, then shifted
+        lses = torch.where(torch.isfinite(lses), lses.clamp(-8.0, 8.0) + shift, lses)
     if draw(st.booleans()):
         bi = draw(st.integers(min_value=0, max_value=b - 1))
         hi = draw(st.integers(min_value=0, max_value=h - 1))
