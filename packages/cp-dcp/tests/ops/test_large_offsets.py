@@ -4,7 +4,7 @@ Each test builds fresh random inputs whose last rows sit past element offset 2**
 the outputs, runs the op once and compares every row with a float64 reference computed in
 chunks on the device (or bit for bit where the op copies). The int32 index paths are
 also forced by a lowered bound in ``test_a2a_kernels.py``; here the real sizes run.
-Needs 10-25 GB of free device memory per test; skips otherwise.
+Needs 9-19 GB of free device memory per test; skips otherwise.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from cpattn_testing.tolerances import ChunkedAgreement
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
 _INT32_SPAN = 2**31
-_CHUNK_ROWS = 1 << 15
+_CHUNK_ROWS = 1 << 13  # float64 temporaries of a chunk stay within about 3 GB
 
 
 def _rows_past(elements_per_row: int, extra: int = 64) -> int:
@@ -37,7 +37,7 @@ def test_correct_attn_out_contiguous(device: torch.device) -> None:
     """The lean (contiguous) kernel rescales every row of a 2**31+ element output."""
     n, h, d, rank = 2, 8, 512, 1
     b = _rows_past(h * d)
-    require_device_memory(device, 2 * b * h * d * 2 + 2 * 2**30)
+    require_device_memory(device, 2 * b * h * d * 2 + 4 * 2**30)
     gen = torch.Generator(device).manual_seed(101)
     out = torch.randn(b, h, d, generator=gen, device=device, dtype=torch.bfloat16)
     lses = random_lses((n, b, h), gen)
@@ -60,7 +60,7 @@ def test_correct_attn_out_strided(device: torch.device) -> None:
     and leaves the rest of the backing tensor bit-identical."""
     n, h, d, rank = 4, 8, 512, 2
     b = _rows_past((h + 1) * d)
-    require_device_memory(device, 2 * b * (h + 1) * d * 2 + 2 * 2**30)
+    require_device_memory(device, 2 * b * (h + 1) * d * 2 + 4 * 2**30)
     gen = torch.Generator(device).manual_seed(102)
     backing = torch.randn(b, h + 1, d, generator=gen, device=device, dtype=torch.bfloat16)
     out = backing[:, 1:]
@@ -142,7 +142,7 @@ def test_a2a_unpack_combine(device: torch.device) -> None:
     n, hr, d = 4, 2, 512
     rec = a2a_record_width(d, torch.bfloat16)
     b = _rows_past(n * hr * rec)
-    require_device_memory(device, b * n * hr * rec * 2 + 3 * 2**30)
+    require_device_memory(device, b * n * hr * rec * 2 + 4 * 2**30)
     gen = torch.Generator(device).manual_seed(104)
     recv = torch.full((n, b, hr, rec), float("nan"), device=device, dtype=torch.bfloat16)
     recv[..., :d] = torch.randn(n, b, hr, d, generator=gen, device=device, dtype=torch.bfloat16)
