@@ -265,8 +265,37 @@ def _shape_candidates(
     return cands
 
 
+#: Ops also timed inside a replayed CUDA graph at decode sizes, where the eager loop above is
+#: bound by the host (Python, launches, NCCL call overhead) rather than by the device.
+GRAPH_OPS = (
+    "ours: A2A (dcp_a2a_lse_reduce)",
+    "ours: direct A2A",
+    "nccl: all_to_all_single",
+    "ours: AG+RS (cp_lse_ag_out_rs)",
+    "nccl: all_gather + reduce_scatter",
+)
+GRAPH_SUFFIX = " [graph]"
+GRAPH_MAX_B = 256
+_GRAPH_CALLS = 16
+
+
 def _rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    """One rank: time every op at every shape; rank 0 returns the rows (max over ranks)."""
+    """One rank: time every op at every shape in eager loops; rank 0 returns the rows (max
+    over ranks)."""
+    return _rank_rows(rank, world_size, cfg, graph=False)
+
+
+def _rank_graph_main(rank: int, world_size: int, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """One rank: the ``GRAPH_OPS`` at every shape and every B <= ``GRAPH_MAX_B``, each timed
+    as ``_GRAPH_CALLS`` calls in one replayed CUDA graph (labels end in ``GRAPH_SUFFIX``)."""
+    return _rank_rows(rank, world_size, cfg, graph=True)
+
+
+def _rank_rows(
+    rank: int, world_size: int, cfg: dict[str, Any], *, graph: bool
+) -> list[dict[str, Any]]:
+    """The body of ``_rank_main`` (eager loops, every op and B) and ``_rank_graph_main``
+    (graph replay, ``GRAPH_OPS`` at B <= ``GRAPH_MAX_B``)."""
     import warnings
 
     import torch.distributed as dist
@@ -284,32 +313,33 @@ def _rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> list[dict[str
     rows: list[CollectiveRow] = []
     kinds: list[str] = []
     times: list[float] = []
-    gen = torch.Generator(device=device).manual_seed(1000 + rank)
+    gen = torch.Generator(device=device).manual_seed((2000 if graph else 1000) + rank)
     direct_cache: dict[Any, Any] = {}
-    for (h, d), b in ((shape, b) for shape in cfg["shapes"] for b in cfg["bs"]):
+    bs = [b for b in cfg["bs"] if b <= GRAPH_MAX_B] if graph else cfg["bs"]
+    for (h, d), b in ((shape, b) for shape in cfg["shapes"] for b in bs):
         if h % n:
             continue
         iters = cfg["iters"] if b < 1024 else max(2, cfg["iters"] // 4)
         for label, kind, nbytes, formula, call in _shape_candidates(
-            group, n, h, d, b, ours, gen, max(cfg["bs"]), direct_cache
+            group, n, h, d, b, ours, gen, max(bs), direct_cache
         ):
+            if graph and label not in GRAPH_OPS:
+                continue
             row = CollectiveRow(
-                op=label,
-                world_size=n,
-                dtype="bfloat16",
-                H=h,
-                D=d,
-                B=b,
-                bytes=nbytes,
-                byte_formula=formula,
-            )
+                op=label + (GRAPH_SUFFIX if graph else ""), world_size=n, dtype="bfloat16",
+                H=h, D=d, B=b, bytes=nbytes, byte_formula=formula,
+            )  # fmt: skip
             kinds.append(kind)
             if isinstance(call, str):
                 row.status = call
                 times.append(float("nan"))
             else:
                 try:
-                    times.append(_time_loop(call, iters, cfg["reps"]))
+                    times.append(
+                        _time_graph(call, _GRAPH_CALLS, cfg["reps"] * 4)
+                        if graph
+                        else _time_loop(call, iters, cfg["reps"])
+                    )
                 except Exception as exc:  # the same failure happens on every rank
                     row.status = f"error: {type(exc).__name__}: {exc}".splitlines()[0][:160]
                     times.append(float("nan"))
@@ -342,72 +372,6 @@ def _finish_rows(
     return [asdict(r) for r in rows]
 
 
-#: Ops also timed inside a replayed CUDA graph at decode sizes, where the eager loop above is
-#: bound by the host (Python, launches, NCCL call overhead) rather than by the device.
-GRAPH_OPS = (
-    "ours: A2A (dcp_a2a_lse_reduce)",
-    "ours: direct A2A",
-    "nccl: all_to_all_single",
-    "ours: AG+RS (cp_lse_ag_out_rs)",
-    "nccl: all_gather + reduce_scatter",
-)
-GRAPH_SUFFIX = " [graph]"
-GRAPH_MAX_B = 256
-_GRAPH_CALLS = 16
-
-
-def _rank_graph_main(rank: int, world_size: int, cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    """One rank: the ``GRAPH_OPS`` at every shape and every B <= ``GRAPH_MAX_B``, each timed
-    as ``_GRAPH_CALLS`` calls in one replayed CUDA graph (labels end in ``GRAPH_SUFFIX``)."""
-    import warnings
-
-    import torch.distributed as dist
-
-    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
-
-    from cpattn_testing.bench import CollectiveRow
-
-    device = _rank_device()
-    group = dist.group.WORLD
-    n = world_size
-    ours = _resolve_ops()
-    rows: list[CollectiveRow] = []
-    kinds: list[str] = []
-    times: list[float] = []
-    gen = torch.Generator(device=device).manual_seed(2000 + rank)
-    direct_cache: dict[Any, Any] = {}
-    bs = [b for b in cfg["bs"] if b <= GRAPH_MAX_B]
-    for (h, d), b in ((shape, b) for shape in cfg["shapes"] for b in bs):
-        if h % n:
-            continue
-        for label, kind, nbytes, formula, call in _shape_candidates(
-            group, n, h, d, b, ours, gen, max(bs), direct_cache
-        ):
-            if label not in GRAPH_OPS:
-                continue
-            row = CollectiveRow(
-                op=label + GRAPH_SUFFIX, world_size=n, dtype="bfloat16", H=h, D=d, B=b,
-                bytes=nbytes, byte_formula=formula,
-            )  # fmt: skip
-            kinds.append(kind)
-            if isinstance(call, str):
-                row.status = call
-                times.append(float("nan"))
-            else:
-                try:
-                    times.append(_time_graph(call, _GRAPH_CALLS, cfg["reps"] * 4))
-                except Exception as exc:  # the same failure happens on every rank
-                    row.status = f"error: {type(exc).__name__}: {exc}".splitlines()[0][:160]
-                    times.append(float("nan"))
-            rows.append(row)
-        torch.cuda.empty_cache()
-    for ws in direct_cache.values():
-        close = getattr(ws, "close", None)
-        if callable(close):
-            close()
-    return _finish_rows(rows, kinds, times, device, rank, n)
-
-
 def _graph_rows(
     run_distributed: Callable[..., Any], n: int, cfg: dict[str, Any], timeout: float, row_type: Any
 ) -> list[Any]:
@@ -417,12 +381,17 @@ def _graph_rows(
     try:
         per_rank = run_distributed(_rank_graph_main, n, "nccl", args=(cfg,), timeout=timeout)
     except Exception as exc:
-        reason = f"error: {type(exc).__name__}: {exc}".splitlines()[0][:200]
-        return [
-            row_type(op="(all)" + GRAPH_SUFFIX, world_size=n, dtype="bfloat16", H=0, D=0, B=0,
-                     bytes=0, byte_formula="", status=reason)
-        ]  # fmt: skip
+        return [_failure_row(row_type, "(all)" + GRAPH_SUFFIX, n, exc)]
     return [row_type(**r) for r in per_rank[0]]
+
+
+def _failure_row(row_type: Any, op: str, n: int, exc: Exception) -> Any:
+    """One row standing for every op of world size ``n`` whose ranks failed with ``exc``."""
+    reason = f"error: {type(exc).__name__}: {exc}".splitlines()[0][:200]
+    return row_type(
+        op=op, world_size=n, dtype="bfloat16", H=0, D=0, B=0, bytes=0, byte_formula="",
+        status=reason,
+    )  # fmt: skip
 
 
 def run_collectives(
@@ -468,20 +437,7 @@ def run_collectives(
                 # Its own launch: a capture that fails or hangs loses only the graph rows.
                 rows += _graph_rows(run_distributed, n, cfg, timeout, CollectiveRow)
         except Exception as exc:
-            reason = f"error: {type(exc).__name__}: {exc}".splitlines()[0][:200]
-            rows.append(
-                CollectiveRow(
-                    op="(all)",
-                    world_size=n,
-                    dtype="bfloat16",
-                    H=0,
-                    D=0,
-                    B=0,
-                    bytes=0,
-                    byte_formula="",
-                    status=reason,
-                )
-            )
+            rows.append(_failure_row(CollectiveRow, "(all)", n, exc))
         done.append(n)
     sizes = done
     if smoke_cpu:
