@@ -125,7 +125,7 @@ def _time_graph(fn: Callable[[], object], calls: int, reps: int) -> float:
     ranks meet as they would eagerly). Warm-up on a side stream first, as capture needs."""
     import torch.distributed as dist
 
-    side = torch.cuda.Stream()
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
