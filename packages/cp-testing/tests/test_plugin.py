@@ -216,3 +216,19 @@ def test_xdist_gpu_pinning(
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     with pytest.raises(pytest.UsageError, match="must be a GPU count"):
         _pin_gpu_for_xdist_worker()
+
+
+def test_require_device_memory_skips_with_the_amount() -> None:
+    """Off CUDA, and on CUDA with less free memory than asked, the test is skipped with a
+    reason that names the amount."""
+    from cpattn_testing.pytest_plugin import require_device_memory
+
+    with pytest.raises(
+        pytest.skip.Exception, match=r"needs 3\.0 GiB of CUDA memory; running on cpu"
+    ):
+        require_device_memory(torch.device("cpu"), 3 * 2**30)
+    if torch.cuda.is_available():
+        dev = torch.device("cuda", torch.cuda.current_device())
+        with pytest.raises(pytest.skip.Exception, match=r"needs .* GiB free on cuda"):
+            require_device_memory(dev, 2**60)
+        require_device_memory(dev, 1)  # returns: enough is free
