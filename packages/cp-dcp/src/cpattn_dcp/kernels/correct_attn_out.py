@@ -31,7 +31,7 @@ from typing import Any  # noqa: F401  (used by type comments in the kernels)
 import triton
 import triton.language as tl
 
-from cpattn_dcp.kernels.lse_math import _exp_shift, _lse_f32, _lse_from
+from cpattn_dcp.kernels.lse_math import _exp_shift, _lse_f32, _lse_from, _max_sum_rows, _weight
 from cpattn_dcp.kernels.tiles import _chunk_mask
 
 
@@ -50,6 +50,8 @@ def _lse_weight(lses_ptr, stride_n, o_l, m_r, cp_rank, cp_world_size, N_POW2: tl
     ``w = b^(l_r - m) / max(s, 1)`` with ``s = sum_n b^(l_n - m)``: one exp2 per source plus
     one, no ``-inf - -inf``; ``s >= 1`` whenever a source is finite and ``s = 0`` (then
     ``l_r = -inf``, ``w = 0``) for an all-empty row, whose ``L = 0 + log(0) = -inf``.
+    Not ``lse_math._max_sum``: the sum and this rank's term share one two-operand reduction
+    (one shared-memory pass instead of two).
     """
     i_n = tl.arange(0, N_POW2)
     m_l = (i_n[:, None] < cp_world_size) & m_r[None, :]
@@ -72,22 +74,18 @@ def _lse_weight(lses_ptr, stride_n, o_l, m_r, cp_rank, cp_world_size, N_POW2: tl
 def _lse_weight_rows(lses_ptr, stride_n, o_l, m_r, cp_rank, N: tl.constexpr,
                      IS_BASE_E: tl.constexpr):  # fmt: skip
     """``_lse_weight`` for exactly ``N`` sources, one row-vector load per source and
-    element-wise math (no reduction across threads, no shared memory)."""
+    element-wise math (``lse_math._max_sum_rows``: no reduction across threads, no shared
+    memory); this rank's LSE is selected once and weighted like any source."""
     b_ls = ()  # type: tuple[Any, ...]
     for n in tl.static_range(N):
         b_l = tl.load(lses_ptr + (n * stride_n + o_l), mask=m_r, other=float("-inf"))
         b_ls = b_ls + (_lse_f32(b_l),)  # noqa: RUF005
-    b_m = b_ls[0]
+    b_m, b_s = _max_sum_rows(b_ls, N, IS_BASE_E)
+    b_own = b_ls[0]
     for n in tl.static_range(1, N):
-        b_m = tl.maximum(b_m, b_ls[n])
-    b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
-    b_s = tl.zeros_like(b_m)
-    b_own = tl.zeros_like(b_m)
-    for n in tl.static_range(N):
-        b_e = _exp_shift(b_ls[n], b_m, IS_BASE_E)
-        b_s += b_e
-        b_own += tl.where(cp_rank == n, b_e, 0.0)
-    return b_own / tl.maximum(b_s, 1.0), _lse_from(b_m, b_s, IS_BASE_E)
+        b_own = tl.where(cp_rank == n, b_ls[n], b_own)
+    b_w = _weight(b_own, b_m, 1.0 / tl.maximum(b_s, 1.0), IS_BASE_E)
+    return b_w, _lse_from(b_m, b_s, IS_BASE_E)
 
 
 @triton.jit

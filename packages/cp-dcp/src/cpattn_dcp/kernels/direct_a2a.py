@@ -42,6 +42,7 @@ from cpattn_dcp.kernels.direct_protocol import (
     _wait_all,
     _wait_done,
 )
+from cpattn_dcp.kernels.lse_math import _lse_f32, _lse_from, _max_sum, _weight
 
 
 @triton.jit
@@ -165,18 +166,10 @@ def _direct_a2a_combine_kernel(
         mask=m_n[:, None] & m_h[None, :],
         other=float("-inf"),
         cache_modifier=".cg",
-    ).to(tl.float32)
-    # In the LSEs' own base, differences before scaling (see kernels.lse_math).
-    lse = tl.where((lse != lse) | (lse == float("inf")), float("-inf"), lse)
-    mx = tl.max(lse, axis=0)
-    mx = tl.where(mx == float("-inf"), 0.0, mx)
-    shifted = lse - mx[None, :]
-    if IS_BASE_E:
-        shifted = shifted * 1.4426950408889634
-    p = tl.exp2(shifted)
-    s = tl.sum(p, axis=0)
-    inv = tl.where(s > 0.0, 1.0 / tl.where(s > 0.0, s, 1.0), 0.0)
-    w = p * inv[None, :]
+    )
+    lse = _lse_f32(lse)
+    mx, s = _max_sum(lse, IS_BASE_E)
+    w = _weight(lse, mx[None, :], (1.0 / tl.maximum(s, 1.0))[None, :], IS_BASE_E)
 
     nan = float("nan")
     for k in range(0, D_PER_PROG, BLOCK_D):  # zero-based: keeps 16-byte vector loads
@@ -200,11 +193,7 @@ def _direct_a2a_combine_kernel(
             mask=m_hd,
         )
     if HAS_LSE_OUT and i_db == 0:
-        g = tl.log2(tl.where(s > 0.0, s, 1.0))
-        if IS_BASE_E:
-            g = g * 0.6931471805599453
-        g = tl.where(s > 0.0, g + mx, float("-inf"))
-        g = tl.where(ok, g, nan)
+        g = tl.where(ok, _lse_from(mx, s, IS_BASE_E), nan)
         tl.store(res_lse_ptr + i_t * stride_res_lse_t + o_h, g, mask=m_h)
 
     _wait_done(done_ptr, epoch_ptr, e, num_programs)
