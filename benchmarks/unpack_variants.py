@@ -20,6 +20,11 @@ weights, the weighted sum and the store; 2 warps per program at D=128. Families 
   lanes (no padding, rows 4-byte aligned: 4-byte loads), ``D + 4`` lanes (8-byte aligned),
   and the shipped ``D_rec`` with 4-byte loads forced (which of the two effects is which).
   The receive buffer is repacked to the narrower width once per buffer, outside the timing.
+* ``split`` (seventh session): a format the team has not adopted, timed to inform that
+  decision: per source, the ``[B, H_r, D]`` payloads as one contiguous block followed by the
+  ``B * H_r`` fp32 LSE words (``_unpack_split_kernel``: the shipped math, 16-byte payload
+  loads over contiguous rows, the LSEs of a program's rows as one contiguous vector, no
+  padding); the buffer is repacked from the records once, outside the timing.
 
 16-bit dtypes, D a multiple of ``BLOCK_D``, N <= 8. Every variant's output and LSE are
 compared with the float64 combine of the records (and with the shipped op) before it is
@@ -263,6 +268,94 @@ def unpack_persist(
     return out, lse
 
 
+@triton.jit
+def _unpack_split_kernel(
+    buf_ptr,
+    dst_ptr,
+    lse_out_ptr,
+    num_rows,
+    src_stride,
+    N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Grid ``(cdiv(B * H_r, BLOCK_R),)``; ``buf`` 16-bit, source n's block at element
+    ``n * src_stride`` (a multiple of 8): ``num_rows * D`` payload lanes (row-major), then
+    ``num_rows`` fp32 LSE words (base e). The shipped kernel's order and math otherwise."""
+    r0 = tl.program_id(0).to(tl.int64) * BLOCK_R
+    i_r = r0 + tl.arange(0, BLOCK_R)
+    m_r = i_r < num_rows
+    i_l = r0 + tl.arange(0, BLOCK_R)  # same rows, compact layout
+    m_l = i_l < num_rows
+    i_loc = (i_r - r0).to(tl.int32)
+    words = buf_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    lse0 = (num_rows * HEAD_DIM) // 2  # word offset of the LSE words in a source block
+    for d0 in tl.static_range(0, HEAD_DIM, BLOCK_D):
+        i_d = d0 + tl.arange(0, BLOCK_D)
+        b_xs = ()
+        for n in tl.static_range(N):
+            o_x = tl.max_contiguous(tl.multiple_of(n * src_stride + i_r * HEAD_DIM, 8), 1)
+            b_x = tl.load(buf_ptr + (o_x[:, None] + i_d[None, :]), mask=m_r[:, None], other=0.0)
+            b_xs = b_xs + (b_x,)  # noqa: RUF005
+        if d0 == 0:
+            b_ls = ()
+            for n in tl.static_range(N):
+                b_w = tl.load(words + (n * (src_stride // 2) + lse0 + i_l), mask=m_l, other=0)
+                b_l = _lse_f32(tl.where(m_l, b_w.to(tl.float32, bitcast=True), float("-inf")))
+                b_ls = b_ls + (b_l,)  # noqa: RUF005
+            b_m, b_s = _max_sum_rows(b_ls, N, True)
+            tl.store(lse_out_ptr + i_l, _lse_from(b_m, b_s, True), mask=m_l)
+            b_inv_s = 1.0 / tl.maximum(b_s, 1.0)
+            b_ws = ()
+            for n in tl.static_range(N):
+                b_ws = b_ws + (tl.gather(_weight(b_ls[n], b_m, b_inv_s, True), i_loc, 0),)  # noqa: RUF005
+        b_acc = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
+        for n in tl.static_range(N):
+            b_w = b_ws[n][:, None]
+            b_acc += tl.where(b_w == 0.0, 0.0, b_xs[n].to(tl.float32) * b_w)
+        tl.store(
+            dst_ptr + (i_r[:, None] * HEAD_DIM + i_d[None, :]),
+            b_acc.to(dst_ptr.dtype.element_ty),
+            mask=m_r[:, None],
+        )
+
+
+class SplitLse:
+    """``_unpack_split_kernel`` with ``block_r`` rows and ``num_warps`` warps a program
+    (``None``: the shipped plan's tile) on the split format, repacked from the records the
+    first time a receive buffer is seen (untimed: the timer warms up first)."""
+
+    def __init__(self, block_r: int | None = None, num_warps: int | None = None) -> None:
+        self.block_r = block_r
+        self.num_warps = num_warps
+        self._src: torch.Tensor | None = None
+        self._buf: torch.Tensor | None = None
+
+    def __call__(self, recv: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n, b, hr, rec = recv.shape
+        rows = b * hr
+        stride = -(-(rows * (d + 2)) // 8) * 8  # 16-byte aligned source blocks
+        if self._src is not recv:
+            packed = torch.zeros(n, stride, device=recv.device, dtype=recv.dtype)
+            packed[:, : rows * d] = recv[..., :d].reshape(n, rows * d)
+            packed[:, rows * d : rows * (d + 2)] = recv[..., d : d + 2].reshape(n, rows * 2)
+            self._src, self._buf = recv, packed
+        buf = self._buf
+        assert buf is not None
+        spec = a2a_ops._unpack_plan(n, rows, d, rec, 2, True, True, True)[1]
+        block_r = spec.constexprs["BLOCK_R"] if self.block_r is None else self.block_r
+        num_warps = spec.constexprs["num_warps"] if self.num_warps is None else self.num_warps
+        block_d = spec.constexprs["BLOCK_D"] if self.block_r is None else d
+        out = torch.empty(b, hr, d, device=recv.device, dtype=recv.dtype)
+        lse = torch.empty(b, hr, device=recv.device, dtype=torch.float32)
+        _unpack_split_kernel[(triton.cdiv(rows, block_r),)](
+            buf, out, lse, rows, stride, N=n, HEAD_DIM=d, BLOCK_R=block_r, BLOCK_D=block_d,
+            num_warps=num_warps,
+        )  # fmt: skip
+        return out, lse
+
+
 def unpack_probe(
     recv: torch.Tensor,
     d: int,
@@ -338,8 +431,14 @@ def _variants(d: int, family: str = "persist") -> dict[str, Variant]:
     persistent kernel: register prefetch or ``tl.range`` stages, programs per SM) or
     ``"cache"`` (the shipped tile and int64 indexing with cache modifiers / eviction
     policies; run 3 of the fifth session timed them with int32 indexing) or ``"records"``
-    (the shipped kernel on narrower records, ``NarrowRecords``)."""
+    (the shipped kernel on narrower records, ``NarrowRecords``) or ``"split"`` (payloads and
+    LSE words in separate regions, ``SplitLse``)."""
     v: dict[str, Variant] = {"shipped": shipped}
+    if family == "split":
+        v["split, shipped tile"] = SplitLse()
+        for r, w in ((16, 4), (32, 4), (32, 8)) if d == 128 else ((4, 4), (8, 8)):
+            v[f"split r={r} w={w}"] = SplitLse(r, w)
+        return v
     if family == "records":
         v["shipped width, 4-byte loads"] = NarrowRecords(None, 2)
         v["D+4 lanes, 8-byte loads"] = NarrowRecords(4, 4)
@@ -472,7 +571,7 @@ def main() -> None:
     parser.add_argument("--cpu-check", action="store_true", help="only the check, small, CPU")
     parser.add_argument("--probe", action="store_true", help="one launch each, for ncu")
     parser.add_argument(
-        "--family", choices=("forms", "persist", "cache", "records"), default="persist"
+        "--family", choices=("forms", "persist", "cache", "records", "split"), default="persist"
     )
     args = parser.parse_args()
     if args.cpu_check:
