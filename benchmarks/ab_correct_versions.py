@@ -75,12 +75,46 @@ def load_references() -> dict[str, ModuleType]:
     return mods
 
 
+_CONTROL = re.compile(r"^\s*(?:/\*[0-9a-f]+\*/)?\s*(?:[-\w]+:[-\w]+:[-\w]+:[-\w]+:\d+\s+)?")
+_OPCODE = re.compile(r"^(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)[.\s;]")
+
+
 def _opcodes(sass: str) -> collections.Counter[str]:
-    """Opcode counts of a SASS listing (predicates and modifiers stripped)."""
+    """Opcode counts of a SASS listing (nvdisasm's or Triton's form; predicates, modifiers
+    and control codes stripped)."""
     ops: collections.Counter[str] = collections.Counter()
-    for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass):
-        ops[m.group(1)] += 1
+    for line in sass.splitlines():
+        m = _OPCODE.match(_CONTROL.sub("", line, count=1))
+        if m:
+            ops[m.group(1)] += 1
     return ops
+
+
+def _write_sass(out_dir: Path, jits: dict[str, Any], ops: Any, dev: Any) -> None:
+    """Each version's PTX and SASS at N=8 B=64 H=64 D=128 into ``out_dir``; print the opcode
+    counts that differ between versions."""
+    import torch
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    b, h, d, n = 64, 64, 128, 8
+    grid, spec = ops._contig_plan(b, h, d, n, 2, True)
+    o = torch.randn(b, h, d, device=dev).to(torch.bfloat16)
+    ls = torch.randn(n, b, h, device=dev)
+    lse = torch.empty(b, h, device=dev)
+    counts = {}
+    for i, (name, jit) in enumerate(jits.items()):
+        compiled = jit[grid](o, ls, lse, b * h, n - 1, **spec.constexprs)
+        stem = f"v{i}_{re.sub(r'[^A-Za-z0-9]+', '_', name)}"
+        (out_dir / f"{stem}.ptx").write_text(compiled.asm["ptx"])
+        sass = compiled.asm["sass"]
+        (out_dir / f"{stem}.sass").write_text(sass)
+        counts[name] = _opcodes(sass)
+        print(f"{name}: {sum(counts[name].values())} SASS instructions -> {stem}.sass")
+    print("opcode   " + " ".join(f"{k:>12s}" for k in counts))
+    for op in sorted(set().union(*counts.values())):
+        row = [counts[k][op] for k in counts]
+        if len(set(row)) > 1:
+            print(f"{op:8s} " + " ".join(f"{c:12d}" for c in row))
 
 
 def main() -> None:
@@ -137,27 +171,10 @@ def main() -> None:
             print(f"check b={b} h={h} d={d} n={n}: max diff against new: {', '.join(diffs)}")
         return
     if args.sass:
-        args.sass.mkdir(parents=True, exist_ok=True)
-        b, h, d, n = 64, 64, 128, 8
-        grid, spec = ops._contig_plan(b, h, d, n, 2, True)
-        o = torch.randn(b, h, d, device=dev).to(torch.bfloat16)
-        ls = torch.randn(n, b, h, device=dev)
-        lse = torch.empty(b, h, device=dev)
-        counts = {}
-        for i, (name, jit) in enumerate(jits.items()):
-            compiled = jit[grid](o, ls, lse, b * h, n - 1, **spec.constexprs)
-            stem = f"v{i}_{re.sub(r'[^A-Za-z0-9]+', '_', name)}"
-            (args.sass / f"{stem}.ptx").write_text(compiled.asm["ptx"])
-            sass = compiled.asm["sass"]
-            (args.sass / f"{stem}.sass").write_text(sass)
-            counts[name] = _opcodes(sass)
-            print(f"{name}: {sum(counts[name].values())} SASS instructions -> {stem}.sass")
-        ops_all = sorted(set().union(*counts.values()))
-        print("opcode " + " ".join(f"{k:>12s}" for k in counts))
-        for op in ops_all:
-            row = [counts[k][op] for k in counts]
-            if len(set(row)) > 1:
-                print(f"{op:8s} " + " ".join(f"{c:12d}" for c in row))
+        try:
+            _write_sass(args.sass, jits, ops, dev)
+        except Exception as exc:  # a dev tool: the timing below still runs
+            print(f"--sass failed: {type(exc).__name__}: {exc}")
     import cpattn_testing.bench as hb
 
     names = list(kernels)
