@@ -32,7 +32,8 @@ timed (read-flush timing, ``cpattn_testing.bench.time_cold``) next to a device c
 same bytes. ``--probe``: one launch each for Nsight Compute (see ``probe``).
 
     PYTHONPATH=packages/cp-common/src:packages/cp-dcp/src:packages/cp-testing/src \
-        python3 benchmarks/unpack_variants.py [--family F] [--cpu-check] [--probe]
+        python3 benchmarks/unpack_variants.py [--family F] [--rounds R] [--host-guard-us T]
+            [--cpu-check] [--probe]
 """
 
 from __future__ import annotations
@@ -573,6 +574,10 @@ def main() -> None:
     parser.add_argument(
         "--family", choices=("forms", "persist", "cache", "records", "split"), default="persist"
     )
+    parser.add_argument("--rounds", type=int, default=1, help="timings per variant")
+    parser.add_argument(
+        "--host-guard-us", type=float, default=0.0, help="time_cold's GPU wait before each call"
+    )
     args = parser.parse_args()
     if args.cpu_check:
         check(torch.device("cpu"), small=True, family=args.family)
@@ -599,9 +604,18 @@ def main() -> None:
         same = nbytes / (hb.time_cold(functools.partial(dst.copy_, src)).median_ms * 1e-3)
         line = f"H={h} D={d} N={n} (same-size copy {same / copy_bps:.3f}):"
         del src, dst
-        for name, fn in _variants(d, args.family).items():
-            bps = nbytes / (hb.time_cold(functools.partial(fn, recv, d)).median_ms * 1e-3)
-            line += f"  [{name}] {bps / copy_bps:.3f}"
+        variants = _variants(d, args.family)
+        names = list(variants)
+        fractions: dict[str, list[float]] = {name: [] for name in names}
+        # Rounds in alternating order; --host-guard-us keeps the host time of plain JIT
+        # launches out of the samples (see time_cold's host_guard_us).
+        for rnd in range(args.rounds):
+            for name in names if rnd % 2 == 0 else names[::-1]:
+                fn = functools.partial(variants[name], recv, d)
+                t = hb.time_cold(fn, host_guard_us=args.host_guard_us)
+                fractions[name].append(nbytes / (t.median_ms * 1e-3) / copy_bps)
+        for name in names:
+            line += f"  [{name}] {' / '.join(f'{f:.3f}' for f in fractions[name])}"
         print(line, flush=True)
         del recv
         torch.cuda.empty_cache()

@@ -262,6 +262,19 @@ def test_cpu_timing_fallbacks() -> None:
     assert tc.median_ms > 0
 
 
+@pytest.mark.gpu
+def test_time_cold_with_host_guard_times_the_call_not_the_guard() -> None:
+    """The GPU wait of ``host_guard_us`` runs before the start event: a call timed with a 200
+    µs guard is not 200 µs slower than without it (a small copy takes a few µs)."""
+    src = torch.randn(1 << 16, device="cuda")
+    dst = torch.empty_like(src)
+    plain = hb.time_cold(lambda: dst.copy_(src), warmup_ms=2.0, rep_ms=5.0)
+    guarded = hb.time_cold(lambda: dst.copy_(src), warmup_ms=2.0, rep_ms=5.0, host_guard_us=200.0)
+    assert plain.method == guarded.method == "cold"
+    assert 0 < guarded.median_ms < plain.median_ms + 0.1
+    assert torch.equal(dst, src)
+
+
 def test_host_ratio_interleaves_and_compares_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rounds alternate ref, fn; the ratio is the median of per-round ratios."""
     order: list[str] = []

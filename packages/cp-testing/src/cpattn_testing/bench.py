@@ -151,6 +151,7 @@ def time_cold(
     warmup_ms: float = 25.0,
     rep_ms: float = 100.0,
     flush_bytes: int = 256 * 1024 * 1024,
+    host_guard_us: float = 0.0,
 ) -> Timing:
     """Per-call time with L2 emptied by a *read* before every call; otherwise like do_bench.
 
@@ -162,6 +163,13 @@ def time_cold(
     reads ``flush_bytes`` instead (the evicted dirty lines are written back during the flush,
     before the start event), then each call is timed with its own pair of CUDA events: warm-up
     for ``warmup_ms``, samples for ``rep_ms``, quantiles ``[0.5, 0.2, 0.8]``.
+
+    ``host_guard_us``: the GPU also waits about this long (``torch.cuda._sleep``, cycles at
+    2 GHz) after each flush, before the start event. The host enqueues flush, events and call
+    back to back without waiting; if one iteration's host time exceeds the GPU's, the start
+    event fires before the call is enqueued and the sample includes host time. A call with a
+    slow host path (a plain Triton JIT launch: 12-40 µs on the H200's host) needs the guard;
+    the page's ops (cached launches, flush + call >= 80 µs on the GPU) run without it.
     """
     dev = torch.cuda.current_device()
     key = f"{dev}:{flush_bytes}"
@@ -191,8 +199,11 @@ def time_cold(
     reps = max(1, int(rep_ms / estimate))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]  # type: ignore[no-untyped-call]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]  # type: ignore[no-untyped-call]
+    guard_cycles = int(host_guard_us * 2000)
     for i in range(reps):
         flush()
+        if guard_cycles:
+            torch.cuda._sleep(guard_cycles)  # type: ignore[no-untyped-call]
         starts[i].record()
         fn()
         ends[i].record()
