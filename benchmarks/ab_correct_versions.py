@@ -122,6 +122,7 @@ def main() -> None:
     parser.add_argument("--export", nargs="+", metavar="REF", help="write the modules at each REF")
     parser.add_argument("--cpu-check", action="store_true", help="outputs only, CPU, small")
     parser.add_argument("--sass", type=Path, metavar="DIR", help="write PTX and SASS into DIR")
+    parser.add_argument("--sass-only", action="store_true", help="with --sass: no timing")
     args = parser.parse_args()
     if args.export:
         export(args.export)
@@ -175,6 +176,8 @@ def main() -> None:
             _write_sass(args.sass, jits, ops, dev)
         except Exception as exc:  # a dev tool: the timing below still runs
             print(f"--sass failed: {type(exc).__name__}: {exc}")
+        if args.sass_only:
+            return
     import cpattn_testing.bench as hb
 
     names = list(kernels)

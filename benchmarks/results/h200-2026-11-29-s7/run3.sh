@@ -10,7 +10,7 @@ timeout 240 python3 benchmarks/unpack_variants.py --family split --rounds 3 --ho
     > $OUT/unpack_split_guard.txt 2>&1
 echo "split rc=$? at ${SECONDS}s"; grep -v '^check' $OUT/unpack_split_guard.txt | tail -8
 grep -c FAIL $OUT/unpack_split_guard.txt
-timeout 60 python3 benchmarks/ab_correct_versions.py --sass $OUT/sass > $OUT/ab_sass.txt 2>&1
+timeout 60 python3 benchmarks/ab_correct_versions.py --sass $OUT/sass --sass-only > $OUT/ab_sass.txt 2>&1
 echo "sass rc=$? at ${SECONDS}s"; head -12 $OUT/ab_sass.txt
 tar -C $OUT -czf $OUT/sass.tar.gz sass && rm -rf $OUT/sass
 timeout 60 bash scripts/gpu_tests.sh -q -rs packages/cp-testing/tests/test_bench.py > $OUT/gpu_tests_bench.txt 2>&1
