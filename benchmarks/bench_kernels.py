@@ -7,7 +7,7 @@ is reported as ``missing: ...`` instead of failing the run), makes one set of ra
 
 Byte counts follow one rule: each input read once, each output written once (in-place
 tensors count as one read plus one write). ``s`` is the element size of the output dtype, ``P``
-the number of output-dtype lanes that carry one fp32 LSE in the packed A2A record (2 for
+the number of output-dtype lanes that carry one fp32 LSE in the packed A2A buffers (2 for
 16-bit dtypes, 1 for fp32), ``H_r = H / N``.
 """
 
@@ -313,8 +313,7 @@ class A2APackSpec(KernelSpec):
     title = "cp-dcp A2A pack (output + fp32 LSE into one send buffer, empty-shard mask fused)"
     byte_formula = (
         "read B·H·D·s (out) + B·H·4 (LSE) + B·4 + (B+1)·4 (seq_lens, query_start_loc); "
-        "write N·B·H_r·D_rec·s (send: whole D_rec = round_up(D+P, 16/s)-lane records: payload, "
-        "LSE lanes, zero padding)"
+        "write N·B·H_r·(D+P)·s (send: payloads and LSE lanes)"
     )
 
     def candidates(self) -> Sequence[tuple[str, str]]:
@@ -328,8 +327,8 @@ class A2APackSpec(KernelSpec):
         return "ok"
 
     def nbytes(self, c: Case) -> int:
-        s, rec = c.dtype.itemsize, eb.a2a_record_width(c.D, c.dtype)
-        return c.B * c.H * (c.D * s + 4) + c.B * 4 + (c.B + 1) * 4 + c.B * c.H * rec * s
+        s, p = c.dtype.itemsize, eb.lse_pack_lanes(c.dtype)
+        return c.B * c.H * (c.D * s + 4) + c.B * 4 + (c.B + 1) * 4 + c.B * c.H * (c.D + p) * s
 
     def make_inputs(self, c: Case, device: torch.device, gen: torch.Generator) -> Inputs:
         seq_lens, qsl = _seq_meta(c.B, device, gen)
@@ -360,11 +359,12 @@ class A2APackSpec(KernelSpec):
         a, e = _first(ours), _first(eager)
         if a.shape != e.shape:
             return float("inf")
-        # Payload and LSE lanes (as fp32); padding lanes hold zeros in both.
-        p = eb.lse_pack_lanes(c.dtype)
-        payload = _rel_err(a[..., : c.D].float(), e[..., : c.D].float())
-        lse_a = a[..., c.D : c.D + p].contiguous().view(torch.float32)
-        lse_e = e[..., c.D : c.D + p].contiguous().view(torch.float32)
+        # Payloads and LSE lanes (as fp32).
+        pay_a, lanes_a = eb.a2a_buffer_views(a, c.D)
+        pay_e, lanes_e = eb.a2a_buffer_views(e, c.D)
+        payload = _rel_err(pay_a.float(), pay_e.float())
+        lse_a = lanes_a.contiguous().view(torch.float32)
+        lse_e = lanes_e.contiguous().view(torch.float32)
         return max(payload, _rel_err(lse_a, lse_e))
 
 
@@ -372,8 +372,7 @@ class A2AUnpackSpec(KernelSpec):
     name = "a2a_unpack_combine"
     title = "cp-dcp A2A unpack-combine (receive buffer -> combined heads)"
     byte_formula = (
-        "read N·B·H_r·(D+P)·s (recv: payload + LSE lanes of the D_rec-lane records; padding "
-        "lanes are neither read nor written); write B·H_r·D·s (out) + B·H_r·4 (LSE)"
+        "read N·B·H_r·(D+P)·s (recv: payloads and LSE lanes); write B·H_r·D·s (out) + B·H_r·4 (LSE)"
     )
 
     def candidates(self) -> Sequence[tuple[str, str]]:

@@ -81,10 +81,14 @@ def lse_pack_lanes(dtype: torch.dtype) -> int:
     raise ValueError(f"Cannot pack fp32 LSE into output dtype {dtype}.")
 
 
-def a2a_record_width(head_dim: int, dtype: torch.dtype) -> int:
-    """D_rec: lanes of one A2A record, ``round_up(D + P, 16 / element size)`` (16-byte records)."""
-    vec = 16 // torch.empty((), dtype=dtype).element_size()
-    return -(-(head_dim + lse_pack_lanes(dtype)) // vec) * vec
+def a2a_buffer_views(buf: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(payload [N, B, H_r, D], lse_lanes [N, B, H_r, P])`` views of a block buffer
+    ``[N, B, H_r, D + P]``: destination n's rows' payloads, then their fp32 LSE bits."""
+    n, b, hr, width = buf.shape
+    flat = buf.view(n, -1)
+    rows = b * hr
+    payload = flat[:, : rows * head_dim].view(n, b, hr, head_dim)
+    return payload, flat[:, rows * head_dim :].view(n, b, hr, width - head_dim)
 
 
 def a2a_pack_eager(
@@ -94,33 +98,29 @@ def a2a_pack_eager(
     seq_lens: torch.Tensor | None = None,
     query_start_loc: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Send buffer ``[N, B, H_r, D_rec]``: record ``[n, b, h]`` = ``out[b, n*H_r + h, :]`` then the
-    fp32 LSE bit pattern (low 16 bits at lane D, high at D+1 for 16-bit dtypes), masked to -inf
-    for empty rows when ``seq_lens``/``query_start_loc`` are given; the padding lanes
-    ``[D + P, D_rec)`` are zero."""
+    """Send buffer ``[N, B, H_r, D + P]`` in the block format: destination n's payloads
+    ``out[:, n*H_r:(n+1)*H_r]``, then their fp32 LSE bit patterns (low 16 bits first for
+    16-bit dtypes), masked to -inf for empty rows when ``seq_lens``/``query_start_loc`` are
+    given."""
     b, h, d = cp_attn_out.shape
     n = world_size
     p = lse_pack_lanes(cp_attn_out.dtype)
-    rec = a2a_record_width(d, cp_attn_out.dtype)
     lse = cp_attn_lse.float()
     if seq_lens is not None and query_start_loc is not None:
         lse = lse.masked_fill(empty_rows(b, seq_lens, query_start_loc).unsqueeze(-1), NEG_INF)
-    send = torch.empty((n, b, h // n, rec), dtype=cp_attn_out.dtype, device=cp_attn_out.device)
-    send[..., :d] = cp_attn_out.view(b, n, h // n, d).transpose(0, 1)
+    send = torch.empty((n, b, h // n, d + p), dtype=cp_attn_out.dtype, device=cp_attn_out.device)
+    payload, lanes = a2a_buffer_views(send, d)
+    payload.copy_(cp_attn_out.view(b, n, h // n, d).transpose(0, 1))
     # Bit-cast fp32 -> p lanes of the output dtype (little endian: low half first).
-    lanes = lse.contiguous().view(cp_attn_out.dtype).view(b, n, h // n, p)
-    send[..., d : d + p] = lanes.transpose(0, 1)
-    if rec > d + p:
-        send[..., d + p :] = 0
+    lanes.copy_(lse.contiguous().view(cp_attn_out.dtype).view(b, n, h // n, p).transpose(0, 1))
     return send
 
 
 def a2a_unpack_combine_eager(
     recv: torch.Tensor, head_dim: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Receive buffer ``[N, B, H_r, D_rec]`` -> ``out [B, H_r, D]`` (recv dtype), ``lse [B, H_r]``
-    fp32 (padding lanes ``[D + P, D_rec)`` are not read)."""
-    p = lse_pack_lanes(recv.dtype)
-    payload = recv[..., :head_dim]
-    lses = recv[..., head_dim : head_dim + p].contiguous().view(torch.float32).squeeze(-1)
+    """Receive buffer ``[N, B, H_r, D + P]`` (block format) -> ``out [B, H_r, D]`` (recv
+    dtype), ``lse [B, H_r]`` fp32."""
+    payload, lanes = a2a_buffer_views(recv, head_dim)
+    lses = lanes.contiguous().view(torch.float32).squeeze(-1)
     return merge_attn_states_eager(payload, lses)

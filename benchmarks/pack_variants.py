@@ -1,5 +1,8 @@
 """Layouts of the A2A pack kernel that were compared on the H200 (dev tool, GPU).
 
+Written for the former record format of the A2A buffers (one 16-byte-padded record per
+row): run it at commit ``49cec06``, the last with that format (``benchmarks/README.md``).
+
 Until this study the pack stored each record in two pieces: a ``[BLOCK_R, BLOCK_D]`` payload
 tile (a warp wrote two 256-byte payloads at D=128 bf16) and a ``[BLOCK_R, tail]`` tile (a warp
 wrote 32 scattered 16-byte tails); 0.79-0.82 of the copy bandwidth at H=64 D=128 without the

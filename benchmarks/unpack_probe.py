@@ -1,5 +1,8 @@
 """Unpack-combine with other forms of the weighted sum (dev tool, GPU).
 
+Written for the former record format of the A2A buffers (one 16-byte-padded record per
+row): run it at commit ``49cec06``, the last with that format (``benchmarks/README.md``).
+
 The shipped ``_wsum`` computes ``acc + (w == 0 ? 0 : w * x)`` in fp32 per element (convert,
 multiply, select, add). Variants applied before the first compile (``--wsum``):
 

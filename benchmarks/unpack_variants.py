@@ -1,5 +1,8 @@
 """Forms of the A2A unpack-combine kernel compared on the H200 (dev tool, GPU).
 
+Written for the former record format of the A2A buffers (one 16-byte-padded record per
+row): run it at commit ``49cec06``, the last with that format (``benchmarks/README.md``).
+
 The shipped kernel (``cpattn_dcp.kernels.a2a._a2a_unpack_combine_fwd_kernel``) issues every
 load of a program first (the N payload tiles and the N LSE words, about 16 KiB), then the
 weights, the weighted sum and the store; 2 warps per program at D=128. Families of forms

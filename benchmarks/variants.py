@@ -252,7 +252,8 @@ def _pack_into(out: torch.Tensor, lse: torch.Tensor, n: int, send: torch.Tensor)
 def records(dev: torch.device, batch: int) -> None:
     """The pack kernel writing records of other widths (zero padding to the width): is a
     record width that is a multiple of 32 bytes (whole sectors) faster? Fractions of the copy
-    bandwidth with the bytes actually moved (whole records) counted."""
+    bandwidth with the bytes actually moved (whole records) counted. Written for the former
+    record format: run it at commit ``49cec06`` (``benchmarks/README.md``)."""
     moved, t = hb.measure_copy_ceiling(dev, timer=hb.time_cold)
     copy_bps = moved / (t.median_ms * 1e-3)
     for h, d, n in ((64, 128, 2), (64, 128, 8), (128, 512, 4)):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from cpattn_dcp.__about__ import __version__
 from cpattn_dcp.context import CPTritonContext
 from cpattn_dcp.ops.a2a_combine import (
+    a2a_buffer_views,
     a2a_pack,
     a2a_pack_dim,
     a2a_record_width,
@@ -62,6 +63,7 @@ __all__ = [
     "DirectDCPQGatherWorkspace",
     "DirectProtocolError",
     "__version__",
+    "a2a_buffer_views",
     "a2a_pack",
     "a2a_pack_dim",
     "a2a_record_width",

@@ -129,7 +129,7 @@ def main() -> None:
     lses = torch.randn(2, 64, 16, generator=g)
     _run("correct-64-16-100-2-bf16", lambda: correct_mod.correct_attn_out(x, lses, 1), out)
     # A2A pack fallbacks: odd D (2-byte-aligned input rows, LSE as two 16-bit lanes), input
-    # one element past a 16-byte boundary, strided head dim. Records stay 16-byte aligned.
+    # one element past a 16-byte boundary, strided head dim. Blocks stay 16-byte aligned.
     x = torch.randn(4096, 64, 127, generator=g).to(torch.bfloat16)
     _run(
         "packfallback-odd-4096-64-127-2-bf16",

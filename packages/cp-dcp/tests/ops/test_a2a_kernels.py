@@ -9,6 +9,7 @@ import torch
 
 from cpattn_dcp import mask_dcp_empty_shards_
 from cpattn_dcp.ops.a2a_combine import (
+    a2a_buffer_views,
     a2a_pack,
     a2a_pack_dim,
     a2a_record_width,
@@ -79,7 +80,8 @@ def test_pack_unpack_combine(
         # Payload lanes are bit copies.
         bits = _BITS[dtype]
         want = outs[r].view(b, n, hr, d).permute(1, 0, 2, 3).contiguous()
-        assert torch.equal(send[..., :d].cpu().view(bits), want.view(bits))
+        payload = a2a_buffer_views(send, d)[0]
+        assert torch.equal(payload.cpu().view(bits), want.view(bits))
         sends.append(send)
     for dst in range(n):
         out, lse = a2a_unpack_combine(
@@ -103,8 +105,8 @@ def test_lse_lanes_hold_fp32_bits(device: torch.device, dtype: torch.dtype) -> N
     lse = torch.tensor([[1.5, -math.inf, 3.25e-3, 7.0e4]], device=device)
     out = torch.randn(1, 4, 8, device=device).to(dtype)
     send = a2a_pack(out, lse, 2)
-    assert send.shape[-1] == a2a_record_width(8, dtype) == (16 if dtype != torch.float32 else 12)
-    lanes = send[..., 8 : 8 + a2a_pack_dim(dtype)].cpu().contiguous()
+    assert send.shape[-1] == a2a_record_width(8, dtype) == 8 + a2a_pack_dim(dtype)
+    lanes = a2a_buffer_views(send, 8)[1].cpu().contiguous()
     if dtype == torch.float32:
         assert torch.equal(lanes.reshape(-1), lse.cpu().reshape(-1))
     else:
@@ -178,12 +180,11 @@ def test_fused_mask_bit_exact(
     actual = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
     assert actual.shape == expected.shape == (n, b, hr, a2a_record_width(d, dtype))
     assert torch.equal(actual.cpu().view(torch.int16), expected.cpu().view(torch.int16))
-    assert (actual[..., d + 2 :].cpu().view(torch.int16) == 0).all()  # padding lanes: zeros
     # Without a mask every payload lane and every reassembled fp32 LSE is finite (the 16-bit
     # LSE halves themselves may look like inf/NaN and are not numbers).
-    unmasked = a2a_pack(out, lse, n).cpu()
-    assert torch.isfinite(unmasked[..., :d].float()).all()
-    words = unmasked[..., d : d + 2].contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    payload, lanes = a2a_buffer_views(a2a_pack(out, lse, n).cpu(), d)
+    assert torch.isfinite(payload.float()).all()
+    words = lanes.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
     assert torch.isfinite((words[..., 0] | (words[..., 1] << 16)).view(torch.float32)).all()
 
 
@@ -215,23 +216,24 @@ def test_fused_mask_lookup_regimes(device: torch.device, num_seqs: int) -> None:
         seq_lens=seq_lens.to(device),
         query_start_loc=qsl.to(device),
     )
-    lse_lanes = send[..., d : d + 2].cpu().contiguous().view(torch.float32)[..., 0]
+    lse_lanes = a2a_buffer_views(send, d)[1].cpu().contiguous().view(torch.float32)[..., 0]
     assert torch.equal(lse_lanes, expected.view(b, n, hr).transpose(0, 1))
 
 
 def test_preallocated_send(device: torch.device) -> None:
     out = torch.randn(3, 4, 16, device=device)
     lse = torch.randn(3, 4, device=device)
-    send = torch.empty(2, 3, 2, 20, device=device)  # fp32, D = 16: 17 lanes -> 20
+    send = torch.empty(2, 3, 2, 17, device=device)  # fp32, D = 16: 17 lanes
     assert a2a_pack(out, lse, 2, send=send) is send
-    assert torch.equal(send[..., :16].cpu(), out.cpu().view(3, 2, 2, 16).transpose(0, 1))
-    assert torch.equal(send[..., 16].cpu(), lse.cpu().view(3, 2, 2).transpose(0, 1))
+    payload, lanes = a2a_buffer_views(send, 16)
+    assert torch.equal(payload.cpu(), out.cpu().view(3, 2, 2, 16).transpose(0, 1))
+    assert torch.equal(lanes[..., 0].cpu(), lse.cpu().view(3, 2, 2).transpose(0, 1))
     with pytest.raises(ValueError, match=r"send must be a contiguous"):
-        a2a_pack(out, lse, 2, send=torch.empty(2, 3, 2, 17, device=device))
+        a2a_pack(out, lse, 2, send=torch.empty(2, 3, 2, 20, device=device))
     # A 16-bit send view 2 bytes past a 4-byte boundary: the LSE goes out as two 16-bit lanes.
     out16, lse16 = out.bfloat16(), lse * 3.0
-    flat = torch.full((2 * 3 * 2 * 24 + 1,), math.nan, dtype=torch.bfloat16, device=device)
-    shifted = flat[1:].view(2, 3, 2, 24)
+    flat = torch.full((2 * 3 * 2 * 18 + 1,), math.nan, dtype=torch.bfloat16, device=device)
+    shifted = flat[1:].view(2, 3, 2, 18)
     assert a2a_pack(out16, lse16, 2, send=shifted) is shifted
     want = a2a_pack(out16, lse16, 2)
     assert torch.equal(shifted.cpu().view(torch.int16), want.cpu().view(torch.int16))
@@ -249,12 +251,12 @@ def test_pack_int64_indexing(device: torch.device, monkeypatch: pytest.MonkeyPat
     seq_lens = torch.tensor([0, 3, 1, 0, 2], dtype=torch.int32, device=device)
     qsl = torch.tensor([0, 5, 9, 20, 30, 35], dtype=torch.int32, device=device)
     want = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
-    plan_args = (b, h, n, d, 2, 5, True, out.stride(), lse.stride())
-    assert not a2a_mod._pack_plan(*plan_args)[1].constexprs["IDX64"]
+    plan_args = (b, h, n, d, 2, 5, True, out.stride(), lse.stride(), True)
+    assert not a2a_mod._pack_plan(*plan_args)[2].constexprs["IDX64"]
     a2a_mod._pack_plan.cache_clear()
     monkeypatch.setattr(a2a_mod, "_INT32_LIMIT", 1)
     try:
-        assert a2a_mod._pack_plan(*plan_args)[1].constexprs["IDX64"]
+        assert a2a_mod._pack_plan(*plan_args)[2].constexprs["IDX64"]
         got = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
     finally:
         a2a_mod._pack_plan.cache_clear()
@@ -276,7 +278,7 @@ def test_pack_small_grid_blocks(device: torch.device, monkeypatch: pytest.Monkey
     monkeypatch.setattr(a2a_mod, "MIN_PROGRAMS", 10**9)
     monkeypatch.setattr(a2a_mod, "_PACK_SMALL_BLOCK_V", 16)
     try:
-        _, spec = a2a_mod._pack_plan(b, h, n, d, 2, 3, True, out.stride(), lse.stride())
+        _, _, spec = a2a_mod._pack_plan(b, h, n, d, 2, 3, True, out.stride(), lse.stride(), True)
         assert spec.constexprs["BLOCK_V"] == 16
         got = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
     finally:
@@ -293,14 +295,10 @@ def test_pack_dim() -> None:
 
 
 def test_record_width() -> None:
-    # round_up(D + P, 16 bytes / element size): every record starts 16-byte aligned.
+    # D + P: D payload lanes and P LSE lanes per row, no padding.
     for dtype in (torch.bfloat16, torch.float16):
-        assert [a2a_record_width(d, dtype) for d in (1, 6, 7, 8, 128, 512, 576)] == [
-            8, 8, 16, 16, 136, 520, 584
-        ]  # fmt: skip
-    assert [a2a_record_width(d, torch.float32) for d in (1, 3, 4, 128, 512)] == [
-        4, 4, 8, 132, 516
-    ]  # fmt: skip
+        assert [a2a_record_width(d, dtype) for d in (1, 7, 128, 576)] == [3, 9, 130, 578]
+    assert [a2a_record_width(d, torch.float32) for d in (1, 3, 128)] == [2, 4, 129]
     with pytest.raises(ValueError, match="head_dim must be >= 1, got 0"):
         a2a_record_width(0, torch.bfloat16)
     with pytest.raises(TypeError, match="head_dim must be an int"):
@@ -324,16 +322,18 @@ def test_bad_inputs(device: torch.device) -> None:
         a2a_pack(out, lse.int(), 2)
     with pytest.raises(ValueError, match="provided together"):
         a2a_pack(out, lse, 2, seq_lens=torch.tensor([1], device=device))
-    with pytest.raises(ValueError, match=r"expected recv \[N, B, H_r, 8\]"):
-        a2a_unpack_combine(torch.randn(2, 3, 8, device=device).half(), head_dim=4)
-    # The unpadded width D + P (the former format) is rejected, with the numbers.
-    with pytest.raises(ValueError, match=r"\[N, B, H_r, 136\] .*head_dim=128.*\(2, 3, 1, 130\)"):
-        a2a_unpack_combine(torch.randn(2, 3, 1, 130, device=device).bfloat16(), head_dim=128)
-    with pytest.raises(ValueError, match=r"\[N, B, H_r, 20\]"):
-        a2a_unpack_combine(torch.randn(2, 3, 1, 16, device=device), head_dim=16)
+    with pytest.raises(ValueError, match=r"expected recv \[N, B, H_r, 6\]"):
+        a2a_unpack_combine(torch.randn(2, 3, 6, device=device).half(), head_dim=4)
+    # The padded record width (the former format) is rejected, with the numbers.
+    with pytest.raises(ValueError, match=r"\[N, B, H_r, 130\] .*head_dim=128.*\(2, 3, 1, 136\)"):
+        a2a_unpack_combine(torch.randn(2, 3, 1, 136, device=device).bfloat16(), head_dim=128)
+    with pytest.raises(ValueError, match=r"\[N, B, H_r, 17\]"):
+        a2a_unpack_combine(torch.randn(2, 3, 1, 20, device=device), head_dim=16)
     with pytest.raises(ValueError, match="contiguous"):
-        a2a_unpack_combine(torch.randn(2, 6, 1, 8, device=device).half()[:, ::2], head_dim=4)
+        a2a_unpack_combine(torch.randn(2, 6, 1, 6, device=device).half()[:, ::2], head_dim=4)
     with pytest.raises(TypeError, match="head_dim must be an int"):
-        a2a_unpack_combine(torch.randn(2, 3, 1, 8, device=device).half(), head_dim=None)  # type: ignore[arg-type]
+        a2a_unpack_combine(torch.randn(2, 3, 1, 6, device=device).half(), head_dim=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"expected buf \[N, B, H_r, 6\]"):
+        a2a_buffer_views(torch.randn(2, 3, 1, 8, device=device).half(), 4)
     with pytest.raises(ValueError, match="Cannot pack"):
         a2a_unpack_combine(torch.randn(2, 3, 4, 5, device=device).double(), head_dim=3)

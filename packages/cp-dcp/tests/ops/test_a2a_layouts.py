@@ -1,13 +1,12 @@
-"""A2A record layout: the pack paths (unit-stride 16-byte-aligned rows, unaligned rows,
-strided head dim, odd D) and the unpack paths (unrolled N <= 8, tiled N > 8) against an
-independent reference, bit-exact.
+"""A2A block layout: the pack paths (unit-stride 16-byte-aligned rows, unaligned rows,
+strided head dim, odd D, blocks that are not 16-byte multiples) and the unpack paths
+(unrolled N <= 8, tiled N > 8) against an independent reference, bit-exact.
 
-Records are ``[N, B, H_r, D_rec]`` with ``D_rec = a2a_record_width(D, dtype)`` (a multiple of
-16 bytes): payload lanes ``[0, D)``, fp32 LSE bits in lanes ``D..D+P-1``, padding never
-written or read (only lanes ``[0, D + P)`` are compared; the unpack tests fill the padding
-with NaN). The shape family of the former Triton 3.6 "misaligned address" crash (H=64, D=128,
-N=2, B=4096, bf16) runs at its exact size on the GPU (``@pytest.mark.gpu``), where a wrong
-vector width would fault.
+Buffers are ``[N, B, H_r, D + P]``: destination n's block is its ``B * H_r`` payload rows
+``[B, H_r, D]``, then their fp32 LSE bits ``[B, H_r, P]`` (built here with plain torch ops,
+every lane compared). The shape family of the former Triton 3.6 "misaligned address" crash
+(H=64, D=128, N=2, B=4096, bf16) runs at its exact size on the GPU (``@pytest.mark.gpu``),
+where a wrong vector width would fault.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import pytest
 import torch
 
 from cpattn_dcp.ops.a2a_combine import (
+    a2a_buffer_views,
     a2a_pack,
     a2a_pack_dim,
     a2a_record_width,
@@ -38,29 +38,33 @@ def _expected_send(
     seq_lens: torch.Tensor | None = None,
     qsl: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``[N, B, H_r, D_rec]`` built with plain torch ops on the CPU (the record format; the
-    padding lanes hold zeros and are never compared)."""
+    """``[N, B, H_r, D + P]`` built with plain torch ops on the CPU (the block format)."""
     out, lse = out.cpu(), lse.cpu().float()
     if seq_lens is not None and qsl is not None:
         lse = mask_empty_shards_ref(lse, seq_lens.cpu(), qsl.cpu())
     b, h, d = out.shape
-    p = a2a_pack_dim(out.dtype)
-    send = torch.zeros(n, b, h // n, a2a_record_width(d, out.dtype), dtype=out.dtype)
-    send[..., :d] = out.reshape(b, n, h // n, d).transpose(0, 1)
-    lanes = lse.contiguous().view(out.dtype).reshape(b, n, h // n, p)
-    send[..., d : d + p] = lanes.transpose(0, 1)
-    return send
+    return _blocks(
+        out.reshape(b, n, h // n, d).transpose(0, 1),
+        lse.reshape(b, n, h // n).transpose(0, 1),
+    )
+
+
+def _blocks(payload: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """Block buffer ``[N, B, H_r, D + P]`` of ``payload [N, B, H_r, D]`` (the buffer dtype)
+    and the fp32 bits of ``lse [N, B, H_r]``."""
+    n, b, hr, d = payload.shape
+    lanes = lse.float().contiguous().view(payload.dtype).reshape(n, -1)
+    flat = torch.cat([payload.reshape(n, -1), lanes], dim=1)
+    return flat.view(n, b, hr, d + a2a_pack_dim(payload.dtype))
 
 
 def _assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor, d: int) -> None:
-    """Payload and LSE lanes ``[0, D + P)`` bit-identical (padding lanes are not written)."""
+    """Every lane bit-identical."""
     assert actual.shape == expected.shape
     assert actual.shape[-1] == a2a_record_width(d, expected.dtype)
-    assert actual.shape[-1] * actual.element_size() % 16 == 0
-    used = d + a2a_pack_dim(expected.dtype)
     bits = _BITS[expected.dtype]
-    a = actual.cpu()[..., :used].contiguous().view(bits)
-    e = expected[..., :used].contiguous().view(bits)
+    a = actual.cpu().contiguous().view(bits)
+    e = expected.contiguous().view(bits)
     bad = (a != e).nonzero()
     assert bad.numel() == 0, f"{bad.shape[0]} lanes differ, first at {bad[:4].tolist()}"
 
@@ -81,13 +85,14 @@ def _inputs(
 # "shifted" (pointer one element past a 16-byte boundary), "dstride" (head dim stride 2:
 # the strided fallback).
 _CASES = [
-    (6, 8, 16, 2, torch.bfloat16, "contig"),  # D_rec = 24
+    (6, 8, 16, 2, torch.bfloat16, "contig"),  # 24 rows x 18 lanes: 16-byte blocks
+    (3, 4, 16, 2, torch.bfloat16, "contig"),  # 6 x 18 lanes = 216 bytes: 8-byte-aligned blocks
     (5, 16, 32, 2, torch.bfloat16, "strided"),
     (3, 8, 16, 4, torch.float16, "contig"),
-    (4, 6, 12, 2, torch.bfloat16, "contig"),  # D_rec = 16, D not a multiple of 8
-    (4, 4, 10, 4, torch.float32, "contig"),  # D_rec = 12
+    (4, 6, 12, 2, torch.bfloat16, "contig"),  # D not a multiple of 8
+    (4, 4, 10, 4, torch.float32, "contig"),
     (3, 4, 9, 2, torch.float32, "strided"),
-    (4, 4, 7, 2, torch.bfloat16, "contig"),  # odd D: LSE as two 16-bit lanes
+    (3, 2, 7, 2, torch.bfloat16, "contig"),  # rows * D odd: LSE as two 16-bit lanes
     (3, 4, 16, 2, torch.float16, "odd"),
     (3, 4, 24, 2, torch.bfloat16, "shifted"),
     (3, 4, 8, 2, torch.float32, "dstride"),
@@ -152,13 +157,8 @@ def test_unpack_paths(device: torch.device, n: int, dtype: torch.dtype, d: int) 
     lses[:, 1, 1] = -math.inf  # an all-empty row: out 0, lse -inf
     lses[n - 1, 2, 0] = math.nan
     outs[torch.isinf(lses) | torch.isnan(lses)] = math.nan
-    # Receive buffer: record [n, b, j] = payload of source n, then its fp32 LSE bits, then
-    # NaN padding (never read).
-    p = a2a_pack_dim(dtype)
-    recv = torch.full((n, b, hr, a2a_record_width(d, dtype)), math.nan, dtype=dtype)
-    recv[..., :d] = outs.to(dtype)
-    recv[..., d : d + p] = lses.float().contiguous().view(dtype).reshape(n, b, hr, p)
-    recv = recv.to(device)
+    # Receive buffer: block n = source n's payloads, then their fp32 LSE bits.
+    recv = _blocks(outs.to(dtype), lses).to(device)
     if n == 2:
         # A receive buffer that starts 2 bytes past a 4-byte boundary: the LSE halves must be
         # read as two 16-bit lanes there.
@@ -181,8 +181,8 @@ def test_unpack_paths(device: torch.device, n: int, dtype: torch.dtype, d: int) 
 
 @pytest.mark.gpu
 def test_pack_h64_d128_n2_b4096_exact_shape(device: torch.device) -> None:
-    """The shape that faulted with "misaligned address" on the former unpadded records
-    (Triton 3.6 emitted 16-byte stores for 260-byte records); now 272-byte records."""
+    """The shape that faulted with "misaligned address" on the unpadded records of an earlier
+    format (Triton 3.6 emitted 16-byte stores for 260-byte records); blocks now."""
     b, h, d, n = 4096, 64, 128, 2
     out, lse = _inputs(b, h, d, torch.bfloat16, device, seed=7)
     seq_lens = torch.randint(0, 3, (b,), dtype=torch.int32, device=device)
@@ -191,12 +191,13 @@ def test_pack_h64_d128_n2_b4096_exact_shape(device: torch.device) -> None:
         send = a2a_pack(out, lse, n, seq_lens=sl, query_start_loc=q)
         torch.cuda.synchronize()
         _assert_bits_equal(send, _expected_send(out, lse, n, sl, q), d)
-    # Unpack at the same shape (records from two "ranks" = the two halves of this send).
+    # Unpack at the same shape (blocks from two "ranks" = the two halves of this send).
     recv = send.contiguous()
     res, res_lse = a2a_unpack_combine(recv, head_dim=d, return_lse=True)
     torch.cuda.synchronize()
-    parts = recv[..., :d].double().cpu()
-    words = recv[..., d : d + 2].contiguous().view(torch.float32).squeeze(-1).double().cpu()
+    payload, lanes = a2a_buffer_views(recv, d)
+    parts = payload.double().cpu()
+    words = lanes.contiguous().view(torch.float32).squeeze(-1).double().cpu()
     ref_out, ref_lse = lse_combine_ref(parts, words)
     assert res_lse is not None
     assert_close_to_ref(res, ref_out, dtype=torch.bfloat16, name="out")

@@ -1,12 +1,11 @@
 """Packed all-to-all combine: pack (fused empty-shard mask), one ``all_to_all_single``,
 unpack-and-combine.
 
-Send and receive buffers ``[N, B, H/N, D_rec]`` (output dtype, ``D_rec =
-a2a_record_width(D, dtype) = round_up(D + P, 16 / element size)``): each record is the ``D``
-payload lanes, then ``P`` lanes carrying the fp32 LSE bits (``P = 2`` for fp16/bf16, ``P = 1``
-for fp32), then zero padding to a multiple of 16 bytes, so that every record starts
-16-byte aligned (the pack kernel writes whole records: see ``kernels/a2a.py``). The buffers
-are allocated per call, so a captured CUDA graph keeps valid addresses (a shared growable
+Send and receive buffers ``[N, B, H/N, D + P]`` (output dtype; ``P = a2a_pack_dim(dtype)``:
+2 lanes carry one fp32 LSE for fp16/bf16, 1 for fp32), in the block format of
+``kernels/a2a.py``: destination n's ``B * H/N * (D + P)`` lanes are the payloads of its rows,
+then their fp32 LSE words (``a2a_buffer_views`` gives both as views). The buffers are
+allocated per call, so a captured CUDA graph keeps valid addresses (a shared growable
 workspace would be freed under it). Exactly two kernel launches and one collective per call;
 no host sync.
 """
@@ -35,6 +34,7 @@ from cpattn_dcp.ops._collective_common import validate_combine_args
 from cpattn_dcp.ops._common import MIN_PROGRAMS, contiguous, next_pow2, search_steps, tile_config
 
 __all__ = [
+    "a2a_buffer_views",
     "a2a_pack",
     "a2a_pack_dim",
     "a2a_record_width",
@@ -53,10 +53,11 @@ _UNPACK_MIN_BYTES = 2048
 # Cache modifier of the unpack's output stores: "" (write-back). Streaming stores (".cs")
 # measured within the noise of it (+-0.03 of the copy bandwidth, same A/B).
 _UNPACK_OUT_CACHE = ""
-# Pack: 16-byte vectors of the send buffer one program writes, and its warps (H200, bf16,
-# B=4096, fused mask: 256 vectors / 2 warps 0.84-0.86 of the copy bandwidth at H=64 D=128,
-# 0.96 at H=128 D=512; 512 / 4 and 1024 / 8 were within 0.03 below; benchmarks/
-# pack_variants.py).
+# Pack: 16-byte vectors of the payload region one program copies, and its warps (the same
+# tile as the former record pack, H200, bf16, B=4096, fused mask: 256 vectors / 2 warps
+# 0.84-0.86 of the copy bandwidth at H=64 D=128, 0.96 at H=128 D=512; 512 / 4 and 1024 / 8
+# were within 0.03 below; benchmarks/pack_variants.py). An LSE program takes about as many
+# LSEs as a payload program takes vectors.
 _PACK_BLOCK_V = 256
 _PACK_NUM_WARPS = 2
 # Grids under MIN_PROGRAMS programs (decode sizes, latency-bound): smaller blocks of one warp,
@@ -83,12 +84,11 @@ def a2a_pack_dim(dtype: torch.dtype) -> int:
 
 
 def a2a_record_width(head_dim: int, dtype: torch.dtype) -> int:
-    """Lanes ``D_rec`` of one all-to-all record: ``round_up(D + P, 16 / element size)``.
+    """Last dim of the all-to-all send/recv buffers ``[N, B, H/N, D + P]``: ``D + P`` with
+    ``P = a2a_pack_dim(dtype)`` (D payload lanes and P LSE lanes per row).
 
-    A record holds the ``D`` payload lanes, then ``P = a2a_pack_dim(dtype)`` lanes with the
-    fp32 LSE bits, then zero padding up to a multiple of 16 bytes (written, never read), so that
-    every record of a 16-byte-aligned buffer starts 16-byte aligned: multiples of 8 lanes for
-    fp16/bf16 (D = 128 -> 136), of 4 lanes for fp32 (D = 128 -> 132).
+    The buffers are in the block format (``a2a_buffer_views``), so ``buf[n, b, j]`` is *not*
+    row (b, j)'s payload and LSE; the shape only sizes the buffer.
 
     Raises:
         ValueError: ``head_dim < 1`` or a dtype other than fp16/bf16/fp32.
@@ -98,9 +98,50 @@ def a2a_record_width(head_dim: int, dtype: torch.dtype) -> int:
         raise TypeError(f"head_dim must be an int, got {type(head_dim).__name__}")
     if head_dim < 1:
         raise ValueError(f"head_dim must be >= 1, got {head_dim}")
-    p = a2a_pack_dim(dtype)
-    vec = 16 // (4 // p)  # elements per 16 bytes: 8 for 16-bit dtypes, 4 for fp32
-    return -(-(head_dim + p) // vec) * vec
+    return head_dim + a2a_pack_dim(dtype)
+
+
+def a2a_buffer_views(buf: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The payloads and LSE lanes of an all-to-all send/recv buffer, as views.
+
+    Args:
+        buf: contiguous ``[N, B, H_r, D + P]`` buffer (``a2a_pack``'s output or a receive
+            buffer), fp16/bf16/fp32.
+        head_dim: D.
+
+    Returns:
+        ``(payload [N, B, H_r, D], lse_lanes [N, B, H_r, P])``: ``payload[n, b, j]`` is the
+        partial output of token b, head ``n * H_r + j`` of the rank that packed block n;
+        ``lse_lanes[n, b, j]`` its fp32 LSE bits (``.view(torch.float32)`` of a contiguous
+        copy gives ``[N, B, H_r, 1]`` fp32 LSEs; for 16-bit dtypes the two lanes are the low
+        and high halves and are not numbers).
+
+    Raises:
+        ValueError: ``buf`` is not a contiguous 4-D buffer whose last dim is ``D + P``.
+    """
+    n, b, hr, width = _buffer_shape(buf, head_dim, "buf")
+    p = width - head_dim
+    flat = buf.view(n, b * hr * width)
+    payload = flat[:, : b * hr * head_dim].view(n, b, hr, head_dim)
+    return payload, flat[:, b * hr * head_dim :].view(n, b, hr, p)
+
+
+def _buffer_shape(
+    buf: torch.Tensor, head_dim: int, name: str = "recv"
+) -> tuple[int, int, int, int]:
+    """``buf``'s shape after checking it is a contiguous ``[N, B, H_r, D + P]`` buffer."""
+    if not isinstance(buf, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(buf).__name__}")
+    width = a2a_record_width(head_dim, buf.dtype)
+    if buf.dim() != 4 or buf.shape[3] != width:
+        raise ValueError(
+            f"expected {name} [N, B, H_r, {width}] (D + P for head_dim={head_dim} and "
+            f"{buf.dtype}), got shape {tuple(buf.shape)}"
+        )
+    if not buf.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {buf.stride()}")
+    n, b, hr, _ = buf.shape
+    return n, b, hr, width
 
 
 @functools.lru_cache(maxsize=256)
@@ -121,54 +162,65 @@ def _pack_plan(
     has_mask: bool,
     s_out: tuple[int, int, int],
     s_lse: tuple[int, int],
-) -> tuple[tuple[int, int], Specialization]:
-    """Grid and kernel specialization of the pack kernel (memoised per shape and strides,
-    so a repeated call costs one look-up)."""
+    lse_word: bool,
+) -> tuple[tuple[int, int], int, Specialization]:
+    """Grid, number of payload programs and kernel specialization of the pack kernel
+    (memoised per shape and strides, so a repeated call costs one look-up)."""
     vec = 16 // size
     p = 4 // size
     hr = h // n
-    rec = -(-(d + p) // vec) * vec
-    rv = rec // vec
-    total_v = b * hr * rv
+    rows = b * hr
+    pay_v = -(-(rows * d) // vec)
     block_v, num_warps = _PACK_BLOCK_V, _PACK_NUM_WARPS
-    if -(-total_v // block_v) * n < MIN_PROGRAMS:
+    if -(-pay_v // block_v) * n < MIN_PROGRAMS:
         block_v, num_warps = _PACK_SMALL_BLOCK_V, _PACK_SMALL_NUM_WARPS
-    # Tokens one program's vectors can touch: floor(cdiv(BLOCK_V, rv) / H_r) + 2.
-    tok = next_pow2(-(-block_v // rv) // hr + 2)
+    pay_programs = -(-pay_v // block_v)
+    # LSE programs: [BLOCK_T, next_pow2(H_r)] tiles of about BLOCK_V LSEs.
+    hr_pow2 = next_pow2(hr)
+    block_t = max(1, block_v // hr_pow2)
+    lse_programs = -(-b // block_t)
     # Unit-stride head dim: the payload is read as row offset + lane, 16-byte vectors when
     # both row strides are multiples of 16 bytes (and the pointer is 16-byte aligned, which
     # Triton's launch specialisation sees by itself). Else the strided fallback.
     unit_d = s_out[2] == 1 or d == 1
     in_align = _pow2_divisor(s_out[1], _pow2_divisor(s_out[0], vec)) if unit_d else 1
     # int32 index arithmetic unless an offset the kernel may form could overflow it (masked
-    # lanes past the last token and past D included).
-    rows = b + block_v
+    # lanes past the last row included).
+    tok = b + block_v * vec // max(1, hr * d) + block_v + 2
     max_offset = max(
-        n * total_v * vec + block_v * vec,
-        rows * s_out[0] + h * s_out[1] + (d + 2 * vec) * s_out[2],
-        rows * s_lse[0] + h * s_lse[1],
+        n * rows * (d + p) + (pay_programs + 1) * block_v * vec,
+        tok * s_out[0] + h * s_out[1] + (d + 2 * vec) * s_out[2],
+        tok * s_lse[0] + h * s_lse[1],
     )
     consts = (
         ("HEADS_PER_RANK", hr),
         ("HEAD_DIM", d),
-        ("REC_WIDTH", rec),
         ("VEC", vec),
         ("PACK", p),
         ("UNIT_D", unit_d),
         ("IN_ALIGN", in_align),
+        ("DST_ALIGN", _pow2_divisor(rows * (d + p), vec)),
+        ("LSE_WORD", lse_word),
         ("IDX64", max_offset >= _INT32_LIMIT),
         ("HAS_MASK", has_mask),
         ("SEARCH_STEPS", search_steps(num_seqs)),
-        ("TOK_POW2", tok),
         ("BLOCK_V", block_v),
+        ("HR_POW2", hr_pow2),
+        ("BLOCK_T", block_t),
         ("num_warps", num_warps),
     )
-    return (-(-total_v // block_v), n), _pack_spec(consts)
+    return (pay_programs + lse_programs, n), pay_programs, _pack_spec(consts)
 
 
 def _pow2_divisor(x: int, cap: int) -> int:
     """Largest power of two <= ``cap`` dividing ``x`` (``cap`` for 0)."""
     return cap if x == 0 else min(cap, abs(x) & -abs(x))
+
+
+def _lse_word(buf: torch.Tensor, rows: int, d: int) -> bool:
+    """The LSEs of ``buf`` are aligned 32-bit words: 16-bit dtype, ``rows * D`` even (the
+    LSE region starts on a word) and ``buf`` 4-byte aligned (a caller's view may not be)."""
+    return buf.element_size() == 2 and (rows * d) % 2 == 0 and buf.data_ptr() % 4 == 0
 
 
 def _launch_pack(
@@ -189,8 +241,17 @@ def _launch_pack(
     qsl = cp_attn_lse if query_start_loc is None else contiguous(query_start_loc)
     s_out = cp_attn_out.stride()
     s_lse = cp_attn_lse.stride()
-    grid, spec = _pack_plan(
-        b, h, n, d, cp_attn_out.element_size(), num_seqs, seq_lens is not None, s_out, s_lse
+    grid, pay_programs, spec = _pack_plan(
+        b,
+        h,
+        n,
+        d,
+        cp_attn_out.element_size(),
+        num_seqs,
+        seq_lens is not None,
+        s_out,
+        s_lse,
+        _lse_word(send, b * (h // n), d),
     )
     spec(
         grid,
@@ -206,6 +267,7 @@ def _launch_pack(
         qsl,
         num_seqs,
         b,
+        pay_programs,
     )
 
 
@@ -225,17 +287,18 @@ def _unpack_spec(consts: tuple[tuple[str, int | bool], ...]) -> Specialization:
 
 @functools.lru_cache(maxsize=1024)
 def _unpack_plan(
-    n: int, num_rows: int, d: int, rec: int, size: int, lse_word: bool, base_e: bool, has_lse: bool
+    n: int, num_rows: int, d: int, size: int, lse_word: bool, base_e: bool, has_lse: bool
 ) -> tuple[tuple[int], Specialization]:
     """Grid and kernel specialization of the unpack-combine kernel (memoised per shape)."""
     grid0, block_r, block_d, num_warps = _unpack_config(n, num_rows, d, size)
+    p = 4 // size
     consts = (
         ("N", n),
         ("N_POW2", next_pow2(n)),
         ("HEAD_DIM", d),
-        ("REC_WIDTH", rec),
-        ("PACK", 4 // size),
-        ("REC_ALIGN", 16 // size),
+        ("PACK", p),
+        # Payload rows start at n * R * (D + P) + r * D lanes.
+        ("PAY_ALIGN", _pow2_divisor(d, _pow2_divisor(num_rows * (d + p), 16 // size))),
         ("LSE_WORD", lse_word),
         ("BLOCK_R", block_r),
         ("BLOCK_D", block_d),
@@ -250,16 +313,19 @@ def _unpack_plan(
 def _launch_unpack(
     recv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None, is_lse_base_on_e: bool
 ) -> None:
-    n, b, hr, rec = recv.shape
+    n, b, hr, _ = recv.shape
     num_rows = b * hr
     if num_rows == 0:
         return
-    size = recv.element_size()
     d = out.shape[2]
-    # The LSE as one 32-bit word: 16-bit dtype, D even, recv 4-byte aligned (a view may not be).
-    lse_word = size == 2 and d % 2 == 0 and recv.data_ptr() % 4 == 0
     grid, spec = _unpack_plan(
-        n, num_rows, d, rec, size, lse_word, is_lse_base_on_e, lse is not None
+        n,
+        num_rows,
+        d,
+        recv.element_size(),
+        _lse_word(recv, num_rows, d),
+        is_lse_base_on_e,
+        lse is not None,
     )
     spec(grid, recv, out, lse if lse is not None else out, num_rows)
 
@@ -282,14 +348,14 @@ def a2a_pack(
         seq_lens: ``[R]`` local KV lengths, with ``query_start_loc`` ``[R + 1]``: the
             empty-shard mask is fused (bit-identical to ``mask_dcp_empty_shards_``).
         query_start_loc: see ``seq_lens``.
-        send: optional preallocated contiguous ``[N, B, H/N, D_rec]`` buffer to fill.
+        send: optional preallocated contiguous ``[N, B, H/N, D + P]`` buffer to fill.
 
     Returns:
-        ``send [N, B, H/N, D_rec]`` in the output dtype, ``D_rec = a2a_record_width(D,
-        dtype) = round_up(D + P, 16 / element size)`` (``P = a2a_pack_dim(dtype)``):
-        ``send[n, b, j, :D] = cp_attn_out[b, n*H/N + j]``, lanes ``D..D+P-1`` hold the
-        (masked) LSE as fp32 bits (low 16 bits in lane D, high 16 bits in lane D + 1 for
-        16-bit dtypes), lanes ``D+P..D_rec-1`` are padding, written as zeros.
+        ``send [N, B, H/N, D + P]`` in the output dtype (``P = a2a_pack_dim(dtype)``), in the
+        block format: with ``payload, lse_lanes = a2a_buffer_views(send, D)``,
+        ``payload[n, b, j] = cp_attn_out[b, n*H/N + j]`` and ``lse_lanes[n, b, j]`` the
+        (masked) LSE as fp32 bits (low 16 bits first for 16-bit dtypes). Every lane is
+        written.
     """
     has_mask = validate_combine_args(
         "a2a_pack",
@@ -332,16 +398,13 @@ def a2a_unpack_combine(
     return_lse: bool = False,
     is_lse_base_on_e: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Combine the N received records per (row, head) (one launch).
+    """Combine the N received partials per (row, head) (one launch).
 
     Args:
-        recv: contiguous ``[N, B, H_r, D_rec]`` receive buffer (records from every rank, in
-            the format of :func:`a2a_pack`), fp16/bf16 or fp32: per record the ``D`` payload
-            lanes, the fp32 LSE bits in lanes ``D..D+P-1`` (``P = 2``: low 16 bits first;
-            ``P = 1`` for fp32), padding lanes up to ``D_rec = a2a_record_width(D, dtype)``
-            (never read).
-        head_dim: D (not recoverable from ``D_rec``); ``recv.shape[3]`` must equal
-            ``a2a_record_width(head_dim, recv.dtype)``.
+        recv: contiguous ``[N, B, H_r, D + P]`` receive buffer (block n from rank n, in the
+            format of :func:`a2a_pack`; see ``a2a_buffer_views``), fp16/bf16 or fp32.
+        head_dim: D; ``recv.shape[3]`` must equal ``a2a_record_width(head_dim, recv.dtype)
+            = D + P``.
         return_lse: also return the global LSE.
         is_lse_base_on_e: natural-log (True) or base-2 (False) LSEs.
 
@@ -351,18 +414,9 @@ def a2a_unpack_combine(
     Raises:
         TypeError: ``recv`` is not a tensor, ``head_dim`` is not an int.
         ValueError: unsupported dtype, ``recv`` not 4-D or not contiguous, or its last dim is
-            not the record width of ``head_dim``.
+            not ``D + P`` for ``head_dim``.
     """
-    if not isinstance(recv, torch.Tensor):
-        raise TypeError(f"recv must be a torch.Tensor, got {type(recv).__name__}")
-    rec = a2a_record_width(head_dim, recv.dtype)
-    if recv.dim() != 4 or recv.shape[3] != rec:
-        raise ValueError(
-            f"expected recv [N, B, H_r, {rec}] (record width of head_dim={head_dim} for "
-            f"{recv.dtype}), got shape {tuple(recv.shape)}"
-        )
-    if not recv.is_contiguous():
-        raise ValueError(f"recv must be contiguous, got strides {recv.stride()}")
+    _buffer_shape(recv, head_dim)
     return _unpack_combine(recv, head_dim, return_lse, is_lse_base_on_e)
 
 
@@ -493,12 +547,10 @@ def dcp_a2a_lse_reduce(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """DCP combine by one packed all-to-all: rank r ends with heads ``[r*H/N, (r+1)*H/N)``.
 
-    Wire format: one record per (destination n, row b, local head j) in per-call send/recv
-    buffers ``[N, B, H/N, D_rec]`` of the output dtype, ``D_rec = a2a_record_width(D, dtype)
-    = round_up(D + P, 16 / element size)``: lanes ``[0, D)`` the payload, lanes
-    ``D..D+P-1`` the fp32 LSE bits (``P = 2`` 16-bit halves, low first, for fp16/bf16;
-    ``P = 1`` for fp32), the rest zero padding (never read). Every record starts
-    16-byte aligned.
+    Wire format: per-call send/recv buffers ``[N, B, H/N, D + P]`` of the output dtype
+    (``P = 2`` 16-bit lanes per fp32 LSE for fp16/bf16, 1 for fp32), one contiguous block
+    per destination: the ``B * H/N`` payload rows, then their fp32 LSE bits
+    (``a2a_buffer_views``).
 
     Args:
         cp_attn_out: ``[B, H, D]`` this rank's partial output (fp16/bf16/fp32, any strides).
