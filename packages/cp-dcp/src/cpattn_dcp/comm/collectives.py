@@ -48,5 +48,5 @@ def all_reduce_(group: CPGroupLike, buf: torch.Tensor) -> torch.Tensor:
 
 
 def all_to_all_records(group: CPGroupLike, recv: torch.Tensor, send: torch.Tensor) -> None:
-    """Exchange the packed records: ``send[n]`` goes to rank n, ``recv[n]`` comes from rank n."""
+    """Exchange the packed blocks: ``send[n]`` goes to rank n, ``recv[n]`` comes from rank n."""
     group.all_to_all_single(recv, send)

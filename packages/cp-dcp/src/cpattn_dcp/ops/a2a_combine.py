@@ -61,7 +61,7 @@ _UNPACK_OUT_CACHE = ""
 _PACK_BLOCK_V = 256
 _PACK_NUM_WARPS = 2
 # Grids under MIN_PROGRAMS programs (decode sizes, latency-bound): smaller blocks of one warp,
-# so that the few records spread over more programs.
+# so that the few vectors spread over more programs.
 _PACK_SMALL_BLOCK_V = 64
 _PACK_SMALL_NUM_WARPS = 1
 # Offsets at or past this bound switch the pack kernel to int64 index arithmetic.
