@@ -181,6 +181,10 @@ def _switches() -> dict[str, list[tuple[str, Callable[[], None]]]]:
             (f"{nbytes // 1024}K", _setter(a2a_mod, unpack_plans, _UNPACK_INFLIGHT_BYTES=nbytes))
             for nbytes in (16384, 8192)
         ],
+        "unpack-decode": [
+            (f"lanes{lanes}", _setter(a2a_mod, unpack_plans, _UNPACK_SMALL_GRID_LANES=lanes))
+            for lanes in (0, 4, 2)
+        ],
         "unpack-store": [
             (label, _setter(a2a_mod, unpack_plans, _UNPACK_OUT_CACHE=cache))
             for label, cache in (("wb", ""), ("cs", ".cs"))
@@ -212,7 +216,8 @@ def ab(dev: torch.device, batch: int, only: str | None = None) -> None:
         for h, d in ((64, 128), (64, 256), (128, 512)):
             for n in (2, 4, 8):
                 t_in = _inputs(dev, batch, h, d, n, n)
-                dec = [_inputs(dev, b, h, d, n, 0) for b in (1, 64)]
+                dec_sizes = (1, 8, 64)
+                dec = [_inputs(dev, b, h, d, n, 0) for b in dec_sizes]
                 line = f"{op_name} H={h} D={d} N={n}:"
                 for label, set_ in settings:
                     set_()
@@ -224,9 +229,8 @@ def ab(dev: torch.device, batch: int, only: str | None = None) -> None:
                         hb.time_cuda_graph([functools.partial(op, x)] * 32).median_ms * 1e3
                         for x in dec
                     ]
-                    line += (
-                        f"  {label} {bps / copy_bps:.3f} (B=1 {us[0]:.2f} us, B=64 {us[1]:.2f} us)"
-                    )
+                    dec_us = ", ".join(f"B={b} {u:.2f} us" for b, u in zip(dec_sizes, us, strict=True))
+                    line += f"  {label} {bps / copy_bps:.3f} ({dec_us})"
                 settings[0][1]()
                 print(line, flush=True)
                 del t_in, dec

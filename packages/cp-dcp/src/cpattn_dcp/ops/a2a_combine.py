@@ -50,6 +50,11 @@ _PACK_DIM = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 1}
 # of 16 KiB, +-0.03 either way, results/h200-2026-11-29-s5/ab_unpack.txt).
 _UNPACK_INFLIGHT_BYTES = 16384
 _UNPACK_MIN_BYTES = 2048
+# Decode-size unpack grids (one row per program, fewer than MIN_PROGRAMS programs) are
+# latency-bound: about this many head-dim lanes per thread and source (0: off), at most
+# _UNPACK_SMALL_GRID_MAX_WARPS warps.
+_UNPACK_SMALL_GRID_LANES = 0
+_UNPACK_SMALL_GRID_MAX_WARPS = 4
 # Cache modifier of the unpack's output stores: "" (write-back). Streaming stores (".cs")
 # measured within the noise of it (+-0.03 of the copy bandwidth, same A/B).
 _UNPACK_OUT_CACHE = ""
@@ -273,10 +278,16 @@ def _launch_pack(
 
 @functools.lru_cache(maxsize=1024)
 def _unpack_config(n: int, num_rows: int, d: int, size: int) -> tuple[int, int, int, int]:
-    """``(grid0, BLOCK_R, BLOCK_D, num_warps)``: about 16 KiB of payload loads in flight."""
+    """``(grid0, BLOCK_R, BLOCK_D, num_warps)``: about 16 KiB of payload loads in flight;
+    one-row programs of a grid below ``MIN_PROGRAMS`` (decode) get more warps (see
+    ``_UNPACK_SMALL_GRID_LANES``)."""
     target = max(_UNPACK_MIN_BYTES, _UNPACK_INFLIGHT_BYTES // n)
     block_r, block_d, num_warps = tile_config(num_rows, d, size, target)
-    return -(-num_rows // block_r), block_r, block_d, num_warps
+    grid0 = -(-num_rows // block_r)
+    if _UNPACK_SMALL_GRID_LANES and block_r == 1 and grid0 < MIN_PROGRAMS:
+        warps = next_pow2(-(-block_d // (32 * _UNPACK_SMALL_GRID_LANES)))
+        num_warps = max(num_warps, min(_UNPACK_SMALL_GRID_MAX_WARPS, warps))
+    return grid0, block_r, block_d, num_warps
 
 
 @functools.lru_cache(maxsize=256)
