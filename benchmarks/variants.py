@@ -229,7 +229,9 @@ def ab(dev: torch.device, batch: int, only: str | None = None) -> None:
                         hb.time_cuda_graph([functools.partial(op, x)] * 32).median_ms * 1e3
                         for x in dec
                     ]
-                    dec_us = ", ".join(f"B={b} {u:.2f} us" for b, u in zip(dec_sizes, us, strict=True))
+                    dec_us = ", ".join(
+                        f"B={b} {u:.2f} us" for b, u in zip(dec_sizes, us, strict=True)
+                    )
                     line += f"  {label} {bps / copy_bps:.3f} ({dec_us})"
                 settings[0][1]()
                 print(line, flush=True)
