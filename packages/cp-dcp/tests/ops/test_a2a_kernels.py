@@ -286,6 +286,31 @@ def test_pack_small_grid_blocks(device: torch.device, monkeypatch: pytest.Monkey
     assert torch.equal(got.cpu().view(torch.int16), want.cpu().view(torch.int16))
 
 
+def test_unpack_decode_grids_get_more_warps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One-row programs of a grid below MIN_PROGRAMS get about _UNPACK_SMALL_GRID_LANES
+    head-dim lanes per thread (at most 4 warps); larger grids keep the tile rule."""
+    import cpattn_dcp.ops._common as common_mod
+    import cpattn_dcp.ops.a2a_combine as a2a_mod
+
+    # The GPU value (1 in the interpreter), in both modules that read it.
+    monkeypatch.setattr(common_mod, "MIN_PROGRAMS", 264)
+    monkeypatch.setattr(a2a_mod, "MIN_PROGRAMS", 264)
+    common_mod.tile_config.cache_clear()
+    a2a_mod._unpack_config.cache_clear()
+    try:
+        # B=1, H_r=16, D=512: 16 programs of one row; 512 / (32 * 2) = 8 warps, capped at 4.
+        assert a2a_mod._unpack_config(8, 16, 512, 2) == (16, 1, 512, 4)
+        assert a2a_mod._unpack_config(8, 8, 128, 2) == (8, 1, 128, 2)
+        big = a2a_mod._unpack_config(8, 4096 * 8, 128, 2)
+        monkeypatch.setattr(a2a_mod, "_UNPACK_SMALL_GRID_LANES", 0)
+        a2a_mod._unpack_config.cache_clear()
+        assert a2a_mod._unpack_config(8, 4096 * 8, 128, 2) == big
+        assert a2a_mod._unpack_config(8, 16, 512, 2) == (16, 1, 512, 1)
+    finally:
+        common_mod.tile_config.cache_clear()
+        a2a_mod._unpack_config.cache_clear()
+
+
 def test_pack_dim() -> None:
     assert a2a_pack_dim(torch.bfloat16) == 2
     assert a2a_pack_dim(torch.float16) == 2

@@ -52,8 +52,12 @@ _UNPACK_INFLIGHT_BYTES = 16384
 _UNPACK_MIN_BYTES = 2048
 # Decode-size unpack grids (one row per program, fewer than MIN_PROGRAMS programs) are
 # latency-bound: about this many head-dim lanes per thread and source (0: off), at most
-# _UNPACK_SMALL_GRID_MAX_WARPS warps.
-_UNPACK_SMALL_GRID_LANES = 0
+# _UNPACK_SMALL_GRID_MAX_WARPS warps. H200, bf16, graph replay, B=1 / B=8 (variants.py --ab
+# unpack-decode, results/h200-2026-11-29-s7/ab_unpack_decode.txt): H=128 D=512 N=8 1.41 /
+# 1.57 us with 2 lanes, 1.79 / 1.89 us with one warp per row (the tile rule alone); H=64
+# D=256 N=8 1.33 / 1.39 against 1.61 / 1.64 us; D=128 within 0.07 us (N=8: 1.35 against
+# 1.42 at B=1); 4 lanes in between. B >= 64 grids and B=4096 are unaffected.
+_UNPACK_SMALL_GRID_LANES = 2
 _UNPACK_SMALL_GRID_MAX_WARPS = 4
 # Cache modifier of the unpack's output stores: "" (write-back). Streaming stores (".cs")
 # measured within the noise of it (+-0.03 of the copy bandwidth, same A/B).
