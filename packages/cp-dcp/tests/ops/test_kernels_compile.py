@@ -40,6 +40,12 @@ def check_ptx_stats(stats: dict[str, dict[str, dict[str, dict[str, int]]]]) -> N
                 assert kernel == "_a2a_pack_kernel", where
                 assert ld.get("ld.global.cg.v4.b32", 0) > 0, where
                 assert st.get("st.global.v4.b32", 0) > 0, where
+            elif case.startswith("unpack-1-"):
+                # Decode grid (B=1): a row spread over up to 4 warps, about 2 lanes per thread
+                # and source (ops.a2a_combine._UNPACK_SMALL_GRID_LANES): vector loads and
+                # stores, 8 bytes at D=512.
+                assert _vector(ld, "v2") + _vector(ld, "v4") > 0, where
+                assert _vector(st, "v2") + _vector(st, "v4") > 0, where
             elif case.startswith("unpack-"):
                 # 16-byte payload loads (16-byte blocks, D a multiple of 8), 16-byte output
                 # stores.
