@@ -104,6 +104,19 @@ def _time_loop(fn: Callable[[], object], iters: int, reps: int) -> float:
             samples_cpu.append((time.perf_counter() - t0) * 1e3 / iters)
         return statistics.median(samples_cpu)
     torch.cuda.synchronize()
+
+    def loop() -> None:
+        for _ in range(iters):
+            fn()
+
+    return _median_event_ms(loop, iters, reps)
+
+
+def _median_event_ms(run: Callable[[], object], calls: int, reps: int) -> float:
+    """Median milliseconds per call of ``run`` (which makes ``calls`` calls), timed ``reps``
+    times with CUDA events, each after a barrier of the ranks and a device synchronisation."""
+    import torch.distributed as dist
+
     start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     samples: list[float] = []
@@ -111,11 +124,10 @@ def _time_loop(fn: Callable[[], object], iters: int, reps: int) -> float:
         dist.barrier()
         torch.cuda.synchronize()
         start.record()
-        for _ in range(iters):
-            fn()
+        run()
         end.record()
         end.synchronize()
-        samples.append(start.elapsed_time(end) / iters)
+        samples.append(start.elapsed_time(end) / calls)
     return statistics.median(samples)
 
 
@@ -123,7 +135,6 @@ def _time_graph(fn: Callable[[], object], calls: int, reps: int) -> float:
     """Median milliseconds per call of ``calls`` calls captured in one CUDA graph and replayed
     ``reps`` times (a barrier before each replay; the NCCL calls inside the graphs of the
     ranks meet as they would eagerly). Warm-up on a side stream first, as capture needs."""
-    import torch.distributed as dist
 
     side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     side.wait_stream(torch.cuda.current_stream())
@@ -138,19 +149,9 @@ def _time_graph(fn: Callable[[], object], calls: int, reps: int) -> float:
             fn()
     graph.replay()
     torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    samples: list[float] = []
-    for _ in range(reps):
-        dist.barrier()
-        torch.cuda.synchronize()
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / calls)
+    ms = _median_event_ms(graph.replay, calls, reps)
     del graph
-    return statistics.median(samples)
+    return ms
 
 
 def _rank_device() -> torch.device:
