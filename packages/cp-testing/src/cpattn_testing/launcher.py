@@ -45,6 +45,8 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from cpattn_testing.interpreter import apply_interpreter_fixes
+
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
     from multiprocessing.context import ForkServerContext, SpawnContext
@@ -283,6 +285,7 @@ def _worker(
         import torch.distributed as dist
 
         _apply_output_poison()
+        apply_interpreter_fixes()
         _ensure_importable(module_files)
         fn, args = pickle.loads(payload)
         if backend == "nccl":

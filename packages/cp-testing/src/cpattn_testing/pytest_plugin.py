@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import pytest
 import torch
 
+from cpattn_testing.interpreter import apply_interpreter_fixes
 from cpattn_testing.launcher import (
     POISON_ENV,
     NotEnoughDevicesError,
@@ -70,8 +71,11 @@ def _pin_gpu_for_xdist_worker() -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the markers (so ``--strict-markers`` accepts them in downstream projects)."""
+    """Register the markers (so ``--strict-markers`` accepts them in downstream projects);
+    under ``TRITON_INTERPRET=1``, make the interpreter widen bf16 exactly, as the GPU does
+    (``cpattn_testing.interpreter``)."""
     _pin_gpu_for_xdist_worker()
+    apply_interpreter_fixes()
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped otherwise)")
     config.addinivalue_line(
         "markers", "multigpu(n): needs at least n CUDA GPUs (skipped otherwise)"
