@@ -13,6 +13,11 @@ Sections:
   gated variant requested explicitly (``eager=False``).
 * ``--ab``: each module-level knob setting of ``_switches`` (first = shipped default), at
   B=4096 (read-flush timing) and B=1 / B=64 (warm graph replay).
+* ``--mask``: ``mask_dcp_empty_shards_`` under each tile setting of ``_MASK_SETTINGS`` (rows
+  per program, lanes of the request-count tile, warps, spreading over programs, int32 rows),
+  graph replay over 32 rotating input sets, decode batches (one token per request) and two
+  prefill-like batches; every setting's output is checked bit for bit against the eager
+  baseline.
 * ``--records``: the pack kernel writing records of other widths (16 / 32 / 128-byte
   multiples).
 * ``--probe``: a few launches of each kernel, to run under ``ncu``.
@@ -36,10 +41,11 @@ import torch
 
 import cpattn_dcp.ops.a2a_combine as a2a_mod
 import cpattn_dcp.ops.correct_attn_out as correct_mod
+import cpattn_dcp.ops.mask_empty_shards as mask_mod
 import cpattn_testing.bench as hb
 from cpattn_common import merge_attn_states
 from cpattn_common.ops.merge_attn_states import merge_attn_states_fwd
-from cpattn_dcp import correct_attn_out
+from cpattn_dcp import correct_attn_out, mask_dcp_empty_shards_
 from cpattn_dcp.ops._common import next_pow2, tile_config
 from cpattn_dcp.ops.a2a_combine import a2a_pack, a2a_unpack_combine
 
@@ -275,6 +281,73 @@ def records(dev: torch.device, batch: int) -> None:
         print(line + "  (fraction of copy, whole records counted)", flush=True)
 
 
+# (label, knob values of cpattn_dcp.ops.mask_empty_shards); the first is the shipped setting
+# (256 lanes, spread to MIN_PROGRAMS, one warp, int32 rows), the second the one before it.
+# Run 1 of benchmarks/results/h200-2026-11-29-s8 compared the former setting with tiles of
+# 1024 / 512 / 256 lanes, 1 / 2 / 4 warps and spreading to 132 / 264 programs.
+_MASK_SETTINGS: list[tuple[str, dict[str, object]]] = [
+    ("t256/p264/w1", {}),
+    ("former", {"_MASK_TILE_LANES": 1 << 30, "_MASK_MIN_PROGRAMS": 1, "_MASK_NUM_WARPS": 2,
+                "_MASK_ROW32": False}),
+    ("t256/p264/i64", {"_MASK_ROW32": False}),
+    ("t128/p264", {"_MASK_TILE_LANES": 128}),
+    ("t512/p264", {"_MASK_TILE_LANES": 512}),
+    ("t256/p528", {"_MASK_MIN_PROGRAMS": 528}),
+    ("t256/p1056", {"_MASK_MIN_PROGRAMS": 1056}),
+    ("t256/p264/w2", {"_MASK_NUM_WARPS": 2}),
+    ("t256/p264/w4", {"_MASK_NUM_WARPS": 4}),
+]  # fmt: skip
+
+
+# The mask module's shipped knob values (read at import, before any setter ran).
+_MASK_DEFAULTS = {
+    name: getattr(mask_mod, name)
+    for name in ("_BLOCK_B", "_MASK_TILE_LANES", "_MASK_NUM_WARPS", "_MASK_MIN_PROGRAMS",
+                 "_MASK_ROW32")
+}  # fmt: skip
+
+
+def _mask_setter(values: dict[str, object]) -> Callable[[], None]:
+    """Setter of the shipped mask knobs with ``values`` replaced (plans cleared)."""
+    plans = [mask_mod._inplace_plan, mask_mod._copy_plan]
+    return _setter(mask_mod, plans, **{**_MASK_DEFAULTS, **values})
+
+
+def mask_sweep(dev: torch.device, rounds: int) -> None:
+    """The in-place mask under each ``_MASK_SETTINGS`` entry (graph replay, 32 input sets)."""
+    empty = hb.measure_empty_kernel_graph(dev).median_ms * 1e3
+    print(f"empty kernel replay {empty:.2f} us", flush=True)
+    setters = [(label, _mask_setter(values)) for label, values in _MASK_SETTINGS]
+    restore = _mask_setter({})
+    shapes = [(b, b) for b in (1, 8, 64, 256, 1024, 4096)] + [(4096, 16), (4096, 256)]
+    for h in (64, 128):
+        for b, r in shapes:
+            gen = torch.Generator(device=dev).manual_seed(b * 131 + r + h)
+            sets = []
+            for _ in range(32):
+                lse = torch.randn(b, h, device=dev, generator=gen)
+                zero = torch.rand(r, device=dev, generator=gen) < 0.25
+                seq_lens = torch.where(zero, 0, 5).to(torch.int32)
+                qsl = (torch.arange(r + 1, device=dev) * (b // r)).to(torch.int32)
+                qsl[-1] = b - min(3, b // 4)  # a few padding rows
+                sets.append((lse, seq_lens, qsl))
+            ref = eb.mask_dcp_empty_shards_eager(sets[0][0].clone(), *sets[0][1:])
+            times: dict[str, list[float]] = {label: [] for label, _ in setters}
+            for _ in range(rounds):
+                for label, set_ in setters:
+                    set_()
+                    got = mask_dcp_empty_shards_(sets[0][0].clone(), *sets[0][1:])
+                    if not torch.equal(got.view(torch.int32), ref.view(torch.int32)):
+                        raise AssertionError(f"mask setting {label} differs at H={h} B={b} R={r}")
+                    fns = [functools.partial(mask_dcp_empty_shards_, *t) for t in sets]
+                    times[label].append(hb.time_cuda_graph(fns).median_ms * 1e3)
+            restore()
+            line = f"mask H={h} B={b} R={r}:"
+            for label, us in times.items():
+                line += f"  {label} {'/'.join(f'{u:.2f}' for u in us)}"
+            print(line + "  (us per call)", flush=True)
+
+
 def decode(dev: torch.device) -> None:
     empty = hb.measure_empty_kernel_graph(dev).median_ms * 1e3
     print(f"empty kernel replay {empty:.2f} us", flush=True)
@@ -316,6 +389,8 @@ def main() -> None:
     parser.add_argument("--ab", action="store_true", help="only the knob comparisons")
     parser.add_argument("--ab-only", help="with --ab: switch names, comma-separated (e.g. correct)")
     parser.add_argument("--records", action="store_true", help="only the record-width probe")
+    parser.add_argument("--mask", action="store_true", help="only the mask tile sweep")
+    parser.add_argument("--rounds", type=int, default=2, help="with --mask: interleaved rounds")
     args = parser.parse_args()
     dev = torch.device("cuda", torch.cuda.current_device())
     if args.probe:
@@ -326,6 +401,9 @@ def main() -> None:
         return
     if args.records:
         records(dev, args.batch)
+        return
+    if args.mask:
+        mask_sweep(dev, args.rounds)
         return
     if not args.skip_methods:
         methods(dev, args.batch)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import cpattn_dcp.ops.mask_empty_shards as mask_mod
 from cpattn_common.alloc import get_output_poison
 from cpattn_dcp import mask_dcp_empty_shards_
 from cpattn_dcp.ops._common import check_mask_args
@@ -93,6 +94,64 @@ def test_narrow_index_dtypes(device: torch.device, index_dtype: torch.dtype, num
         lse.to(device), lens.to(index_dtype).to(device), qsl.to(index_dtype).to(device)
     )
     assert torch.equal(actual.cpu(), expected)
+
+
+@pytest.mark.parametrize("num_seqs", [5, 300])  # direct count, 16-ary search
+def test_int64_boundaries_past_int32(device: torch.device, num_seqs: int) -> None:
+    """int64 boundaries beyond the int32 range (a request that reaches past the batch, and a
+    padding start past it): the int32 row test clamps them without changing a comparison."""
+    qsl = torch.tensor([0, *range(2, 2 * num_seqs, 2), 2**40], dtype=torch.int64)
+    lens = torch.tensor([(i * 5) % 3 for i in range(num_seqs)], dtype=torch.int64)
+    lse = torch.randn(2 * num_seqs + 7, 4)
+    expected = mask_empty_shards_ref(lse, lens, qsl)
+    actual = mask_dcp_empty_shards_(lse.to(device), lens.to(device), qsl.to(device))
+    assert torch.equal(actual.cpu(), expected)
+
+
+@pytest.mark.parametrize("row32", [True, False])
+@pytest.mark.parametrize("num_seqs", [40, 300])
+def test_row_index_widths_agree(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch, row32: bool, num_seqs: int
+) -> None:
+    """The int32 and int64 row paths (int64 is taken only past 2^31 rows, so forced here),
+    in place and as a copy, with small tiles (many programs) and the largest ones."""
+    counts = [(3 * i) % 4 for i in range(num_seqs)]
+    qsl = _qsl(counts)
+    lens = torch.tensor([(i * 7) % 3 for i in range(num_seqs)], dtype=torch.int32)
+    lse = torch.randn(int(qsl[-1]) + 3, 5)
+    expected = mask_empty_shards_ref(lse, lens, qsl)
+    for tile_lanes, min_programs in ((16, 64), (1 << 30, 1)):
+        for name, value in (
+            ("_MASK_ROW32", row32),
+            ("_MASK_TILE_LANES", tile_lanes),
+            ("_MASK_MIN_PROGRAMS", min_programs),
+        ):
+            monkeypatch.setattr(mask_mod, name, value)
+        mask_mod._inplace_plan.cache_clear()
+        mask_mod._copy_plan.cache_clear()
+        args = (lens.to(device), qsl.to(device))
+        copied = masked_lse_copy(lse.to(device), *args)
+        assert torch.equal(copied.cpu(), expected)
+        assert torch.equal(mask_dcp_empty_shards_(lse.to(device), *args).cpu(), expected)
+    monkeypatch.undo()
+    mask_mod._inplace_plan.cache_clear()
+    mask_mod._copy_plan.cache_clear()
+
+
+def test_mask_tile_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows per program: at most _BLOCK_B, a count tile of at most _MASK_TILE_LANES lanes,
+    then halved until the grid has _MASK_MIN_PROGRAMS programs; int32 rows where they fit."""
+    monkeypatch.setattr(mask_mod, "_MASK_TILE_LANES", 256)
+    monkeypatch.setattr(mask_mod, "_MASK_MIN_PROGRAMS", 1)
+    assert mask_mod._mask_tile(4096, 4, True) == (16, True)  # direct count: 16 lanes
+    assert mask_mod._mask_tile(4096, 7, True) == (2, True)  # 128 lanes
+    assert mask_mod._mask_tile(4096, 13, True) == (16, True)  # 16-ary search: 16 lanes
+    assert mask_mod._mask_tile(4096, 7, False) == (64, True)  # no mask: no count tile
+    assert mask_mod._mask_tile(5, 1, True) == (8, True)
+    assert mask_mod._mask_tile(2**31 - 8, 1, True) == (64, False)
+    monkeypatch.setattr(mask_mod, "_MASK_MIN_PROGRAMS", 264)
+    assert mask_mod._mask_tile(64, 7, True) == (1, True)
+    assert mask_mod._mask_tile(4096, 13, True) == (8, True)
 
 
 def test_none_is_noop(device: torch.device) -> None:

@@ -35,7 +35,14 @@ def _row_is_empty(i_row, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS: tl.const
         # Lanes past R count as +inf boundaries; set after widening (an `other` of 2^31 - 1
         # would wrap in a narrow index dtype such as int16).
         b_bound = tl.load(qsl_ptr + 1 + i_s, mask=m_s, other=0).to(tl.int64)
-        b_bound = tl.where(m_s, b_bound, 9223372036854775807)
+        if i_row.dtype == tl.int32:
+            # int32 rows (the host checked that every row index fits): the tile compares in
+            # int32, half the instructions of int64. Clamping a boundary to the int32 range
+            # leaves its comparison with every such row unchanged.
+            b_bound = tl.minimum(tl.maximum(b_bound, -2147483648), 2147483647).to(tl.int32)
+            b_bound = tl.where(m_s, b_bound, 2147483647)
+        else:
+            b_bound = tl.where(m_s, b_bound, 9223372036854775807)
         b_zero = tl.load(seq_lens_ptr + i_s, mask=m_s, other=1) == 0
         b_pos = tl.sum((b_bound[None, :] <= i_row[:, None]).to(tl.int32), axis=1)
         b_seq = tl.minimum(b_pos, num_seqs - 1)
@@ -78,6 +85,7 @@ def _mask_empty_shards_kernel(
     HAS_MASK: tl.constexpr,
     IS_COPY: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
+    ROW32: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
@@ -85,11 +93,17 @@ def _mask_empty_shards_kernel(
 
     ``IS_COPY=False`` is the in-place mask (``dst is src``; only empty rows are stored).
     ``IS_COPY=True`` writes every element of ``dst`` (``HAS_MASK=False``: a plain copy).
+    ``ROW32``: row indices (masked lanes included) fit int32 (host checked): the empty-row
+    test runs in int32; element offsets are int64 either way.
     """
-    i_b = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B).to(tl.int64)
+    if ROW32:
+        i_row = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    else:
+        i_row = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B).to(tl.int64)
+    i_b = i_row.to(tl.int64)
     m_b = i_b < num_rows
     if HAS_MASK:
-        m_empty = _row_is_empty(i_b, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS) & m_b
+        m_empty = _row_is_empty(i_row, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS) & m_b
     else:
         m_empty = i_b < 0
     for h0 in range(0, num_heads, BLOCK_H):
@@ -122,11 +136,12 @@ def _mask_empty_shards_inplace_kernel(
     num_rows,
     num_heads,
     SEARCH_STEPS: tl.constexpr,
+    ROW32: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
     """Lean in-place form of ``_mask_empty_shards_kernel`` (fewer launch arguments)."""
     _mask_empty_shards_kernel(
         lse_ptr, stride_b, stride_h, lse_ptr, stride_b, stride_h, seq_lens_ptr, qsl_ptr,
-        num_seqs, num_rows, num_heads, True, False, SEARCH_STEPS, BLOCK_B, BLOCK_H,
+        num_seqs, num_rows, num_heads, True, False, SEARCH_STEPS, ROW32, BLOCK_B, BLOCK_H,
     )  # fmt: skip

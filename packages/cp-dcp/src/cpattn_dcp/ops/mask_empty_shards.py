@@ -18,11 +18,13 @@ import torch
 from cpattn_common.alloc import new_output
 from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_dcp.kernels.empty_shards import (
+    COUNT_MAX_STEPS,
     _mask_empty_shards_inplace_kernel,
     _mask_empty_shards_kernel,
 )
 from cpattn_dcp.ops._common import (
     LSE_DTYPES,
+    MIN_PROGRAMS,
     check_lse_dtype,
     check_mask_args,
     contiguous,
@@ -33,7 +35,21 @@ from cpattn_dcp.ops._common import (
 
 __all__ = ["mask_dcp_empty_shards_", "masked_lse_copy"]
 
+# Tiles of the mask kernels: at most _BLOCK_B rows per program and _MASK_TILE_LANES lanes in
+# a program's request-count tile [BLOCK_B, lanes] (lanes: 2^SEARCH_STEPS for the direct
+# count, 16 per round of the 16-ary search), then fewer rows per program until the grid has
+# _MASK_MIN_PROGRAMS programs; one warp; row indices in int32 where they fit. H200, graph
+# replay, fp32 LSEs [B, 128], one query row per request, µs (former: 64 rows, 2 warps, int64
+# rows -> now): B=64 3.44 -> 1.34, B=256 3.54 -> 1.94, B=4096 4.17 -> 2.40, B=1 / 8 equal
+# within 0.05 (benchmarks/results/h200-2026-11-29-s8/mask_sweep.txt; docs/performance-
+# notes.md, "The empty-shard mask at decode sizes").
 _BLOCK_B = 64
+_MASK_TILE_LANES = 256
+_MASK_NUM_WARPS = 1
+_MASK_MIN_PROGRAMS = MIN_PROGRAMS
+_MASK_ROW32 = True
+_INT32_MAX = 2**31 - 1
+_COUNT_MAX_STEPS: int = COUNT_MAX_STEPS.value
 _Tensor = torch.Tensor
 # Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
 _inplace_kernel = CachedKernel(_mask_empty_shards_inplace_kernel)
@@ -63,30 +79,50 @@ def _valid_fast(lse: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torc
     )
 
 
+def _mask_tile(num_rows: int, steps: int, has_mask: bool) -> tuple[int, bool]:
+    """``(BLOCK_B, ROW32)`` of the mask kernels for ``num_rows`` rows and ``steps``
+    search steps (see ``_BLOCK_B``)."""
+    lanes = 1 << steps if steps <= _COUNT_MAX_STEPS else 16
+    block_b = min(_BLOCK_B, next_pow2(num_rows))
+    if has_mask:
+        block_b = max(1, min(block_b, _MASK_TILE_LANES // lanes))
+    while block_b > 1 and -(-num_rows // block_b) < _MASK_MIN_PROGRAMS:
+        block_b //= 2
+    return block_b, _MASK_ROW32 and num_rows + block_b <= _INT32_MAX
+
+
 @functools.lru_cache(maxsize=1024)
 def _copy_plan(
     num_rows: int, num_heads: int, num_seqs: int, has_mask: bool, is_copy: bool
 ) -> tuple[tuple[int], Specialization]:
     """Grid and specialization of the general mask kernel (memoised per shape)."""
-    block_b = min(_BLOCK_B, next_pow2(num_rows))
+    steps = search_steps(num_seqs)
+    block_b, row32 = _mask_tile(num_rows, steps, has_mask)
     spec = _copy_spec(
-        has_mask, is_copy, search_steps(num_seqs), block_b, min(64, next_pow2(num_heads))
+        has_mask, is_copy, steps, row32, block_b, min(64, next_pow2(num_heads)), _MASK_NUM_WARPS
     )
     return (-(-num_rows // block_b),), spec
 
 
 @functools.lru_cache(maxsize=256)
 def _copy_spec(
-    has_mask: bool, is_copy: bool, steps: int, block_b: int, block_h: int
+    has_mask: bool,
+    is_copy: bool,
+    steps: int,
+    row32: bool,
+    block_b: int,
+    block_h: int,
+    num_warps: int,
 ) -> Specialization:
     """The general mask kernel specialized on its constexprs (shared by every batch size)."""
     return _copy_kernel.specialize(
         HAS_MASK=has_mask,
         IS_COPY=is_copy,
         SEARCH_STEPS=steps,
+        ROW32=row32,
         BLOCK_B=block_b,
         BLOCK_H=block_h,
-        num_warps=2,
+        num_warps=num_warps,
     )
 
 
@@ -152,16 +188,19 @@ def _inplace_plan(
     num_rows: int, num_heads: int, num_seqs: int
 ) -> tuple[tuple[int], Specialization]:
     """Grid and specialization of the in-place mask (memoised per shape)."""
-    block_b = min(_BLOCK_B, next_pow2(num_rows))
-    spec = _inplace_spec(search_steps(num_seqs), block_b, min(64, next_pow2(num_heads)))
+    steps = search_steps(num_seqs)
+    block_b, row32 = _mask_tile(num_rows, steps, True)
+    spec = _inplace_spec(steps, row32, block_b, min(64, next_pow2(num_heads)), _MASK_NUM_WARPS)
     return (-(-num_rows // block_b),), spec
 
 
 @functools.lru_cache(maxsize=256)
-def _inplace_spec(steps: int, block_b: int, block_h: int) -> Specialization:
+def _inplace_spec(
+    steps: int, row32: bool, block_b: int, block_h: int, num_warps: int
+) -> Specialization:
     """The in-place mask kernel specialized on its constexprs (shared by every batch size)."""
     return _inplace_kernel.specialize(
-        SEARCH_STEPS=steps, BLOCK_B=block_b, BLOCK_H=block_h, num_warps=2
+        SEARCH_STEPS=steps, ROW32=row32, BLOCK_B=block_b, BLOCK_H=block_h, num_warps=num_warps
     )
 
 
