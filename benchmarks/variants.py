@@ -18,6 +18,9 @@ Sections:
   graph replay over 32 rotating input sets, decode batches (one token per request) and two
   prefill-like batches; every setting's output is checked bit for bit against the eager
   baseline.
+* ``--merge``: ``merge_attn_states`` at decode sizes under each ``_MERGE_SETTINGS`` entry
+  (weight-gated or EAGER loads, volatile or not, warps of one-head programs), graph replay
+  over 32 rotating input sets, checked against the shipped setting (relative norm error).
 * ``--records``: the pack kernel writing records of other widths (16 / 32 / 128-byte
   multiples).
 * ``--probe``: a few launches of each kernel, to run under ``ncu``.
@@ -39,6 +42,7 @@ from typing import Any
 
 import torch
 
+import cpattn_common.ops.merge_attn_states as merge_mod
 import cpattn_dcp.ops.a2a_combine as a2a_mod
 import cpattn_dcp.ops.correct_attn_out as correct_mod
 import cpattn_dcp.ops.mask_empty_shards as mask_mod
@@ -348,6 +352,68 @@ def mask_sweep(dev: torch.device, rounds: int) -> None:
             print(line + "  (us per call)", flush=True)
 
 
+# (label, knob values of cpattn_common.ops.merge_attn_states); the first is the shipped one.
+_MERGE_SETTINGS: list[tuple[str, dict[str, object]]] = [
+    ("gated", {}),
+    ("gated/l2", {"_SMALL_GRID_LANES": 2}),
+    ("eager", {"_EAGER_BY_DEFAULT": True}),
+    ("eager/l2", {"_EAGER_BY_DEFAULT": True, "_SMALL_GRID_LANES": 2}),
+    ("eager-nv", {"_EAGER_BY_DEFAULT": True, "_EAGER_VOLATILE": False}),
+    ("eager-nv/l2", {"_EAGER_BY_DEFAULT": True, "_EAGER_VOLATILE": False, "_SMALL_GRID_LANES": 2}),
+    ("eager<528-nv/l2", {"_EAGER_BY_DEFAULT": True, "_EAGER_VOLATILE": False,
+                         "_SMALL_GRID_LANES": 2, "_EAGER_MAX_PROGRAMS": 527}),
+]  # fmt: skip
+_MERGE_DEFAULTS = {
+    name: getattr(merge_mod, name)
+    for name in ("_EAGER_BY_DEFAULT", "_EAGER_VOLATILE", "_SMALL_GRID_LANES",
+                 "_SMALL_GRID_MAX_WARPS", "_EAGER_MAX_PROGRAMS")
+}  # fmt: skip
+
+
+def _merge_setter(values: dict[str, object]) -> Callable[[], None]:
+    """Setter of the shipped merge knobs with ``values`` replaced (plans cleared)."""
+    plans = [
+        merge_mod.merge_attn_states_config,
+        merge_mod.merge_attn_states_block_sizes,
+        merge_mod._specialization,
+    ]
+    return _setter(merge_mod, plans, **{**_MERGE_DEFAULTS, **values})
+
+
+def merge_sweep(dev: torch.device, rounds: int) -> None:
+    """``merge_attn_states`` at decode sizes under each ``_MERGE_SETTINGS`` entry."""
+    empty = hb.measure_empty_kernel_graph(dev).median_ms * 1e3
+    print(f"empty kernel replay {empty:.2f} us", flush=True)
+    setters = [(label, _merge_setter(values)) for label, values in _MERGE_SETTINGS]
+    for h, d in ((128, 512), (64, 256), (64, 128)):
+        for n in (2, 4, 8):
+            for b in (1, 8, 64):
+                sets = [_inputs(dev, b, h, d, n, i)[2:4] for i in range(32)]
+                setters[0][1]()
+                ref = merge_attn_states(*sets[0])
+                times: dict[str, list[float]] = {label: [] for label, _ in setters}
+                for _ in range(rounds):
+                    for label, set_ in setters:
+                        set_()
+                        got = merge_attn_states(*sets[0]).float()
+                        # Not bit for bit: the variants round the weighted sum differently
+                        # (fused multiply-add or not); one bf16 rounding step apart at most.
+                        err = float((got - ref.float()).norm() / ref.float().norm())
+                        if not err < 4e-3:
+                            raise AssertionError(
+                                f"merge {label} off by {err:.1e} at H={h} D={d} N={n}"
+                            )
+                        fns = [functools.partial(merge_attn_states, *t) for t in sets]
+                        times[label].append(hb.time_cuda_graph(fns).median_ms * 1e3)
+                setters[0][1]()
+                line = f"merge H={h} D={d} N={n} B={b}:"
+                for label, us in times.items():
+                    line += f"  {label} {'/'.join(f'{u:.2f}' for u in us)}"
+                print(line + "  (us per call)", flush=True)
+                del sets
+                torch.cuda.empty_cache()
+
+
 def decode(dev: torch.device) -> None:
     empty = hb.measure_empty_kernel_graph(dev).median_ms * 1e3
     print(f"empty kernel replay {empty:.2f} us", flush=True)
@@ -390,7 +456,10 @@ def main() -> None:
     parser.add_argument("--ab-only", help="with --ab: switch names, comma-separated (e.g. correct)")
     parser.add_argument("--records", action="store_true", help="only the record-width probe")
     parser.add_argument("--mask", action="store_true", help="only the mask tile sweep")
-    parser.add_argument("--rounds", type=int, default=2, help="with --mask: interleaved rounds")
+    parser.add_argument("--merge", action="store_true", help="only the merge decode sweep")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="with --mask / --merge: interleaved rounds"
+    )
     args = parser.parse_args()
     dev = torch.device("cuda", torch.cuda.current_device())
     if args.probe:
@@ -404,6 +473,9 @@ def main() -> None:
         return
     if args.mask:
         mask_sweep(dev, args.rounds)
+        return
+    if args.merge:
+        merge_sweep(dev, args.rounds)
         return
     if not args.skip_methods:
         methods(dev, args.batch)

@@ -248,6 +248,7 @@ def _compile_report() -> dict[str, Any]:
             "D_CONTIG": True,
             "EAGER": eager,
             "IS_BASE_E": True,
+            "VOLATILE": merge_mod._EAGER_VOLATILE,
         }
         types = {
             "out_ptr": f"*{dt}",
@@ -289,14 +290,18 @@ def _compile_report() -> dict[str, Any]:
 def test_sm90_compile_vector_loads_and_eager_order() -> None:
     """16-byte vector loads / stores everywhere; in the EAGER variant every partial load is
     issued before the first weight computation (one DRAM round trip per program)."""
+    try:
+        import triton.backends.nvidia as nv
+    except ImportError:
+        pytest.skip("Triton's NVIDIA backend is not installed")
+    if not (Path(nv.__file__).parent / "bin" / "ptxas").exists():
+        pytest.skip("Triton's NVIDIA backend has no ptxas")
+    # Any other failure is a failure (a broad skip once hid a kernel signature change).
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
         [sys.executable, __file__], capture_output=True, text=True, env=env, timeout=600
     )
-    if proc.returncode != 0:
-        if "ptxas" in proc.stderr or "No module named" in proc.stderr:
-            pytest.skip(f"cannot compile for sm_90 here: {proc.stderr.strip()[-300:]}")
-        raise AssertionError(proc.stderr[-3000:])
+    assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     for name, n, *_ in _COMPILE_CASES:
         r = report[name]

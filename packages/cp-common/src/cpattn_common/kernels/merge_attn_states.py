@@ -105,6 +105,7 @@ def _merge_attn_states_fwd_kernel(
     D_CONTIG: tl.constexpr,
     EAGER: tl.constexpr,
     IS_BASE_E: tl.constexpr,
+    VOLATILE: tl.constexpr = True,
 ):
     i_b = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
@@ -137,12 +138,12 @@ def _merge_attn_states_fwd_kernel(
         b_os = ()  # type: tuple[Any, ...]
         p_o = p_o0
         for _ in tl.static_range(N):
-            b_os = b_os + (tl.load(p_o, mask=m_hd, other=0.0, volatile=True),)  # noqa: RUF005
+            b_os = b_os + (tl.load(p_o, mask=m_hd, other=0.0, volatile=VOLATILE),)  # noqa: RUF005
             p_o += stride_po_n * VEC
         b_ls = ()  # type: tuple[Any, ...]
         p_l = p_l0
         for _ in tl.static_range(N):
-            b_l = tl.load(p_l, mask=m_h, other=float("-inf"), volatile=True)
+            b_l = tl.load(p_l, mask=m_h, other=float("-inf"), volatile=VOLATILE)
             b_ls = b_ls + (_sanitize_lse(b_l.to(tl.float32)),)  # noqa: RUF005
             p_l += stride_pl_n
         b_m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)

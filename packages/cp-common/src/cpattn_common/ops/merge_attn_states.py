@@ -53,6 +53,13 @@ _EAGER_BY_DEFAULT = False
 _BIG_TILE = 4096
 _BIG_TILE_MIN_D = 128
 
+# Decode grids (one head per program, fewer than _MIN_PROGRAMS programs): about this many
+# head-dim lanes per thread, at most _SMALL_GRID_MAX_WARPS warps (0: one 16-byte vector per
+# thread). _EAGER_VOLATILE: the EAGER variant's loads are volatile (see the kernel).
+_SMALL_GRID_LANES = 0
+_SMALL_GRID_MAX_WARPS = 4
+_EAGER_VOLATILE = True
+
 _merge_kernel = CachedKernel(_merge_attn_states_fwd_kernel)
 
 
@@ -100,6 +107,9 @@ def merge_attn_states_config(
         per_thread = vec
     vectors = max(1, block_h * block_d // per_thread)
     num_warps = max(1, min(8, triton.next_power_of_2(triton.cdiv(vectors, 32))))
+    if _SMALL_GRID_LANES and block_h == 1 and batch * num_heads < _MIN_PROGRAMS:
+        warps = triton.next_power_of_2(triton.cdiv(block_d, 32 * _SMALL_GRID_LANES))
+        num_warps = max(num_warps, min(_SMALL_GRID_MAX_WARPS, warps))
     eager = _EAGER_BY_DEFAULT and batch * triton.cdiv(num_heads, block_h) <= _EAGER_MAX_PROGRAMS
     return block_h, block_d, num_warps, eager
 
@@ -196,6 +206,7 @@ def _specialization(
         D_CONTIG=d_contig,
         EAGER=eager_cfg if eager is None else bool(eager),
         IS_BASE_E=base_e,
+        VOLATILE=_EAGER_VOLATILE,
         num_warps=num_warps,
     )
 
