@@ -19,7 +19,7 @@ Sections:
   prefill-like batches; every setting's output is checked bit for bit against the eager
   baseline.
 * ``--merge``: ``merge_attn_states`` at decode sizes under each ``_MERGE_SETTINGS`` entry
-  (weight-gated or EAGER loads, volatile or not, warps of one-head programs), graph replay
+  (weight-gated or EAGER loads, warps of one-head programs), graph replay
   over 32 rotating input sets, checked against the shipped setting (relative norm error).
 * ``--records``: the pack kernel writing records of other widths (16 / 32 / 128-byte
   multiples).
@@ -352,20 +352,19 @@ def mask_sweep(dev: torch.device, rounds: int) -> None:
             print(line + "  (us per call)", flush=True)
 
 
-# (label, knob values of cpattn_common.ops.merge_attn_states); the first is the shipped one.
+# (label, knob values of cpattn_common.ops.merge_attn_states); the first is the shipped one
+# (EAGER loads on grids of fewer than 528 programs, ~2 lanes per thread on one-head grids of
+# fewer than 132), the second the one before it (weight-gated loads everywhere). Run 4 of
+# benchmarks/results/h200-2026-11-29-s8 also timed volatile EAGER loads: run it at 3441b60.
 _MERGE_SETTINGS: list[tuple[str, dict[str, object]]] = [
-    ("gated", {}),
-    ("gated/l2", {"_SMALL_GRID_LANES": 2}),
-    ("eager", {"_EAGER_BY_DEFAULT": True}),
-    ("eager/l2", {"_EAGER_BY_DEFAULT": True, "_SMALL_GRID_LANES": 2}),
-    ("eager-nv", {"_EAGER_BY_DEFAULT": True, "_EAGER_VOLATILE": False}),
-    ("eager-nv/l2", {"_EAGER_BY_DEFAULT": True, "_EAGER_VOLATILE": False, "_SMALL_GRID_LANES": 2}),
-    ("eager<528-nv/l2", {"_EAGER_BY_DEFAULT": True, "_EAGER_VOLATILE": False,
-                         "_SMALL_GRID_LANES": 2, "_EAGER_MAX_PROGRAMS": 527}),
-]  # fmt: skip
+    ("shipped", {}),
+    ("gated", {"_EAGER_BY_DEFAULT": False, "_SMALL_GRID_LANES": 0}),
+    ("lanes<528", {"_SMALL_GRID_PROGRAMS": 528}),
+    ("eager<=4096", {"_EAGER_MAX_PROGRAMS": 4096}),
+]
 _MERGE_DEFAULTS = {
     name: getattr(merge_mod, name)
-    for name in ("_EAGER_BY_DEFAULT", "_EAGER_VOLATILE", "_SMALL_GRID_LANES",
+    for name in ("_EAGER_BY_DEFAULT", "_SMALL_GRID_LANES", "_SMALL_GRID_PROGRAMS",
                  "_SMALL_GRID_MAX_WARPS", "_EAGER_MAX_PROGRAMS")
 }  # fmt: skip
 

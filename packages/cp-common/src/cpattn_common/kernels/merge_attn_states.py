@@ -31,10 +31,11 @@ each row start is ``VEC``-aligned and emits 16-byte vector loads) and ``D_CONTIG
 
 Two variants (``EAGER``):
 
-- ``EAGER`` (latency-bound grids, e.g. decode): every load first (N partial tiles, then N
-  LSE rows, all ``volatile`` so the machine code keeps that order; without it ptxas sinks the
-  partial loads below the weight math, which waits for the LSEs: a second DRAM round trip),
-  then the weights, then ``sum_n where(w_n == 0, 0, w_n * o_n)``;
+- ``EAGER`` (latency-bound grids, e.g. decode): every load first in program order (N partial
+  tiles, then N LSE rows; ptxas keeps them ahead of the weight math at the decode tiles'
+  four warps, and may sink some partial loads at wider vectors), then the weights, then
+  ``sum_n where(w_n == 0, 0, w_n * o_n)``. (Volatile loads, which pin that order, measured
+  slower at every decode size: ``docs/performance-notes.md``, "The merge at decode sizes".)
 - otherwise (large grids): the LSE passes first, then one weighted pass that loads a partial
   only where its weight is nonzero (saves the bandwidth of empty shards; other programs on the
   SM hide the LSE round trip).
@@ -105,7 +106,6 @@ def _merge_attn_states_fwd_kernel(
     D_CONTIG: tl.constexpr,
     EAGER: tl.constexpr,
     IS_BASE_E: tl.constexpr,
-    VOLATILE: tl.constexpr = True,
 ):
     i_b = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
@@ -129,21 +129,19 @@ def _merge_attn_states_fwd_kernel(
     p_l0 = partial_lse_ptr + i_b * stride_pl_b + o_h * stride_pl_h
     b_acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     if EAGER:
-        # Every load first: the N partial tiles, then the N LSE rows. Volatile loads keep their
-        # program order in the machine code, so every weight computation (which waits for the
-        # LSEs) is scheduled after the last partial load has been issued: one DRAM round trip
-        # per program instead of two (ptxas otherwise sinks the independent partial loads
-        # below the weight math). A zero weight zeroes its term with a select, so NaN / garbage
-        # partials of empty sources never leak.
+        # Every load first: the N partial tiles, then the N LSE rows, so that the partials need
+        # not wait for the weights (one DRAM round trip per program instead of two). A zero
+        # weight zeroes its term with a select, so NaN / garbage partials of empty sources
+        # never leak.
         b_os = ()  # type: tuple[Any, ...]
         p_o = p_o0
         for _ in tl.static_range(N):
-            b_os = b_os + (tl.load(p_o, mask=m_hd, other=0.0, volatile=VOLATILE),)  # noqa: RUF005
+            b_os = b_os + (tl.load(p_o, mask=m_hd, other=0.0),)  # noqa: RUF005
             p_o += stride_po_n * VEC
         b_ls = ()  # type: tuple[Any, ...]
         p_l = p_l0
         for _ in tl.static_range(N):
-            b_l = tl.load(p_l, mask=m_h, other=float("-inf"), volatile=VOLATILE)
+            b_l = tl.load(p_l, mask=m_h, other=float("-inf"))
             b_ls = b_ls + (_sanitize_lse(b_l.to(tl.float32)),)  # noqa: RUF005
             p_l += stride_pl_n
         b_m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)

@@ -40,25 +40,27 @@ _Tensor = torch.Tensor
 # A grid with fewer programs than this is latency-bound (H200: 132 SMs): tiles shrink (down to
 # one head per program) until the grid reaches it, so each program's serial chain is short.
 _MIN_PROGRAMS = 4 * 132
-# The configuration depends on the batch only up to this many programs (the launcher caps the
-# batch it keys the configuration cache on).
-_EAGER_MAX_PROGRAMS = 4096
-# The EAGER kernel variant (every load issued up front, volatile loads) is opt-in
-# (``eager=True``): on the H200 the gated variant was faster at every decode size measured
-# (benchmarks/variants.py, CUDA-graph replay, bf16: B=1 H=128 D=512 N=8 2.9 vs 3.3 us,
-# B=1 H=64 D=128 N=4 1.5 vs 2.0 us, B=64 H=128 D=512 N=2 8.4 vs 8.7 us).
-_EAGER_BY_DEFAULT = False
+# Grids of at most _EAGER_MAX_PROGRAMS programs (those whose tiles shrank to reach
+# _MIN_PROGRAMS, i.e. decode) use the EAGER kernel variant (every load issued up front) when
+# _EAGER_BY_DEFAULT; larger grids the weight-gated one. The configuration depends on the
+# batch only up to that many programs (the launcher caps the batch it keys its cache on).
+# Grids of fewer than _SMALL_GRID_PROGRAMS one-head programs (fewer than one per SM) get
+# about _SMALL_GRID_LANES head-dim lanes per thread, at most _SMALL_GRID_MAX_WARPS warps.
+# H200, bf16, graph replay, µs (gated -> shipped): B=1 H=128 D=512 N=8 2.69 -> 1.94, N=4 1.72
+# -> 1.61; B=1 H=64 D=128 N=2 1.50 -> 1.37; B=8 H=64 D=256 N=8 3.0 -> 2.7; B=64, and B=8 at
+# H=128 (grids of 528 programs or more), unchanged (EAGER there: N=8 B=64 H=128 D=512 +0.9,
+# N=4 +0.3). benchmarks/results/h200-2026-11-29-s8/merge_sweep.txt; docs/performance-
+# notes.md, "The merge at decode sizes".
+_EAGER_MAX_PROGRAMS = _MIN_PROGRAMS - 1
+_EAGER_BY_DEFAULT = True
 # Elements per program of large grids (two 16-byte vectors per thread: 8 warps at 16 bits),
 # for head dims (padded) of at least _BIG_TILE_MIN_D; smaller head dims use half of it.
 _BIG_TILE = 4096
 _BIG_TILE_MIN_D = 128
 
-# Decode grids (one head per program, fewer than _MIN_PROGRAMS programs): about this many
-# head-dim lanes per thread, at most _SMALL_GRID_MAX_WARPS warps (0: one 16-byte vector per
-# thread). _EAGER_VOLATILE: the EAGER variant's loads are volatile (see the kernel).
-_SMALL_GRID_LANES = 0
+_SMALL_GRID_PROGRAMS = 132
+_SMALL_GRID_LANES = 2
 _SMALL_GRID_MAX_WARPS = 4
-_EAGER_VOLATILE = True
 
 _merge_kernel = CachedKernel(_merge_attn_states_fwd_kernel)
 
@@ -91,11 +93,12 @@ def merge_attn_states_config(
     _BIG_TILE_MIN_D`` (128), else 2048 (more, shorter programs for small head dims), with two
     16-byte vectors per thread and source (8 warps for 4096 16-bit elements; H200, bf16,
     B=4096: 32 heads x 128 / 8 warps measured 0.853 of the copy ceiling at H=64 D=128 N=2,
-    16 x 128 / 4 warps 0.844, 8 x 512 / 8 warps 0.93-0.95 at D=512). Grids under ``_MIN_PROGRAMS`` programs (decode) shrink
-    ``BLOCK_H`` (down to 1) until they reach it, with one vector per thread. ``EAGER`` (every
-    load issued up front, independent of the weights) only where ``_EAGER_BY_DEFAULT`` is
-    set (it is not: the gated variant measured faster at decode sizes too) and the grid has
-    at most ``_EAGER_MAX_PROGRAMS`` programs.
+    16 x 128 / 4 warps 0.844, 8 x 512 / 8 warps 0.93-0.95 at D=512). Grids under
+    ``_MIN_PROGRAMS`` programs (decode) shrink ``BLOCK_H`` (down to 1) until they reach it,
+    with one vector per thread, or about ``_SMALL_GRID_LANES`` lanes per thread (at most
+    ``_SMALL_GRID_MAX_WARPS`` warps) when fewer than ``_SMALL_GRID_PROGRAMS`` one-head
+    programs remain. ``EAGER`` (every load issued up front, independent of the weights) where
+    the grid has at most ``_EAGER_MAX_PROGRAMS`` programs (and ``_EAGER_BY_DEFAULT``).
     """
     block_d = triton.next_power_of_2(max(head_dim, 1))
     vec = max(1, 16 // max(elem_size, 1))
@@ -107,10 +110,11 @@ def merge_attn_states_config(
         per_thread = vec
     vectors = max(1, block_h * block_d // per_thread)
     num_warps = max(1, min(8, triton.next_power_of_2(triton.cdiv(vectors, 32))))
-    if _SMALL_GRID_LANES and block_h == 1 and batch * num_heads < _MIN_PROGRAMS:
+    programs = batch * triton.cdiv(num_heads, block_h)
+    if _SMALL_GRID_LANES and block_h == 1 and programs < _SMALL_GRID_PROGRAMS:
         warps = triton.next_power_of_2(triton.cdiv(block_d, 32 * _SMALL_GRID_LANES))
         num_warps = max(num_warps, min(_SMALL_GRID_MAX_WARPS, warps))
-    eager = _EAGER_BY_DEFAULT and batch * triton.cdiv(num_heads, block_h) <= _EAGER_MAX_PROGRAMS
+    eager = _EAGER_BY_DEFAULT and programs <= _EAGER_MAX_PROGRAMS
     return block_h, block_d, num_warps, eager
 
 
@@ -206,7 +210,6 @@ def _specialization(
         D_CONTIG=d_contig,
         EAGER=eager_cfg if eager is None else bool(eager),
         IS_BASE_E=base_e,
-        VOLATILE=_EAGER_VOLATILE,
         num_warps=num_warps,
     )
 
