@@ -1,9 +1,13 @@
-"""Shared validation of the collective combine ops (AG+RS, AG+AR, A2A)."""
+"""Shared validation and call type of the collective combine ops (AG+RS, AG+AR, A2A)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, Literal, Protocol, cast, overload
+
 import torch
 
+from cpattn_dcp.context import CPTritonContext
 from cpattn_dcp.ops._common import (
     LSE_DTYPES,
     OUT_DTYPES,
@@ -13,9 +17,58 @@ from cpattn_dcp.ops._common import (
     mask_args_proven,
 )
 
-__all__ = ["validate_combine_args"]
+__all__ = ["CombineOp", "combine_op", "validate_combine_args"]
 
 _Tensor = torch.Tensor
+
+
+class CombineOp(Protocol):
+    """Call type of ``cp_lse_ag_out_rs``, ``cp_lse_ag_out_ar`` and ``dcp_a2a_lse_reduce``:
+    ``return_lse=True`` returns ``(out, lse)``, otherwise ``out`` (vLLM's parameters)."""
+
+    @overload
+    def __call__(
+        self,
+        cp_attn_out: torch.Tensor,
+        cp_attn_lse: torch.Tensor,
+        cp_group: Any,
+        ctx: CPTritonContext | None = None,
+        return_lse: Literal[False] = False,
+        is_lse_base_on_e: bool = True,
+        seq_lens: torch.Tensor | None = None,
+        query_start_loc: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
+    @overload
+    def __call__(
+        self,
+        cp_attn_out: torch.Tensor,
+        cp_attn_lse: torch.Tensor,
+        cp_group: Any,
+        ctx: CPTritonContext | None = None,
+        *,
+        return_lse: Literal[True],
+        is_lse_base_on_e: bool = True,
+        seq_lens: torch.Tensor | None = None,
+        query_start_loc: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    @overload
+    def __call__(
+        self,
+        cp_attn_out: torch.Tensor,
+        cp_attn_lse: torch.Tensor,
+        cp_group: Any,
+        ctx: CPTritonContext | None = None,
+        return_lse: bool = False,
+        is_lse_base_on_e: bool = True,
+        seq_lens: torch.Tensor | None = None,
+        query_start_loc: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def combine_op(fn: Callable[..., torch.Tensor | tuple[torch.Tensor, torch.Tensor]]) -> CombineOp:
+    """Decorator: type a combine entry point as ``CombineOp`` (the function is unchanged; its
+    one signature returns the union, the protocol's overloads narrow it by ``return_lse``)."""
+    return cast(CombineOp, fn)
 
 
 def _valid_cuda(

@@ -13,7 +13,7 @@ no host sync.
 from __future__ import annotations
 
 import functools
-from typing import Any, Literal, overload
+from typing import Any
 
 import torch
 
@@ -30,7 +30,7 @@ from cpattn_dcp.comm.groups import (
 )
 from cpattn_dcp.context import CPTritonContext
 from cpattn_dcp.kernels.a2a import _a2a_pack_kernel, _a2a_unpack_combine_fwd_kernel
-from cpattn_dcp.ops._collective_common import validate_combine_args
+from cpattn_dcp.ops._collective_common import combine_op, validate_combine_args
 from cpattn_dcp.ops._common import MIN_PROGRAMS, contiguous, next_pow2, search_steps, tile_config
 
 __all__ = [
@@ -516,40 +516,7 @@ def _(
     return out, lse
 
 
-@overload
-def dcp_a2a_lse_reduce(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    cp_group: Any,
-    ctx: CPTritonContext | None = None,
-    return_lse: Literal[False] = False,
-    is_lse_base_on_e: bool = True,
-    seq_lens: torch.Tensor | None = None,
-    query_start_loc: torch.Tensor | None = None,
-) -> torch.Tensor: ...
-@overload
-def dcp_a2a_lse_reduce(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    cp_group: Any,
-    ctx: CPTritonContext | None = None,
-    *,
-    return_lse: Literal[True],
-    is_lse_base_on_e: bool = True,
-    seq_lens: torch.Tensor | None = None,
-    query_start_loc: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]: ...
-@overload
-def dcp_a2a_lse_reduce(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    cp_group: Any,
-    ctx: CPTritonContext | None = None,
-    return_lse: bool = False,
-    is_lse_base_on_e: bool = True,
-    seq_lens: torch.Tensor | None = None,
-    query_start_loc: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+@combine_op
 def dcp_a2a_lse_reduce(
     cp_attn_out: torch.Tensor,
     cp_attn_lse: torch.Tensor,

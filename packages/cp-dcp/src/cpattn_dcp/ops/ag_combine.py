@@ -10,7 +10,7 @@ communication and always returns the same type as for N > 1.
 
 from __future__ import annotations
 
-from typing import Any, Literal, overload
+from typing import Any
 
 import torch
 
@@ -25,7 +25,7 @@ from cpattn_dcp.comm.groups import (
     resolve_group,
 )
 from cpattn_dcp.context import CPTritonContext
-from cpattn_dcp.ops._collective_common import validate_combine_args
+from cpattn_dcp.ops._collective_common import combine_op, validate_combine_args
 from cpattn_dcp.ops.correct_attn_out import launch_correct
 from cpattn_dcp.ops.mask_empty_shards import masked_lse_copy
 
@@ -259,40 +259,7 @@ def _ag_entry(
     return out
 
 
-@overload
-def cp_lse_ag_out_rs(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    cp_group: Any,
-    ctx: CPTritonContext | None = None,
-    return_lse: Literal[False] = False,
-    is_lse_base_on_e: bool = True,
-    seq_lens: torch.Tensor | None = None,
-    query_start_loc: torch.Tensor | None = None,
-) -> torch.Tensor: ...
-@overload
-def cp_lse_ag_out_rs(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    cp_group: Any,
-    ctx: CPTritonContext | None = None,
-    *,
-    return_lse: Literal[True],
-    is_lse_base_on_e: bool = True,
-    seq_lens: torch.Tensor | None = None,
-    query_start_loc: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]: ...
-@overload
-def cp_lse_ag_out_rs(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    cp_group: Any,
-    ctx: CPTritonContext | None = None,
-    return_lse: bool = False,
-    is_lse_base_on_e: bool = True,
-    seq_lens: torch.Tensor | None = None,
-    query_start_loc: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+@combine_op
 def cp_lse_ag_out_rs(
     cp_attn_out: torch.Tensor,
     cp_attn_lse: torch.Tensor,
@@ -345,40 +312,7 @@ def cp_lse_ag_out_rs(
     )
 
 
-@overload
-def cp_lse_ag_out_ar(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    cp_group: Any,
-    ctx: CPTritonContext | None = None,
-    return_lse: Literal[False] = False,
-    is_lse_base_on_e: bool = True,
-    seq_lens: torch.Tensor | None = None,
-    query_start_loc: torch.Tensor | None = None,
-) -> torch.Tensor: ...
-@overload
-def cp_lse_ag_out_ar(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    cp_group: Any,
-    ctx: CPTritonContext | None = None,
-    *,
-    return_lse: Literal[True],
-    is_lse_base_on_e: bool = True,
-    seq_lens: torch.Tensor | None = None,
-    query_start_loc: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]: ...
-@overload
-def cp_lse_ag_out_ar(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    cp_group: Any,
-    ctx: CPTritonContext | None = None,
-    return_lse: bool = False,
-    is_lse_base_on_e: bool = True,
-    seq_lens: torch.Tensor | None = None,
-    query_start_loc: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+@combine_op
 def cp_lse_ag_out_ar(
     cp_attn_out: torch.Tensor,
     cp_attn_lse: torch.Tensor,
