@@ -53,14 +53,13 @@ _MIN_PROGRAMS = 4 * 132
 # notes.md, "The merge at decode sizes".
 _EAGER_MAX_PROGRAMS = _MIN_PROGRAMS - 1
 _EAGER_BY_DEFAULT = True
+_SMALL_GRID_PROGRAMS = 132
+_SMALL_GRID_LANES = 2
+_SMALL_GRID_MAX_WARPS = 4
 # Elements per program of large grids (two 16-byte vectors per thread: 8 warps at 16 bits),
 # for head dims (padded) of at least _BIG_TILE_MIN_D; smaller head dims use half of it.
 _BIG_TILE = 4096
 _BIG_TILE_MIN_D = 128
-
-_SMALL_GRID_PROGRAMS = 132
-_SMALL_GRID_LANES = 2
-_SMALL_GRID_MAX_WARPS = 4
 
 _merge_kernel = CachedKernel(_merge_attn_states_fwd_kernel)
 
