@@ -10,6 +10,7 @@ import torch
 from cpattn_testing.tolerances import (
     TOLERANCES,
     ChunkedAgreement,
+    assert_close_by_row_chunks,
     assert_close_to_ref,
     coarsest,
     tolerance,
@@ -111,3 +112,34 @@ def test_chunked_agreement_matches_the_whole_check() -> None:
     assert "first mismatch: chunk 1 at (0, 1): actual nan, ref 3.0" in text
     with pytest.raises(AssertionError, match=r"shape \(2,\) != reference shape \(3,\)"):
         bad.add(torch.zeros(2), torch.zeros(3))
+
+
+def test_row_chunks_check_every_result() -> None:
+    """Every row of every result is compared (a bad row in the last, short chunk fails, with
+    its result's name); malformed arguments are rejected."""
+    ref_out = torch.randn(130, 3, dtype=torch.float64)
+    ref_lse = torch.randn(130, dtype=torch.float64)
+    out, lse = ref_out.to(torch.bfloat16), ref_lse.float()
+    calls: list[tuple[int, int]] = []
+
+    def reference(s: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append((s, e))
+        return ref_out[s:e], ref_lse[s:e]
+
+    def checks() -> list[ChunkedAgreement]:
+        return [
+            ChunkedAgreement(torch.bfloat16, name="out"),
+            ChunkedAgreement(torch.float32, name="lse"),
+        ]
+
+    assert_close_by_row_chunks([out, lse], reference, checks(), chunk_rows=64)
+    assert calls == [(0, 64), (64, 128), (128, 130)]
+    lse[129] = math.nan
+    with pytest.raises(AssertionError, match="lse: not close"):
+        assert_close_by_row_chunks([out, lse], reference, checks(), chunk_rows=64)
+    with pytest.raises(ValueError, match="2 results for 1 checks"):
+        assert_close_by_row_chunks([out, lse], reference, checks()[:1], chunk_rows=64)
+    with pytest.raises(ValueError, match="row count"):
+        assert_close_by_row_chunks([out, lse[:5]], reference, checks(), chunk_rows=64)
+    with pytest.raises(ValueError, match="chunk_rows"):
+        assert_close_by_row_chunks([out, lse], reference, checks(), chunk_rows=0)

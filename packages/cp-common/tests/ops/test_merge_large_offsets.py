@@ -14,7 +14,7 @@ from cpattn_common import merge_attn_states
 from cpattn_testing.cases import random_lses
 from cpattn_testing.pytest_plugin import require_device_memory
 from cpattn_testing.reference import lse_combine_ref
-from cpattn_testing.tolerances import ChunkedAgreement
+from cpattn_testing.tolerances import ChunkedAgreement, assert_close_by_row_chunks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
@@ -37,12 +37,12 @@ def test_merge_past_int32_offsets(device: torch.device, layout: str) -> None:
     partial_outs = backing[:, :, extra_heads:]
     partial_lses = random_lses((n, b, h), gen)
     out, lse = merge_attn_states(partial_outs, partial_lses, return_lse=True)
-    check_out = ChunkedAgreement(torch.bfloat16, name="out", reduction_len=n)
-    check_lse = ChunkedAgreement(torch.float32, name="lse")
-    for s in range(0, b, _CHUNK_ROWS):
-        e = min(b, s + _CHUNK_ROWS)
-        ref_out, ref_lse = lse_combine_ref(partial_outs[:, s:e], partial_lses[:, s:e])
-        check_out.add(out[s:e], ref_out)
-        check_lse.add(lse[s:e], ref_lse)
-    check_out.check()
-    check_lse.check()
+    assert_close_by_row_chunks(
+        [out, lse],
+        lambda s, e: lse_combine_ref(partial_outs[:, s:e], partial_lses[:, s:e]),
+        [
+            ChunkedAgreement(torch.bfloat16, name="out", reduction_len=n),
+            ChunkedAgreement(torch.float32, name="lse"),
+        ],
+        chunk_rows=_CHUNK_ROWS,
+    )

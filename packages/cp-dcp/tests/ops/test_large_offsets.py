@@ -26,7 +26,7 @@ from cpattn_dcp.ops.a2a_combine import a2a_unpack_combine
 from cpattn_testing.cases import random_lses
 from cpattn_testing.pytest_plugin import require_device_memory
 from cpattn_testing.reference import correct_attn_out_ref, lse_combine_ref
-from cpattn_testing.tolerances import ChunkedAgreement
+from cpattn_testing.tolerances import ChunkedAgreement, assert_close_by_row_chunks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
@@ -50,15 +50,12 @@ def test_correct_attn_out_contiguous(device: torch.device) -> None:
     orig = out.clone()
     res, lse = correct_attn_out(out, lses, rank)
     assert res.data_ptr() == out.data_ptr()
-    check_out = ChunkedAgreement(torch.bfloat16, name="out")
-    check_lse = ChunkedAgreement(torch.float32, name="lse")
-    for s in range(0, b, _CHUNK_ROWS):
-        e = min(b, s + _CHUNK_ROWS)
-        ref_out, ref_lse = correct_attn_out_ref(orig[s:e], lses[:, s:e], rank)
-        check_out.add(out[s:e], ref_out)
-        check_lse.add(lse[s:e], ref_lse)
-    check_out.check()
-    check_lse.check()
+    assert_close_by_row_chunks(
+        [out, lse],
+        lambda s, e: correct_attn_out_ref(orig[s:e], lses[:, s:e], rank),
+        [ChunkedAgreement(torch.bfloat16, name="out"), ChunkedAgreement(torch.float32, name="lse")],
+        chunk_rows=_CHUNK_ROWS,
+    )
 
 
 def test_correct_attn_out_strided(device: torch.device) -> None:
@@ -74,12 +71,12 @@ def test_correct_attn_out_strided(device: torch.device) -> None:
     orig = backing.clone()
     correct_attn_out(out, lses, rank)
     assert torch.equal(backing[:, 0], orig[:, 0])
-    check = ChunkedAgreement(torch.bfloat16, name="out")
-    for s in range(0, b, _CHUNK_ROWS):
-        e = min(b, s + _CHUNK_ROWS)
-        ref_out, _ = correct_attn_out_ref(orig[s:e, 1:], lses[:, s:e], rank)
-        check.add(out[s:e], ref_out)
-    check.check()
+    assert_close_by_row_chunks(
+        [out],
+        lambda s, e: correct_attn_out_ref(orig[s:e, 1:], lses[:, s:e], rank)[:1],
+        [ChunkedAgreement(torch.bfloat16, name="out")],
+        chunk_rows=_CHUNK_ROWS,
+    )
 
 
 def _ragged_requests(
@@ -155,15 +152,12 @@ def test_a2a_unpack_combine(device: torch.device) -> None:
     lanes.copy_(lses.view(torch.bfloat16).view(n, b, hr, 2))
     out, lse = a2a_unpack_combine(recv, head_dim=d, return_lse=True)
     assert lse is not None
-    check_out = ChunkedAgreement(torch.bfloat16, name="out")
-    check_lse = ChunkedAgreement(torch.float32, name="lse")
-    for s in range(0, b, _CHUNK_ROWS):
-        e = min(b, s + _CHUNK_ROWS)
-        ref_out, ref_lse = lse_combine_ref(payloads[:, s:e], lses[:, s:e])
-        check_out.add(out[s:e], ref_out)
-        check_lse.add(lse[s:e], ref_lse)
-    check_out.check()
-    check_lse.check()
+    assert_close_by_row_chunks(
+        [out, lse],
+        lambda s, e: lse_combine_ref(payloads[:, s:e], lses[:, s:e]),
+        [ChunkedAgreement(torch.bfloat16, name="out"), ChunkedAgreement(torch.float32, name="lse")],
+        chunk_rows=_CHUNK_ROWS,
+    )
 
 
 def test_mask_empty_shards(device: torch.device) -> None:

@@ -23,10 +23,18 @@ CI-only softening.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["TOLERANCES", "ChunkedAgreement", "assert_close_to_ref", "coarsest", "tolerance"]
+__all__ = [
+    "TOLERANCES",
+    "ChunkedAgreement",
+    "assert_close_by_row_chunks",
+    "assert_close_to_ref",
+    "coarsest",
+    "tolerance",
+]
 
 #: dtype -> (atol, rtol, max_rel_norm). Low-precision rows allow a few ulps of the output dtype
 #: (bf16 eps = 2**-7, fp16 eps = 2**-10) since outputs are rounded at least once, and the
@@ -265,3 +273,42 @@ class ChunkedAgreement:
         if self._first_bad is not None:
             lines.append(f"    first mismatch: {self._first_bad}")
         raise AssertionError("\n".join(lines))
+
+
+def assert_close_by_row_chunks(
+    actual: Sequence[torch.Tensor],
+    reference: Callable[[int, int], Sequence[torch.Tensor]],
+    checks: Sequence[ChunkedAgreement],
+    *,
+    chunk_rows: int,
+) -> None:
+    """Check results row chunk by row chunk against references computed per chunk.
+
+    Args:
+        actual: results that share their row count (dim 0), e.g. ``(out [B, H, D], lse [B, H])``.
+        reference: ``reference(s, e)`` returns the references of rows ``[s, e)`` of each
+            result, in the same order (usually float64, computed on the chunk only).
+        checks: one :class:`ChunkedAgreement` per result (its dtype and name).
+        chunk_rows: rows per chunk (bounds the float64 temporaries).
+
+    Raises:
+        AssertionError: as :meth:`ChunkedAgreement.check`, for the first result that fails.
+        ValueError: ``actual`` and ``checks`` differ in length, the results differ in row
+            count, or ``chunk_rows < 1``.
+    """
+    if len(actual) != len(checks) or not actual:
+        raise ValueError(f"{len(actual)} results for {len(checks)} checks")
+    rows = actual[0].shape[0]
+    if any(t.shape[0] != rows for t in actual):
+        raise ValueError(f"results differ in row count: {[t.shape[0] for t in actual]}")
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    for s in range(0, rows, chunk_rows):
+        e = min(rows, s + chunk_rows)
+        refs = reference(s, e)
+        if len(refs) != len(actual):
+            raise ValueError(f"reference returned {len(refs)} tensors for {len(actual)} results")
+        for check, got, ref in zip(checks, actual, refs, strict=True):
+            check.add(got[s:e], ref)
+    for check in checks:
+        check.check()
