@@ -7,6 +7,7 @@ from typing import Any, Literal, Protocol, cast, overload
 
 import torch
 
+from cpattn_dcp.comm.groups import group_rank, group_token, group_world_size
 from cpattn_dcp.context import CPTritonContext
 from cpattn_dcp.ops._common import (
     LSE_DTYPES,
@@ -17,7 +18,7 @@ from cpattn_dcp.ops._common import (
     mask_args_proven,
 )
 
-__all__ = ["CombineOp", "combine_op", "validate_combine_args"]
+__all__ = ["CombineOp", "combine_op", "traced_combine", "validate_combine_args"]
 
 _Tensor = torch.Tensor
 
@@ -69,6 +70,41 @@ def combine_op(fn: Callable[..., torch.Tensor | tuple[torch.Tensor, torch.Tensor
     """Decorator: type a combine entry point as ``CombineOp`` (the function is unchanged; its
     one signature returns the union, the protocol's overloads narrow it by ``return_lse``)."""
     return cast(CombineOp, fn)
+
+
+def traced_combine(
+    op: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    name: str,
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    cp_group: Any,
+    return_lse: bool,
+    is_lse_base_on_e: bool,
+    seq_lens: torch.Tensor | None,
+    query_start_loc: torch.Tensor | None,
+    *,
+    heads_divisible: bool,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """A combine entry point under ``torch.compile``: validate, then call its custom ``op``
+    with the group passed as (token, world size, rank). ``op`` returns ``(out, lse)``, the
+    LSE empty without ``return_lse``."""
+    n = group_world_size(cp_group)
+    validate_combine_args(
+        name, cp_attn_out, cp_attn_lse, n, seq_lens, query_start_loc,
+        heads_divisible=heads_divisible,
+    )  # fmt: skip
+    out, lse_or_empty = op(
+        cp_attn_out,
+        cp_attn_lse,
+        group_token(cp_group),
+        n,
+        group_rank(cp_group),
+        bool(return_lse),
+        bool(is_lse_base_on_e),
+        seq_lens,
+        query_start_loc,
+    )
+    return (out, lse_or_empty) if return_lse else out
 
 
 def _valid_cuda(

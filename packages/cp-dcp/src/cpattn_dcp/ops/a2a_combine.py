@@ -23,14 +23,11 @@ from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_dcp.comm.collectives import all_to_all_records
 from cpattn_dcp.comm.groups import (
     group_from_token,
-    group_rank,
-    group_token,
-    group_world_size,
     resolve_group,
 )
 from cpattn_dcp.context import CPTritonContext
 from cpattn_dcp.kernels.a2a import _a2a_pack_kernel, _a2a_unpack_combine_fwd_kernel
-from cpattn_dcp.ops._collective_common import combine_op, validate_combine_args
+from cpattn_dcp.ops._collective_common import combine_op, traced_combine, validate_combine_args
 from cpattn_dcp.ops._common import MIN_PROGRAMS, contiguous, next_pow2, search_steps, tile_config
 
 __all__ = [
@@ -559,28 +556,11 @@ def dcp_a2a_lse_reduce(
     """
     del ctx
     if torch.compiler.is_compiling():
-        n = group_world_size(cp_group)
-        validate_combine_args(
-            "dcp_a2a_lse_reduce",
-            cp_attn_out,
-            cp_attn_lse,
-            n,
-            seq_lens,
-            query_start_loc,
+        return traced_combine(
+            torch.ops.cpattn_dcp.dcp_a2a_lse_reduce, "dcp_a2a_lse_reduce", cp_attn_out,
+            cp_attn_lse, cp_group, return_lse, is_lse_base_on_e, seq_lens, query_start_loc,
             heads_divisible=True,
-        )
-        out, lse_or_empty = torch.ops.cpattn_dcp.dcp_a2a_lse_reduce(
-            cp_attn_out,
-            cp_attn_lse,
-            group_token(cp_group),
-            n,
-            group_rank(cp_group),
-            bool(return_lse),
-            bool(is_lse_base_on_e),
-            seq_lens,
-            query_start_loc,
-        )
-        return (out, lse_or_empty) if return_lse else out
+        )  # fmt: skip
     group = resolve_group(cp_group)
     has_mask = validate_combine_args(
         "dcp_a2a_lse_reduce",

@@ -19,13 +19,10 @@ from cpattn_common.group import CPGroupLike
 from cpattn_dcp.comm.collectives import all_gather_lse, all_reduce_, reduce_scatter_heads
 from cpattn_dcp.comm.groups import (
     group_from_token,
-    group_rank,
-    group_token,
-    group_world_size,
     resolve_group,
 )
 from cpattn_dcp.context import CPTritonContext
-from cpattn_dcp.ops._collective_common import combine_op, validate_combine_args
+from cpattn_dcp.ops._collective_common import combine_op, traced_combine, validate_combine_args
 from cpattn_dcp.ops.correct_attn_out import launch_correct
 from cpattn_dcp.ops.mask_empty_shards import masked_lse_copy
 
@@ -206,33 +203,15 @@ def _ag_entry(
     query_start_loc: torch.Tensor | None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     if torch.compiler.is_compiling():
-        n = group_world_size(cp_group)
-        validate_combine_args(
-            name,
-            cp_attn_out,
-            cp_attn_lse,
-            n,
-            seq_lens,
-            query_start_loc,
-            heads_divisible=reduce_scatter,
-        )
         op = (
             torch.ops.cpattn_dcp.cp_lse_ag_out_rs
             if reduce_scatter
             else torch.ops.cpattn_dcp.cp_lse_ag_out_ar
         )
-        out, lse_or_empty = op(
-            cp_attn_out,
-            cp_attn_lse,
-            group_token(cp_group),
-            n,
-            group_rank(cp_group),
-            bool(return_lse),
-            bool(is_lse_base_on_e),
-            seq_lens,
-            query_start_loc,
-        )
-        return (out, lse_or_empty) if return_lse else out
+        return traced_combine(
+            op, name, cp_attn_out, cp_attn_lse, cp_group, return_lse, is_lse_base_on_e,
+            seq_lens, query_start_loc, heads_divisible=reduce_scatter,
+        )  # fmt: skip
     group = resolve_group(cp_group)
     validate_combine_args(
         name,
