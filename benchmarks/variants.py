@@ -361,11 +361,17 @@ _MERGE_SETTINGS: list[tuple[str, dict[str, object]]] = [
     ("gated", {"_EAGER_BY_DEFAULT": False, "_SMALL_GRID_LANES": 0}),
     ("lanes<528", {"_SMALL_GRID_PROGRAMS": 528}),
     ("eager<=4096", {"_EAGER_MAX_PROGRAMS": 4096}),
+    ("eager<=1056", {"_EAGER_MAX_PROGRAMS": 1056}),
+    ("eager<=1056/l2<1057", {"_EAGER_MAX_PROGRAMS": 1056, "_SMALL_GRID_PROGRAMS": 1057}),
+    (
+        "eager<=1056/l2:D>=512",
+        {"_EAGER_MAX_PROGRAMS": 1056, "_SMALL_GRID_PROGRAMS": 1 << 30, "_SMALL_GRID_MIN_D": 512},
+    ),
 ]
 _MERGE_DEFAULTS = {
     name: getattr(merge_mod, name)
     for name in ("_EAGER_BY_DEFAULT", "_SMALL_GRID_LANES", "_SMALL_GRID_PROGRAMS",
-                 "_SMALL_GRID_MAX_WARPS", "_EAGER_MAX_PROGRAMS")
+                 "_SMALL_GRID_MAX_WARPS", "_SMALL_GRID_MIN_D", "_EAGER_MAX_PROGRAMS")
 }  # fmt: skip
 
 
@@ -379,14 +385,14 @@ def _merge_setter(values: dict[str, object]) -> Callable[[], None]:
     return _setter(merge_mod, plans, **{**_MERGE_DEFAULTS, **values})
 
 
-def merge_sweep(dev: torch.device, rounds: int) -> None:
+def merge_sweep(dev: torch.device, rounds: int, batches: tuple[int, ...] = (1, 8, 64)) -> None:
     """``merge_attn_states`` at decode sizes under each ``_MERGE_SETTINGS`` entry."""
     empty = hb.measure_empty_kernel_graph(dev).median_ms * 1e3
     print(f"empty kernel replay {empty:.2f} us", flush=True)
     setters = [(label, _merge_setter(values)) for label, values in _MERGE_SETTINGS]
     for h, d in ((128, 512), (64, 256), (64, 128)):
         for n in (2, 4, 8):
-            for b in (1, 8, 64):
+            for b in batches:
                 sets = [_inputs(dev, b, h, d, n, i)[2:4] for i in range(32)]
                 setters[0][1]()
                 ref = merge_attn_states(*sets[0])
@@ -456,6 +462,7 @@ def main() -> None:
     parser.add_argument("--records", action="store_true", help="only the record-width probe")
     parser.add_argument("--mask", action="store_true", help="only the mask tile sweep")
     parser.add_argument("--merge", action="store_true", help="only the merge decode sweep")
+    parser.add_argument("--batches", default="1,8,64", help="with --merge: batch sizes")
     parser.add_argument(
         "--rounds", type=int, default=2, help="with --mask / --merge: interleaved rounds"
     )
@@ -474,7 +481,7 @@ def main() -> None:
         mask_sweep(dev, args.rounds)
         return
     if args.merge:
-        merge_sweep(dev, args.rounds)
+        merge_sweep(dev, args.rounds, tuple(int(b) for b in args.batches.split(",")))
         return
     if not args.skip_methods:
         methods(dev, args.batch)

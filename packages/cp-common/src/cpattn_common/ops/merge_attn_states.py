@@ -56,6 +56,7 @@ _EAGER_BY_DEFAULT = True
 _SMALL_GRID_PROGRAMS = 132
 _SMALL_GRID_LANES = 2
 _SMALL_GRID_MAX_WARPS = 4
+_SMALL_GRID_MIN_D = 0
 # Elements per program of large grids (two 16-byte vectors per thread: 8 warps at 16 bits),
 # for head dims (padded) of at least _BIG_TILE_MIN_D; smaller head dims use half of it.
 _BIG_TILE = 4096
@@ -110,7 +111,12 @@ def merge_attn_states_config(
     vectors = max(1, block_h * block_d // per_thread)
     num_warps = max(1, min(8, triton.next_power_of_2(triton.cdiv(vectors, 32))))
     programs = batch * triton.cdiv(num_heads, block_h)
-    if _SMALL_GRID_LANES and block_h == 1 and programs < _SMALL_GRID_PROGRAMS:
+    if (
+        _SMALL_GRID_LANES
+        and block_h == 1
+        and programs < _SMALL_GRID_PROGRAMS
+        and block_d >= _SMALL_GRID_MIN_D
+    ):
         warps = triton.next_power_of_2(triton.cdiv(block_d, 32 * _SMALL_GRID_LANES))
         num_warps = max(num_warps, min(_SMALL_GRID_MAX_WARPS, warps))
     eager = _EAGER_BY_DEFAULT and programs <= _EAGER_MAX_PROGRAMS
