@@ -353,25 +353,21 @@ def mask_sweep(dev: torch.device, rounds: int) -> None:
 
 
 # (label, knob values of cpattn_common.ops.merge_attn_states); the first is the shipped one
-# (EAGER loads on grids of fewer than 528 programs, ~2 lanes per thread on one-head grids of
-# fewer than 132), the second the one before it (weight-gated loads everywhere). Run 4 of
-# benchmarks/results/h200-2026-11-29-s8 also timed volatile EAGER loads: run it at 3441b60.
+# (EAGER loads on one-head grids of up to 1056 programs, ~2 lanes per thread there at D >=
+# 512), the second weight-gated loads everywhere (the rule before the eighth session). Runs
+# 4-5 and 8-9 of benchmarks/results/h200-2026-11-29-s8 timed other knob sets (volatile EAGER
+# loads, lanes by grid size, EAGER on every grid of up to 1056 / 4096 programs): run them at
+# 3441b60 (run 4), 6cec7ee (run 5) and 1bb1ab4 (runs 8-9).
 _MERGE_SETTINGS: list[tuple[str, dict[str, object]]] = [
     ("shipped", {}),
     ("gated", {"_EAGER_BY_DEFAULT": False, "_SMALL_GRID_LANES": 0}),
-    ("lanes<528", {"_SMALL_GRID_PROGRAMS": 528}),
-    ("eager<=4096", {"_EAGER_MAX_PROGRAMS": 4096}),
-    ("eager<=1056", {"_EAGER_MAX_PROGRAMS": 1056}),
-    ("eager<=1056/l2<1057", {"_EAGER_MAX_PROGRAMS": 1056, "_SMALL_GRID_PROGRAMS": 1057}),
-    (
-        "eager<=1056/l2:D>=512",
-        {"_EAGER_MAX_PROGRAMS": 1056, "_SMALL_GRID_PROGRAMS": 1 << 30, "_SMALL_GRID_MIN_D": 512},
-    ),
+    ("lanes-all-D", {"_SMALL_GRID_MIN_D": 0}),
+    ("no-lanes", {"_SMALL_GRID_LANES": 0}),
 ]
 _MERGE_DEFAULTS = {
     name: getattr(merge_mod, name)
-    for name in ("_EAGER_BY_DEFAULT", "_SMALL_GRID_LANES", "_SMALL_GRID_PROGRAMS",
-                 "_SMALL_GRID_MAX_WARPS", "_SMALL_GRID_MIN_D", "_EAGER_MAX_PROGRAMS")
+    for name in ("_EAGER_BY_DEFAULT", "_SMALL_GRID_LANES", "_SMALL_GRID_MAX_WARPS",
+                 "_SMALL_GRID_MIN_D", "_EAGER_MAX_PROGRAMS")
 }  # fmt: skip
 
 

@@ -158,14 +158,15 @@ def test_size_one_dims_and_broadcast_inputs(device: torch.device) -> None:
 
 
 def test_config_rules() -> None:
-    # decode: one head per program, EAGER loads; fewer programs than SMs: ~2 lanes per thread
+    # decode, one head per program: EAGER loads; D >= 512: ~2 lanes per thread
     assert merge_attn_states_config(1, 128, 512, 2) == (1, 512, 4, True)
-    assert merge_attn_states_config(1, 64, 128, 2) == (1, 128, 2, True)
+    assert merge_attn_states_config(8, 128, 512, 2) == (1, 512, 4, True)  # 1024 programs
     assert merge_attn_states_config(1, 16, 576, 2) == (1, 1024, 4, True)
-    # 512 one-head programs: one 16-byte vector per thread, EAGER
-    assert merge_attn_states_config(8, 64, 256, 2) == (1, 256, 1, True)
-    # 1024 one-head programs (>= _MIN_PROGRAMS): weight-gated loads
-    assert merge_attn_states_config(8, 128, 512, 2) == (1, 512, 2, False)
+    assert merge_attn_states_config(1, 64, 128, 2) == (1, 128, 1, True)
+    assert merge_attn_states_config(16, 64, 256, 2) == (1, 256, 1, True)
+    # several heads per program: weight-gated loads
+    assert merge_attn_states_config(16, 128, 512, 2) == (2, 512, 4, False)
+    assert merge_attn_states_config(32, 64, 128, 2) == (2, 128, 1, False)
     # the bandwidth shapes: 4096-element tiles at D >= 128, 2048 below; gated loads
     assert merge_attn_states_config(4096, 128, 512, 2) == (8, 512, 8, False)
     assert merge_attn_states_config(4096, 64, 128, 2) == (32, 128, 8, False)
@@ -285,7 +286,7 @@ def _compile_report() -> dict[str, Any]:
         report[name] = {
             "eager_cfg": eager_cfg,
             # one-head programs with more lanes per thread than one 16-byte vector holds
-            "narrow": block_h == 1 and b * h < merge_mod._SMALL_GRID_PROGRAMS,
+            "narrow": eager_cfg and block_d >= merge_mod._SMALL_GRID_MIN_D,
             "ld_v4": len(re.findall(r"ld\.global(?:\.\w+)*\.v4\.b32", ptx)),
             "ld_vec": len(re.findall(r"ld\.global(?:\.\w+)*\.v[24]\.b32", ptx)),
             "st_vec": len(re.findall(r"st\.global(?:\.\w+)*\.v[24]\.b32", ptx)),

@@ -40,23 +40,22 @@ _Tensor = torch.Tensor
 # A grid with fewer programs than this is latency-bound (H200: 132 SMs): tiles shrink (down to
 # one head per program) until the grid reaches it, so each program's serial chain is short.
 _MIN_PROGRAMS = 4 * 132
-# Grids of at most _EAGER_MAX_PROGRAMS programs (those whose tiles shrank to reach
-# _MIN_PROGRAMS, i.e. decode) use the EAGER kernel variant (every load issued up front) when
-# _EAGER_BY_DEFAULT; larger grids the weight-gated one. The configuration depends on the
-# batch only up to that many programs (the launcher caps the batch it keys its cache on).
-# Grids of fewer than _SMALL_GRID_PROGRAMS one-head programs (fewer than one per SM) get
-# about _SMALL_GRID_LANES head-dim lanes per thread, at most _SMALL_GRID_MAX_WARPS warps.
-# H200, bf16, graph replay, µs (gated -> shipped): B=1 H=128 D=512 N=8 2.69 -> 1.94, N=4 1.72
-# -> 1.61; B=1 H=64 D=128 N=2 1.50 -> 1.37; B=8 H=64 D=256 N=8 3.0 -> 2.7; B=64, and B=8 at
-# H=128 (grids of 528 programs or more), unchanged (EAGER there: N=8 B=64 H=128 D=512 +0.9,
-# N=4 +0.3). benchmarks/results/h200-2026-11-29-s8/merge_sweep.txt; docs/performance-
-# notes.md, "The merge at decode sizes".
-_EAGER_MAX_PROGRAMS = _MIN_PROGRAMS - 1
+# One-head grids (tiles shrunk to one head per program to reach _MIN_PROGRAMS, i.e. decode)
+# of at most _EAGER_MAX_PROGRAMS programs use the EAGER kernel variant (every load issued up
+# front) when _EAGER_BY_DEFAULT, and about _SMALL_GRID_LANES head-dim lanes per thread (at
+# most _SMALL_GRID_MAX_WARPS warps) where BLOCK_D >= _SMALL_GRID_MIN_D; other grids use the
+# weight-gated variant. The configuration depends on the batch only up to that many programs
+# (the launcher caps the batch it keys its cache on). H200, bf16, graph replay, µs (gated ->
+# shipped): B=1 H=128 D=512 N=8 2.64 -> 1.93, B=8 H=128 D=512 N=2 / 8 2.98 / 5.85 -> 2.69 /
+# 5.03, B=16 H=64 D=256 N=8 3.59 -> 3.16; grids of several heads per program unchanged
+# (EAGER there was up to 0.3 µs slower at N=4: B=32 H=128 D=512, B=32 H=64 D=256).
+# benchmarks/results/h200-2026-11-29-s8/merge_sweep*.txt; docs/performance-notes.md, "The
+# merge at decode sizes".
+_EAGER_MAX_PROGRAMS = 8 * 132
 _EAGER_BY_DEFAULT = True
-_SMALL_GRID_PROGRAMS = 132
 _SMALL_GRID_LANES = 2
 _SMALL_GRID_MAX_WARPS = 4
-_SMALL_GRID_MIN_D = 0
+_SMALL_GRID_MIN_D = 512
 # Elements per program of large grids (two 16-byte vectors per thread: 8 warps at 16 bits),
 # for head dims (padded) of at least _BIG_TILE_MIN_D; smaller head dims use half of it.
 _BIG_TILE = 4096
@@ -95,10 +94,10 @@ def merge_attn_states_config(
     B=4096: 32 heads x 128 / 8 warps measured 0.853 of the copy ceiling at H=64 D=128 N=2,
     16 x 128 / 4 warps 0.844, 8 x 512 / 8 warps 0.93-0.95 at D=512). Grids under
     ``_MIN_PROGRAMS`` programs (decode) shrink ``BLOCK_H`` (down to 1) until they reach it,
-    with one vector per thread, or about ``_SMALL_GRID_LANES`` lanes per thread (at most
-    ``_SMALL_GRID_MAX_WARPS`` warps) when fewer than ``_SMALL_GRID_PROGRAMS`` one-head
-    programs remain. ``EAGER`` (every load issued up front, independent of the weights) where
-    the grid has at most ``_EAGER_MAX_PROGRAMS`` programs (and ``_EAGER_BY_DEFAULT``).
+    with one vector per thread. One-head grids of at most ``_EAGER_MAX_PROGRAMS`` programs
+    use ``EAGER`` (every load issued up front, independent of the weights; where
+    ``_EAGER_BY_DEFAULT``) and, for ``BLOCK_D >= _SMALL_GRID_MIN_D``, about
+    ``_SMALL_GRID_LANES`` lanes per thread (at most ``_SMALL_GRID_MAX_WARPS`` warps).
     """
     block_d = triton.next_power_of_2(max(head_dim, 1))
     vec = max(1, 16 // max(elem_size, 1))
@@ -110,17 +109,11 @@ def merge_attn_states_config(
         per_thread = vec
     vectors = max(1, block_h * block_d // per_thread)
     num_warps = max(1, min(8, triton.next_power_of_2(triton.cdiv(vectors, 32))))
-    programs = batch * triton.cdiv(num_heads, block_h)
-    if (
-        _SMALL_GRID_LANES
-        and block_h == 1
-        and programs < _SMALL_GRID_PROGRAMS
-        and block_d >= _SMALL_GRID_MIN_D
-    ):
+    one_head_decode = block_h == 1 and batch * num_heads <= _EAGER_MAX_PROGRAMS
+    if one_head_decode and _SMALL_GRID_LANES and block_d >= _SMALL_GRID_MIN_D:
         warps = triton.next_power_of_2(triton.cdiv(block_d, 32 * _SMALL_GRID_LANES))
         num_warps = max(num_warps, min(_SMALL_GRID_MAX_WARPS, warps))
-    eager = _EAGER_BY_DEFAULT and programs <= _EAGER_MAX_PROGRAMS
-    return block_h, block_d, num_warps, eager
+    return block_h, block_d, num_warps, _EAGER_BY_DEFAULT and one_head_decode
 
 
 def _validate(partial_outs: torch.Tensor, partial_lses: torch.Tensor) -> None:
