@@ -88,107 +88,53 @@ def _fake_ag(
     return out, lse
 
 
-def _op_body(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    group_tok: str,
-    return_lse: bool,
-    is_lse_base_on_e: bool,
-    seq_lens: torch.Tensor | None,
-    query_start_loc: torch.Tensor | None,
-    reduce_scatter: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = ag_combine_fwd(
-        cp_attn_out,
-        cp_attn_lse,
-        group_from_token(group_tok),
-        reduce_scatter=reduce_scatter,
-        return_lse=return_lse,
-        is_lse_base_on_e=is_lse_base_on_e,
-        seq_lens=seq_lens,
-        query_start_loc=query_start_loc,
-    )
-    if lse is None:
-        lse = cp_attn_lse.new_empty((0,))
-    return out, lse
+def _register_ag_op(name: str, reduce_scatter: bool) -> Any:
+    """Register ``cpattn_dcp::<name>`` (the AG+RS or AG+AR combine) with its fake; the group
+    travels as a string token (custom ops take no ProcessGroup)."""
+
+    @torch.library.custom_op(f"cpattn_dcp::{name}", mutates_args=())
+    def op(
+        cp_attn_out: torch.Tensor,
+        cp_attn_lse: torch.Tensor,
+        group_tok: str,
+        world_size: int,
+        rank: int,
+        return_lse: bool,
+        is_lse_base_on_e: bool,
+        seq_lens: torch.Tensor | None,
+        query_start_loc: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out, lse = ag_combine_fwd(
+            cp_attn_out,
+            cp_attn_lse,
+            group_from_token(group_tok),
+            reduce_scatter=reduce_scatter,
+            return_lse=return_lse,
+            is_lse_base_on_e=is_lse_base_on_e,
+            seq_lens=seq_lens,
+            query_start_loc=query_start_loc,
+        )
+        return out, lse if lse is not None else cp_attn_lse.new_empty((0,))
+
+    @op.register_fake
+    def _(
+        cp_attn_out: torch.Tensor,
+        cp_attn_lse: torch.Tensor,
+        group_tok: str,
+        world_size: int,
+        rank: int,
+        return_lse: bool,
+        is_lse_base_on_e: bool,
+        seq_lens: torch.Tensor | None,
+        query_start_loc: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return _fake_ag(cp_attn_out, cp_attn_lse, world_size, return_lse, reduce_scatter)
+
+    return op
 
 
-@torch.library.custom_op("cpattn_dcp::cp_lse_ag_out_rs", mutates_args=())
-def _ag_rs_op(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    group_tok: str,
-    world_size: int,
-    rank: int,
-    return_lse: bool,
-    is_lse_base_on_e: bool,
-    seq_lens: torch.Tensor | None,
-    query_start_loc: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _op_body(
-        cp_attn_out,
-        cp_attn_lse,
-        group_tok,
-        return_lse,
-        is_lse_base_on_e,
-        seq_lens,
-        query_start_loc,
-        True,
-    )
-
-
-@_ag_rs_op.register_fake
-def _(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    group_tok: str,
-    world_size: int,
-    rank: int,
-    return_lse: bool,
-    is_lse_base_on_e: bool,
-    seq_lens: torch.Tensor | None,
-    query_start_loc: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fake_ag(cp_attn_out, cp_attn_lse, world_size, return_lse, True)
-
-
-@torch.library.custom_op("cpattn_dcp::cp_lse_ag_out_ar", mutates_args=())
-def _ag_ar_op(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    group_tok: str,
-    world_size: int,
-    rank: int,
-    return_lse: bool,
-    is_lse_base_on_e: bool,
-    seq_lens: torch.Tensor | None,
-    query_start_loc: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _op_body(
-        cp_attn_out,
-        cp_attn_lse,
-        group_tok,
-        return_lse,
-        is_lse_base_on_e,
-        seq_lens,
-        query_start_loc,
-        False,
-    )
-
-
-@_ag_ar_op.register_fake
-def _(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    group_tok: str,
-    world_size: int,
-    rank: int,
-    return_lse: bool,
-    is_lse_base_on_e: bool,
-    seq_lens: torch.Tensor | None,
-    query_start_loc: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fake_ag(cp_attn_out, cp_attn_lse, world_size, return_lse, False)
+_ag_rs_op = _register_ag_op("cp_lse_ag_out_rs", reduce_scatter=True)
+_ag_ar_op = _register_ag_op("cp_lse_ag_out_ar", reduce_scatter=False)
 
 
 def _ag_entry(
