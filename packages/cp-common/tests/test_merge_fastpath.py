@@ -27,6 +27,7 @@ from cpattn_common.ops.merge_attn_states import (
     merge_attn_states_fwd,
     triton_usable,
 )
+from cpattn_testing.pytest_plugin import require_ptxas
 from cpattn_testing.reference import lse_combine_ref
 from cpattn_testing.tolerances import assert_close_to_ref
 
@@ -299,12 +300,7 @@ def test_sm90_compile_vector_loads_and_eager_order() -> None:
     """Vector loads / stores everywhere (16-byte ones but for the narrow decode tiles); where
     the configuration picks the EAGER variant, every load is issued before the first weight
     computation (one DRAM round trip per program: what made it faster there)."""
-    try:
-        import triton.backends.nvidia as nv
-    except ImportError:
-        pytest.skip("Triton's NVIDIA backend is not installed")
-    if not (Path(nv.__file__).parent / "bin" / "ptxas").exists():
-        pytest.skip("Triton's NVIDIA backend has no ptxas")
+    require_ptxas()
     # Any other failure is a failure (a broad skip once hid a kernel signature change).
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(

@@ -12,13 +12,7 @@ from typing import Any
 
 import pytest
 
-
-def _have_ptxas() -> bool:
-    try:
-        import triton.backends.nvidia as nv
-    except ImportError:
-        return False
-    return (pathlib.Path(nv.__file__).parent / "bin" / "ptxas").exists()
+from cpattn_testing.pytest_plugin import require_ptxas
 
 
 @pytest.fixture
@@ -26,8 +20,7 @@ def run_sm90_script() -> Callable[[pathlib.Path], Any]:
     """Run an sm_90 compile script (``_compile*_sm90.py``) in a subprocess outside the Triton
     interpreter and return the JSON object of its last output line. Skips when Triton's
     NVIDIA backend (ptxas) is not installed."""
-    if not _have_ptxas():
-        pytest.skip("Triton's NVIDIA backend (ptxas) is not installed")
+    require_ptxas()
 
     def run(script: pathlib.Path) -> Any:
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

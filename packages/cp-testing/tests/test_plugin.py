@@ -232,3 +232,14 @@ def test_require_device_memory_skips_with_the_amount() -> None:
         with pytest.raises(pytest.skip.Exception, match=r"needs .* GiB free on cuda"):
             require_device_memory(dev, 2**60)
         require_device_memory(dev, 1)  # returns: enough is free
+
+
+def test_require_ptxas_skips_without_the_nvidia_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without Triton's NVIDIA backend the test is skipped, with the reason."""
+    import sys
+
+    from cpattn_testing.pytest_plugin import require_ptxas
+
+    monkeypatch.setitem(sys.modules, "triton.backends.nvidia", None)  # import fails
+    with pytest.raises(pytest.skip.Exception, match="NVIDIA backend is not installed"):
+        require_ptxas()

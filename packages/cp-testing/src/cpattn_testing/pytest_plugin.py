@@ -35,7 +35,14 @@ from cpattn_testing.launcher import (
     run_distributed,
 )
 
-__all__ = ["RunRanks", "device", "dist_backend", "require_device_memory", "run_ranks"]
+__all__ = [
+    "RunRanks",
+    "device",
+    "dist_backend",
+    "require_device_memory",
+    "require_ptxas",
+    "run_ranks",
+]
 
 _DEVICE_ENV = "CPATTN_TEST_DEVICE"
 _XDIST_GPUS_ENV = "CPATTN_XDIST_GPUS"
@@ -121,6 +128,17 @@ def require_device_memory(device: torch.device, nbytes: int) -> None:
     free, _ = torch.cuda.mem_get_info(device)
     if free < nbytes:
         pytest.skip(f"needs {nbytes / 2**30:.1f} GiB free on {device}, {free / 2**30:.1f} free")
+
+
+def require_ptxas() -> None:
+    """Skip the calling test unless Triton's NVIDIA backend and its bundled ``ptxas`` are
+    installed (what compiling a kernel for sm_90 without a GPU needs)."""
+    try:
+        import triton.backends.nvidia as nv
+    except ImportError:
+        pytest.skip("Triton's NVIDIA backend is not installed")
+    if not os.path.exists(os.path.join(os.path.dirname(nv.__file__), "bin", "ptxas")):
+        pytest.skip("Triton's NVIDIA backend has no ptxas")
 
 
 def _requested_device() -> torch.device:
