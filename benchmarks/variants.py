@@ -285,6 +285,45 @@ def records(dev: torch.device, batch: int) -> None:
         print(line + "  (fraction of copy, whole records counted)", flush=True)
 
 
+def _interleaved_rounds(
+    title: str,
+    setters: list[tuple[str, Callable[[], None]]],
+    rounds: int,
+    check: Callable[[str], None],
+    fns: list[Callable[[], object]],
+) -> None:
+    """Print ``title`` and the graph-replay time per call of ``fns`` under every setting of
+    ``setters``, ``rounds`` interleaved rounds; ``check(label)`` runs under each setting
+    before it is timed. The first setting (the shipped one) is left set."""
+    times: dict[str, list[float]] = {label: [] for label, _ in setters}
+    for _ in range(rounds):
+        for label, set_ in setters:
+            set_()
+            check(label)
+            times[label].append(hb.time_cuda_graph(fns).median_ms * 1e3)
+    setters[0][1]()
+    line = f"{title}:"
+    for label, us in times.items():
+        line += f"  {label} {'/'.join(f'{u:.2f}' for u in us)}"
+    print(line + "  (us per call)", flush=True)
+
+
+def _check_mask(title: str, inputs: Case, ref: torch.Tensor, label: str) -> None:
+    """The mask under the current setting equals the eager baseline ``ref`` bit for bit."""
+    got = mask_dcp_empty_shards_(inputs[0].clone(), *inputs[1:])
+    if not torch.equal(got.view(torch.int32), ref.view(torch.int32)):
+        raise AssertionError(f"{title}: setting {label} differs from the eager baseline")
+
+
+def _check_merge(title: str, inputs: Case, ref: torch.Tensor, label: str) -> None:
+    """The merge under the current setting is within one bf16 rounding step of ``ref`` (the
+    variants round the weighted sum differently: fused multiply-add or not)."""
+    got = merge_attn_states(*inputs).float()
+    err = float((got - ref).norm() / ref.norm())
+    if not err < 4e-3:
+        raise AssertionError(f"{title}: setting {label} off by {err:.1e}")
+
+
 # (label, knob values of cpattn_dcp.ops.mask_empty_shards); the first is the shipped setting
 # (256 lanes, spread to MIN_PROGRAMS, one warp, int32 rows), the second the one before it.
 # Run 1 of benchmarks/results/h200-2026-11-29-s8 compared the former setting with tiles of
@@ -322,7 +361,6 @@ def mask_sweep(dev: torch.device, rounds: int) -> None:
     empty = hb.measure_empty_kernel_graph(dev).median_ms * 1e3
     print(f"empty kernel replay {empty:.2f} us", flush=True)
     setters = [(label, _mask_setter(values)) for label, values in _MASK_SETTINGS]
-    restore = _mask_setter({})
     shapes = [(b, b) for b in (1, 8, 64, 256, 1024, 4096)] + [(4096, 16), (4096, 256)]
     for h in (64, 128):
         for b, r in shapes:
@@ -336,20 +374,10 @@ def mask_sweep(dev: torch.device, rounds: int) -> None:
                 qsl[-1] = b - min(3, b // 4)  # a few padding rows
                 sets.append((lse, seq_lens, qsl))
             ref = eb.mask_dcp_empty_shards_eager(sets[0][0].clone(), *sets[0][1:])
-            times: dict[str, list[float]] = {label: [] for label, _ in setters}
-            for _ in range(rounds):
-                for label, set_ in setters:
-                    set_()
-                    got = mask_dcp_empty_shards_(sets[0][0].clone(), *sets[0][1:])
-                    if not torch.equal(got.view(torch.int32), ref.view(torch.int32)):
-                        raise AssertionError(f"mask setting {label} differs at H={h} B={b} R={r}")
-                    fns = [functools.partial(mask_dcp_empty_shards_, *t) for t in sets]
-                    times[label].append(hb.time_cuda_graph(fns).median_ms * 1e3)
-            restore()
-            line = f"mask H={h} B={b} R={r}:"
-            for label, us in times.items():
-                line += f"  {label} {'/'.join(f'{u:.2f}' for u in us)}"
-            print(line + "  (us per call)", flush=True)
+            title = f"mask H={h} B={b} R={r}"
+            check = functools.partial(_check_mask, title, sets[0], ref)
+            fns = [functools.partial(mask_dcp_empty_shards_, *t) for t in sets]
+            _interleaved_rounds(title, setters, rounds, check, fns)
 
 
 # (label, knob values of cpattn_common.ops.merge_attn_states); the first is the shipped one
@@ -391,27 +419,12 @@ def merge_sweep(dev: torch.device, rounds: int, batches: tuple[int, ...] = (1, 8
             for b in batches:
                 sets = [_inputs(dev, b, h, d, n, i)[2:4] for i in range(32)]
                 setters[0][1]()
-                ref = merge_attn_states(*sets[0])
-                times: dict[str, list[float]] = {label: [] for label, _ in setters}
-                for _ in range(rounds):
-                    for label, set_ in setters:
-                        set_()
-                        got = merge_attn_states(*sets[0]).float()
-                        # Not bit for bit: the variants round the weighted sum differently
-                        # (fused multiply-add or not); one bf16 rounding step apart at most.
-                        err = float((got - ref.float()).norm() / ref.float().norm())
-                        if not err < 4e-3:
-                            raise AssertionError(
-                                f"merge {label} off by {err:.1e} at H={h} D={d} N={n}"
-                            )
-                        fns = [functools.partial(merge_attn_states, *t) for t in sets]
-                        times[label].append(hb.time_cuda_graph(fns).median_ms * 1e3)
-                setters[0][1]()
-                line = f"merge H={h} D={d} N={n} B={b}:"
-                for label, us in times.items():
-                    line += f"  {label} {'/'.join(f'{u:.2f}' for u in us)}"
-                print(line + "  (us per call)", flush=True)
-                del sets
+                ref = merge_attn_states(*sets[0]).float()
+                title = f"merge H={h} D={d} N={n} B={b}"
+                check = functools.partial(_check_merge, title, sets[0], ref)
+                fns = [functools.partial(merge_attn_states, *t) for t in sets]
+                _interleaved_rounds(title, setters, rounds, check, fns)
+                del sets, fns, check
                 torch.cuda.empty_cache()
 
 
