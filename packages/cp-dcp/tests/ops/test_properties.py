@@ -44,7 +44,7 @@ from cpattn_testing.reference import (
     lse_combine_ref,
     mask_empty_shards_ref,
 )
-from cpattn_testing.tolerances import assert_close_to_ref, coarsest
+from cpattn_testing.tolerances import assert_close_to_ref, coarsest, lse_magnitude
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -333,7 +333,10 @@ def _check_correct(
     assert got_lse.shape == (case.b, case.h)
     tol = coarsest(case.dtype, case.lse_dtype)
     assert_close_to_ref(out_c, ref_out, dtype=tol, name=f"out (rank {rank})")
-    assert_close_to_ref(lse_c, ref_lse, dtype=case.lse_dtype, name="lse")
+    # Judged against the gathered LSEs' size: an LSE near 0 from LSEs of size 1 keeps their
+    # absolute rounding (found by hypothesis: fp16 LSEs of -ln 2 merging to 2.7e-4).
+    lse_scale = lse_magnitude(lses)
+    assert_close_to_ref(lse_c, ref_lse, dtype=case.lse_dtype, name="lse", scale=lse_scale)
     _assert_no_new_nan(out_c, ref_out, "out")
     _assert_no_new_nan(lse_c, ref_lse, "lse")
     # Exact: a dead own LSE (-inf, +inf or NaN) is weight 0 -> output 0 although the partial
@@ -559,6 +562,7 @@ def test_a2a_round_trip(device: torch.device, case: _A2ACase) -> None:
     ]
 
     tol = coarsest(case.dtype, case.lse_dtype)
+    lse_scale = lse_magnitude(masked_lses)  # see _check_correct
     all_dead = (~torch.isfinite(masked_lses.double())).all(dim=0)
     for dst in range(n):
         heads = slice(dst * hr, (dst + 1) * hr)
@@ -579,7 +583,10 @@ def test_a2a_round_trip(device: torch.device, case: _A2ACase) -> None:
         assert got_lse is not None
         assert got_lse.dtype == torch.float32
         lse_c = got_lse.cpu()
-        assert_close_to_ref(lse_c, ref_lse[:, heads], dtype=torch.float32, name=f"lse rank {dst}")
+        assert_close_to_ref(
+            lse_c, ref_lse[:, heads], dtype=torch.float32, name=f"lse rank {dst}",
+            scale=lse_scale[:, heads],
+        )  # fmt: skip
         _assert_no_new_nan(lse_c, ref_lse[:, heads], f"lse rank {dst}")
         assert torch.isneginf(lse_c[all_dead[:, heads]]).all(), "all-dead rows: LSE not -inf"
 

@@ -11,6 +11,11 @@ A result passes :func:`assert_close_to_ref` when all of these hold:
   (skipped when ``||ref|| <= atol * sqrt(n)``: for an essentially zero reference the
   elementwise ``atol`` is the meaningful bound).
 
+A result computed by cancellation from larger operands (a merged LSE near 0 from LSEs of
+size 1: fp32 leaves about ``2**-24 * max |l|`` of absolute error) is judged against the
+operands' magnitude: pass it as ``scale`` (``lse_magnitude`` for merged LSEs), and ``|ref|``
+above becomes ``max(|ref|, scale)`` in both the elementwise and the norm criteria.
+
 Entries where the reference itself is NaN are not checked.
 
 ``dtype`` names the precision the result was *computed or stored* in (bf16 output -> bf16
@@ -33,6 +38,7 @@ __all__ = [
     "assert_close_by_row_chunks",
     "assert_close_to_ref",
     "coarsest",
+    "lse_magnitude",
     "tolerance",
 ]
 
@@ -84,17 +90,41 @@ def _fmt_index(flat: int, shape: torch.Size) -> tuple[int, ...]:
     return tuple(reversed(idx))
 
 
-class _Comparison:
-    """Elementwise terms of the policy for one pair of float64 tensors (same device)."""
+def lse_magnitude(lses: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """``max |l|`` over ``dim`` of the finite entries of ``lses`` (0 where none), float64.
 
-    def __init__(self, a: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> None:
+    The magnitude a merged LSE is computed from: pass it as ``scale`` to
+    :func:`assert_close_to_ref` when checking a merged LSE (e.g. ``lses [N, B, H]`` of the
+    sources -> ``[B, H]``).
+    """
+    mag = lses.detach().to(torch.float64).abs()
+    return torch.where(torch.isfinite(mag), mag, 0.0).amax(dim=dim)
+
+
+class _Comparison:
+    """Elementwise terms of the policy for one pair of float64 tensors (same device).
+
+    ``scale``: magnitude of the operands (broadcastable to ``r``), or None for ``|r|``.
+    """
+
+    def __init__(
+        self,
+        a: torch.Tensor,
+        r: torch.Tensor,
+        atol: float,
+        rtol: float,
+        scale: torch.Tensor | None = None,
+    ) -> None:
         finite = torch.isfinite(r)
         a_finite = torch.isfinite(a)
         self.nonfinite_bad = (finite & ~a_finite) | (torch.isinf(r) & (a != r))
         rf = torch.where(finite, r, 0.0)
+        mag = rf.abs()
+        if scale is not None:
+            mag = torch.where(finite, torch.maximum(mag, scale), 0.0)
         self.err = (torch.where(finite & a_finite, a, 0.0) - rf).abs()
-        self.elem_bad = finite & a_finite & (self.err > atol + rtol * rf.abs())
-        self.ref_sq = float(rf.square().sum())
+        self.elem_bad = finite & a_finite & (self.err > atol + rtol * mag)
+        self.ref_sq = float(mag.square().sum())  # the norm the error is relative to
         self.err_sq = float(self.err.square().sum())
         self.n_finite = int(finite.sum())
 
@@ -148,6 +178,7 @@ def assert_close_to_ref(
     dtype: torch.dtype,
     name: str = "",
     reduction_len: int | None = None,
+    scale: torch.Tensor | None = None,
 ) -> None:
     """Assert ``actual`` matches the float64 ``ref`` under ``dtype``'s tolerance (see module doc).
 
@@ -157,6 +188,9 @@ def assert_close_to_ref(
         dtype: the dtype whose tolerance applies.
         name: what is compared, for the message.
         reduction_len: length of a summed axis; scales ``atol`` by ``sqrt(reduction_len)``.
+        scale: magnitude of the operands the result was computed from (broadcastable to
+            ``ref``, finite, >= 0; e.g. :func:`lse_magnitude` of the merged LSEs): tolerances
+            are relative to ``max(|ref|, scale)`` instead of ``|ref|``.
 
     Raises:
         AssertionError: with the relative norm error, max abs error (and where), and the counts
@@ -171,7 +205,12 @@ def assert_close_to_ref(
         )
     a = actual.detach().to(device="cpu", dtype=torch.float64)
     r = ref.detach().to(device="cpu", dtype=torch.float64)
-    c = _Comparison(a, r, atol, rtol)
+    mag = None
+    if scale is not None:
+        mag = scale.detach().to(device="cpu", dtype=torch.float64)
+        if not bool(torch.isfinite(mag).all()) or bool((mag < 0).any()):
+            raise ValueError(f"{label}scale must be finite and >= 0")
+    c = _Comparison(a, r, atol, rtol, mag)
     n_nonfinite_bad = int(c.nonfinite_bad.sum())
     n_elem_bad = int(c.elem_bad.sum())
     rel_norm, norm_checked, norm_ok = _norm_verdict(
