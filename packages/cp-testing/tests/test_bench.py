@@ -262,6 +262,26 @@ def test_cpu_timing_fallbacks() -> None:
     assert tc.median_ms > 0
 
 
+def test_copy_graph_counts_read_and_write_and_checks_sets() -> None:
+    """CPU fallback of the decode rows' same-size copy: bytes = read + write of whole bf16
+    elements; at least one buffer pair."""
+    moved, tc = hb.measure_copy_graph(torch.device("cpu"), nbytes=1001, sets=3)
+    assert moved == 4 * 500
+    assert tc.method == "wall"
+    assert tc.median_ms > 0
+    with pytest.raises(ValueError, match="sets"):
+        hb.measure_copy_graph(torch.device("cpu"), nbytes=64, sets=0)
+
+
+@pytest.mark.gpu
+def test_copy_graph_replays_every_pair() -> None:
+    """On the GPU the copies are captured into one graph and timed by replays."""
+    moved, tc = hb.measure_copy_graph(torch.device("cuda"), nbytes=1 << 14, sets=4)
+    assert moved == 2 * (1 << 14)
+    assert tc.method == "cuda_graph"
+    assert tc.median_ms > 0
+
+
 @pytest.mark.gpu
 def test_time_cold_with_host_guard_times_the_call_not_the_guard() -> None:
     """The GPU wait of ``host_guard_us`` runs before the start event: a call timed with a 200

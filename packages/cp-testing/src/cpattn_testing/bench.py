@@ -14,6 +14,7 @@ Used by ``benchmarks/run.py``; nothing in the runtime packages imports it. The p
   bandwidth (:func:`measure_copy_ceiling`, read + write bytes counted), an empty Triton
   kernel's per-launch time inside a replayed CUDA graph (:func:`measure_empty_kernel_graph`)
   and that of a kernel which only loads and stores one vector (:func:`measure_touch_kernel_graph`),
+  the replay time of a device copy moving a decode row's bytes (:func:`measure_copy_graph`),
   host time of an eager ``torch.Tensor.add_`` and of a plain Triton JIT launch
   (:func:`measure_host_overhead`).
 - **Results file.** :class:`Results` (and the row dataclasses) serialise to JSON
@@ -63,6 +64,7 @@ __all__ = [
     "l2_cache_bytes",
     "load_results",
     "measure_copy_ceiling",
+    "measure_copy_graph",
     "measure_empty_kernel_graph",
     "measure_host_overhead",
     "measure_host_ratio",
@@ -400,6 +402,29 @@ def measure_copy_ceiling(
     return moved, timing
 
 
+def measure_copy_graph(device: torch.device, *, nbytes: int, sets: int) -> tuple[int, Timing]:
+    """Graph-replay time per call of a device copy of ``nbytes`` (``dst.copy_(src)``, bf16)
+    over ``sets`` rotating buffer pairs (:func:`time_cuda_graph`, like a decode-size row).
+
+    The floor of a decode-size kernel that moves the same bytes: launch, DRAM latency and
+    ramp included. Returns ``(bytes_moved, timing)`` with ``bytes_moved = 2 * nbytes`` rounded
+    to whole elements (read + write), as :func:`measure_copy_ceiling`.
+    """
+    if sets < 1:
+        raise ValueError(f"sets must be >= 1, got {sets}")
+    numel = max(1, nbytes // 2)
+    pairs = [
+        (
+            torch.randn(numel, device=device).to(torch.bfloat16),
+            torch.empty(numel, device=device, dtype=torch.bfloat16),
+        )
+        for _ in range(sets)
+    ]
+    fns = [functools.partial(dst.copy_, src) for src, dst in pairs]
+    timing = time_cuda_graph(fns) if device.type == "cuda" else time_wall(fns[0])
+    return 4 * numel, timing
+
+
 _EMPTY_LAUNCHERS: dict[str, Callable[[], object]] = {}
 
 
@@ -584,8 +609,9 @@ class KernelRow:
     ms_p80: float | None = None
     bytes_per_s: float | None = None
     copy_ratio: float | None = None
-    # Fraction of what a device copy moving the same bytes reaches (same timer): the ceiling
-    # at this size, where launch and ramp costs are not hidden as in the large copy.
+    # Fraction of what a device copy moving the same bytes reaches (same timer: cold, or graph
+    # replay over as many rotating buffers): the ceiling at this size, where launch and ramp
+    # costs are not hidden as in the large copy.
     size_copy_ratio: float | None = None
     eager_timing: str = "none"
     eager_ms: float | None = None
@@ -1167,8 +1193,9 @@ def render_markdown(
         "emptied before it by reading a 256 MB buffer; see Performance notes for why not "
         "`triton.testing.do_bench`'s zero-fill flush), "
         "*TB/s* = bytes / median time, *% copy* = achieved / copy ceiling, *% same-size copy* = "
-        "achieved / bandwidth of a device copy moving the same bytes (same timer; bandwidth "
-        "rows only), *vs eager* = eager "
+        "achieved / bandwidth of a device copy moving the same bytes, timed the same way (cold "
+        "for bandwidth rows; graph replay over as many rotating buffers for decode rows, where "
+        "it equals the copy's time / our time), *vs eager* = eager "
         "PyTorch baseline time / our time (> 1: we are faster), *vs empty* = our graph-replay time "
         "/ empty-kernel graph-replay time, *sets* = rotating input sets (data kept out of L2), "
         "*check* = relative norm error against the eager baseline.",
