@@ -391,11 +391,15 @@ _MERGE_SETTINGS: list[tuple[str, dict[str, object]]] = [
     ("gated", {"_EAGER_BY_DEFAULT": False, "_SMALL_GRID_LANES": 0}),
     ("lanes-all-D", {"_SMALL_GRID_MIN_D": 0}),
     ("no-lanes", {"_SMALL_GRID_LANES": 0}),
+    ("multi", {"_MULTI_HEAD_EAGER": True}),
+    ("multi-w2", {"_MULTI_HEAD_EAGER": True, "_MULTI_HEAD_WARP_SCALE": 2}),
+    ("multi-w4", {"_MULTI_HEAD_EAGER": True, "_MULTI_HEAD_WARP_SCALE": 4}),
 ]
 _MERGE_DEFAULTS = {
     name: getattr(merge_mod, name)
     for name in ("_EAGER_BY_DEFAULT", "_SMALL_GRID_LANES", "_SMALL_GRID_MAX_WARPS",
-                 "_SMALL_GRID_MIN_D", "_EAGER_MAX_PROGRAMS")
+                 "_SMALL_GRID_MIN_D", "_EAGER_MAX_PROGRAMS", "_MULTI_HEAD_EAGER",
+                 "_MULTI_HEAD_WARP_SCALE")
 }  # fmt: skip
 
 
@@ -409,11 +413,21 @@ def _merge_setter(values: dict[str, object]) -> Callable[[], None]:
     return _setter(merge_mod, plans, **{**_MERGE_DEFAULTS, **values})
 
 
-def merge_sweep(dev: torch.device, rounds: int, batches: tuple[int, ...] = (1, 8, 64)) -> None:
-    """``merge_attn_states`` at decode sizes under each ``_MERGE_SETTINGS`` entry."""
+def merge_sweep(
+    dev: torch.device,
+    rounds: int,
+    batches: tuple[int, ...] = (1, 8, 64),
+    labels: tuple[str, ...] | None = None,
+) -> None:
+    """``merge_attn_states`` at decode sizes under each ``_MERGE_SETTINGS`` entry (those named
+    in ``labels``, the shipped one always first)."""
     empty = hb.measure_empty_kernel_graph(dev).median_ms * 1e3
     print(f"empty kernel replay {empty:.2f} us", flush=True)
-    setters = [(label, _merge_setter(values)) for label, values in _MERGE_SETTINGS]
+    setters = [
+        (label, _merge_setter(values))
+        for i, (label, values) in enumerate(_MERGE_SETTINGS)
+        if i == 0 or labels is None or label in labels
+    ]
     for h, d in ((128, 512), (64, 256), (64, 128)):
         for n in (2, 4, 8):
             for b in batches:
@@ -472,6 +486,7 @@ def main() -> None:
     parser.add_argument("--mask", action="store_true", help="only the mask tile sweep")
     parser.add_argument("--merge", action="store_true", help="only the merge decode sweep")
     parser.add_argument("--batches", default="1,8,64", help="with --merge: batch sizes")
+    parser.add_argument("--settings", help="with --merge: setting labels, comma-separated")
     parser.add_argument(
         "--rounds", type=int, default=2, help="with --mask / --merge: interleaved rounds"
     )
@@ -490,7 +505,8 @@ def main() -> None:
         mask_sweep(dev, args.rounds)
         return
     if args.merge:
-        merge_sweep(dev, args.rounds, tuple(int(b) for b in args.batches.split(",")))
+        labels = tuple(args.settings.split(",")) if args.settings else None
+        merge_sweep(dev, args.rounds, tuple(int(b) for b in args.batches.split(",")), labels)
         return
     if not args.skip_methods:
         methods(dev, args.batch)

@@ -56,6 +56,10 @@ _EAGER_BY_DEFAULT = True
 _SMALL_GRID_LANES = 2
 _SMALL_GRID_MAX_WARPS = 4
 _SMALL_GRID_MIN_D = 512
+# Experiment knobs (variants.py --merge): EAGER also on decode grids whose tiles shrank to
+# several heads per program, with num_warps scaled by _MULTI_HEAD_WARP_SCALE (at most 8).
+_MULTI_HEAD_EAGER = False
+_MULTI_HEAD_WARP_SCALE = 1
 # Elements per program of large grids (two 16-byte vectors per thread: 8 warps at 16 bits),
 # for head dims (padded) of at least _BIG_TILE_MIN_D; smaller head dims use half of it.
 _BIG_TILE = 4096
@@ -104,16 +108,22 @@ def merge_attn_states_config(
     tile = _BIG_TILE if block_d >= _BIG_TILE_MIN_D else _BIG_TILE // 2
     block_h = max(1, min(triton.next_power_of_2(max(num_heads, 1)), tile // block_d))
     per_thread = 2 * vec
+    shrunk = False
     while block_h > 1 and batch * triton.cdiv(num_heads, block_h) < _MIN_PROGRAMS:
         block_h //= 2
         per_thread = vec
+        shrunk = True
     vectors = max(1, block_h * block_d // per_thread)
     num_warps = max(1, min(8, triton.next_power_of_2(triton.cdiv(vectors, 32))))
     one_head_decode = block_h == 1 and batch * num_heads <= _EAGER_MAX_PROGRAMS
     if one_head_decode and _SMALL_GRID_LANES and block_d >= _SMALL_GRID_MIN_D:
         warps = triton.next_power_of_2(triton.cdiv(block_d, 32 * _SMALL_GRID_LANES))
         num_warps = max(num_warps, min(_SMALL_GRID_MAX_WARPS, warps))
-    return block_h, block_d, num_warps, _EAGER_BY_DEFAULT and one_head_decode
+    multi_head_eager = _MULTI_HEAD_EAGER and shrunk and block_h > 1
+    if multi_head_eager:
+        num_warps = min(8, num_warps * _MULTI_HEAD_WARP_SCALE)
+    eager = _EAGER_BY_DEFAULT and (one_head_decode or multi_head_eager)
+    return block_h, block_d, num_warps, eager
 
 
 def _validate(partial_outs: torch.Tensor, partial_lses: torch.Tensor) -> None:
