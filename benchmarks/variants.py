@@ -382,24 +382,28 @@ def mask_sweep(dev: torch.device, rounds: int) -> None:
 
 # (label, knob values of cpattn_common.ops.merge_attn_states); the first is the shipped one
 # (EAGER loads on one-head grids of up to 1056 programs, ~2 lanes per thread there at D >=
-# 512), the second weight-gated loads everywhere (the rule before the eighth session). Runs
-# 4-5 and 8-9 of benchmarks/results/h200-2026-11-29-s8 timed other knob sets (volatile EAGER
-# loads, lanes by grid size, EAGER on every grid of up to 1056 / 4096 programs): run them at
-# 3441b60 (run 4), 6cec7ee (run 5) and 1bb1ab4 (runs 8-9).
+# 512, and on shrunk tiles of several heads up to 1 KiB per source, 8 bytes per thread), the
+# second weight-gated loads everywhere (the rule before the eighth session), "one-head" the
+# eighth session's rule (EAGER on one-head grids only), "multi-2k" EAGER on shrunk tiles up to
+# 2 KiB (16-byte vectors at 4 warps there), "multi-2k-8w" the same with 8 warps. Runs 4-5 and 8-9 of
+# benchmarks/results/h200-2026-11-29-s8 timed other knob sets (volatile EAGER loads, lanes by
+# grid size, EAGER on every grid of up to 1056 / 4096 programs): run them at 3441b60 (run 4),
+# 6cec7ee (run 5) and 1bb1ab4 (runs 8-9); run 1 of h200-2026-11-29-s9 (at 99e5457) timed EAGER
+# on the shrunk tiles of several heads with 1x / 2x / 4x the warps.
 _MERGE_SETTINGS: list[tuple[str, dict[str, object]]] = [
     ("shipped", {}),
     ("gated", {"_EAGER_BY_DEFAULT": False, "_SMALL_GRID_LANES": 0}),
     ("lanes-all-D", {"_SMALL_GRID_MIN_D": 0}),
     ("no-lanes", {"_SMALL_GRID_LANES": 0}),
-    ("multi", {"_MULTI_HEAD_EAGER": True}),
-    ("multi-w2", {"_MULTI_HEAD_EAGER": True, "_MULTI_HEAD_WARP_SCALE": 2}),
-    ("multi-w4", {"_MULTI_HEAD_EAGER": True, "_MULTI_HEAD_WARP_SCALE": 4}),
+    ("one-head", {"_MULTI_EAGER_MAX_BYTES": 0}),
+    ("multi-2k", {"_MULTI_EAGER_MAX_BYTES": 2048}),
+    ("multi-2k-8w", {"_MULTI_EAGER_MAX_BYTES": 2048, "_MULTI_EAGER_MAX_WARPS": 8}),
 ]
 _MERGE_DEFAULTS = {
     name: getattr(merge_mod, name)
     for name in ("_EAGER_BY_DEFAULT", "_SMALL_GRID_LANES", "_SMALL_GRID_MAX_WARPS",
-                 "_SMALL_GRID_MIN_D", "_EAGER_MAX_PROGRAMS", "_MULTI_HEAD_EAGER",
-                 "_MULTI_HEAD_WARP_SCALE")
+                 "_SMALL_GRID_MIN_D", "_EAGER_MAX_PROGRAMS", "_MULTI_EAGER_MAX_BYTES",
+                 "_MULTI_EAGER_THREAD_BYTES", "_MULTI_EAGER_MAX_WARPS")
 }  # fmt: skip
 
 

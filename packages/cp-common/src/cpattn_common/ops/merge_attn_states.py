@@ -56,10 +56,18 @@ _EAGER_BY_DEFAULT = True
 _SMALL_GRID_LANES = 2
 _SMALL_GRID_MAX_WARPS = 4
 _SMALL_GRID_MIN_D = 512
-# Experiment knobs (variants.py --merge): EAGER also on decode grids whose tiles shrank to
-# several heads per program, with num_warps scaled by _MULTI_HEAD_WARP_SCALE (at most 8).
-_MULTI_HEAD_EAGER = False
-_MULTI_HEAD_WARP_SCALE = 1
+# Decode grids whose tiles shrank to several heads per program (B=24-64 at H=64) use EAGER too
+# where a tile holds at most _MULTI_EAGER_MAX_BYTES per source, with about
+# _MULTI_EAGER_THREAD_BYTES per thread and source (at most _MULTI_EAGER_MAX_WARPS warps).
+# H200, bf16, graph replay, µs, gated -> EAGER at 8 bytes per thread (ninth session, run 1):
+# B=64 H=64 D=128 N=2 / 4 / 8 2.85 / 3.60 / 5.90 -> 2.64 / 3.33 / 4.86, B=32 H=64 D=256
+# 2.83 / 3.66 / 5.87 -> 2.62 / 3.33 / 4.83. 2 KiB tiles (B=64 H=64 D=256, B=16 H=128 D=512)
+# gained at N=2 / 8 with 16-byte vectors and 4 warps but lost 0.09-0.15 at N=4, where ptxas
+# (sm_90 SASS) issues every partial load after the weight math; with 8 warps they lost at
+# N=2 / 8. They stay gated, as do larger tiles.
+_MULTI_EAGER_MAX_BYTES = 1024
+_MULTI_EAGER_THREAD_BYTES = 8
+_MULTI_EAGER_MAX_WARPS = 4
 # Elements per program of large grids (two 16-byte vectors per thread: 8 warps at 16 bits),
 # for head dims (padded) of at least _BIG_TILE_MIN_D; smaller head dims use half of it.
 _BIG_TILE = 4096
@@ -101,7 +109,10 @@ def merge_attn_states_config(
     with one vector per thread. One-head grids of at most ``_EAGER_MAX_PROGRAMS`` programs
     use ``EAGER`` (every load issued up front, independent of the weights; where
     ``_EAGER_BY_DEFAULT``) and, for ``BLOCK_D >= _SMALL_GRID_MIN_D``, about
-    ``_SMALL_GRID_LANES`` lanes per thread (at most ``_SMALL_GRID_MAX_WARPS`` warps).
+    ``_SMALL_GRID_LANES`` lanes per thread (at most ``_SMALL_GRID_MAX_WARPS`` warps). Shrunk
+    tiles of several heads use ``EAGER`` where they hold at most ``_MULTI_EAGER_MAX_BYTES``
+    per source, with about ``_MULTI_EAGER_THREAD_BYTES`` per thread (at most
+    ``_MULTI_EAGER_MAX_WARPS`` warps). Every other grid uses the weight-gated variant.
     """
     block_d = triton.next_power_of_2(max(head_dim, 1))
     vec = max(1, 16 // max(elem_size, 1))
@@ -119,9 +130,13 @@ def merge_attn_states_config(
     if one_head_decode and _SMALL_GRID_LANES and block_d >= _SMALL_GRID_MIN_D:
         warps = triton.next_power_of_2(triton.cdiv(block_d, 32 * _SMALL_GRID_LANES))
         num_warps = max(num_warps, min(_SMALL_GRID_MAX_WARPS, warps))
-    multi_head_eager = _MULTI_HEAD_EAGER and shrunk and block_h > 1
+    tile_bytes = block_h * block_d * elem_size  # per source
+    multi_head_eager = (
+        _EAGER_BY_DEFAULT and shrunk and block_h > 1 and tile_bytes <= _MULTI_EAGER_MAX_BYTES
+    )
     if multi_head_eager:
-        num_warps = min(8, num_warps * _MULTI_HEAD_WARP_SCALE)
+        warps = triton.next_power_of_2(triton.cdiv(tile_bytes, 32 * _MULTI_EAGER_THREAD_BYTES))
+        num_warps = max(1, min(_MULTI_EAGER_MAX_WARPS, warps))
     eager = _EAGER_BY_DEFAULT and (one_head_decode or multi_head_eager)
     return block_h, block_d, num_warps, eager
 
