@@ -56,15 +56,16 @@ _EAGER_BY_DEFAULT = True
 _SMALL_GRID_LANES = 2
 _SMALL_GRID_MAX_WARPS = 4
 _SMALL_GRID_MIN_D = 512
-# Decode grids whose tiles shrank to several heads per program (B=24-64 at H=64) use EAGER too
-# where a tile holds at most _MULTI_EAGER_MAX_BYTES per source, with about
+# Decode grids whose tiles shrank to several heads per program (B=17-64 at H=64) use EAGER
+# too where a tile holds at most _MULTI_EAGER_MAX_BYTES per source, with about
 # _MULTI_EAGER_THREAD_BYTES per thread and source (at most _MULTI_EAGER_MAX_WARPS warps).
 # H200, bf16, graph replay, µs, gated -> EAGER at 8 bytes per thread (ninth session, run 1):
 # B=64 H=64 D=128 N=2 / 4 / 8 2.85 / 3.60 / 5.90 -> 2.64 / 3.33 / 4.86, B=32 H=64 D=256
 # 2.83 / 3.66 / 5.87 -> 2.62 / 3.33 / 4.83. 2 KiB tiles (B=64 H=64 D=256, B=16 H=128 D=512)
 # gained at N=2 / 8 with 16-byte vectors and 4 warps but lost 0.09-0.15 at N=4, where ptxas
 # (sm_90 SASS) issues every partial load after the weight math; with 8 warps they lost at
-# N=2 / 8. They stay gated, as do larger tiles.
+# N=2 / 8. They stay gated, as do larger tiles. benchmarks/results/h200-2026-11-29-s9/
+# merge_multi*.txt; docs/performance-notes.md, "The merge on decode tiles of several heads".
 _MULTI_EAGER_MAX_BYTES = 1024
 _MULTI_EAGER_THREAD_BYTES = 8
 _MULTI_EAGER_MAX_WARPS = 4
