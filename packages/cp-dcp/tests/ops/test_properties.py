@@ -333,8 +333,8 @@ def _check_correct(
     assert got_lse.shape == (case.b, case.h)
     tol = coarsest(case.dtype, case.lse_dtype)
     assert_close_to_ref(out_c, ref_out, dtype=tol, name=f"out (rank {rank})")
-    # Judged against the gathered LSEs' size: an LSE near 0 from LSEs of size 1 keeps their
-    # absolute rounding (found by hypothesis: fp16 LSEs of -ln 2 merging to 2.7e-4).
+    # Judged against |max LSE| + 1: the merged LSE's absolute rounding, whatever its value
+    # (hypothesis found 0 and -9.515625 merging to 7.37e-5, off by 2e-8 in fp32).
     lse_scale = lse_magnitude(lses)
     assert_close_to_ref(lse_c, ref_lse, dtype=case.lse_dtype, name="lse", scale=lse_scale)
     _assert_no_new_nan(out_c, ref_out, "out")

@@ -11,10 +11,11 @@ A result passes :func:`assert_close_to_ref` when all of these hold:
   (skipped when ``||ref|| <= atol * sqrt(n)``: for an essentially zero reference the
   elementwise ``atol`` is the meaningful bound).
 
-A result computed by cancellation from larger operands (a merged LSE near 0 from LSEs of
-size 1: fp32 leaves about ``2**-24 * max |l|`` of absolute error) is judged against the
-operands' magnitude: pass it as ``scale`` (``lse_magnitude`` for merged LSEs), and ``|ref|``
-above becomes ``max(|ref|, scale)`` in both the elementwise and the norm criteria.
+A merged LSE ``L = m + log(sum_n exp(l_n - m))`` (``m`` the largest LSE) carries an absolute
+rounding error of about ``eps * (|m| + 1)`` whatever its value: an fp32 LSE near 0 (``m = 0``
+and a small ``log`` of a sum near 1) fails a tolerance relative to ``|L|`` alone. Pass
+``scale=lse_magnitude(lses)`` (``|m| + 1``) when checking one, and ``|ref|`` above becomes
+``max(|ref|, scale)`` in both the elementwise and the norm criteria.
 
 Entries where the reference itself is NaN are not checked.
 
@@ -91,14 +92,16 @@ def _fmt_index(flat: int, shape: torch.Size) -> tuple[int, ...]:
 
 
 def lse_magnitude(lses: torch.Tensor, dim: int = 0) -> torch.Tensor:
-    """``max |l|`` over ``dim`` of the finite entries of ``lses`` (0 where none), float64.
+    """``|m| + 1`` with ``m`` the largest finite entry of ``lses`` along ``dim`` (1 where
+    there is none), float64: the size of the terms a merged LSE is computed from.
 
-    The magnitude a merged LSE is computed from: pass it as ``scale`` to
-    :func:`assert_close_to_ref` when checking a merged LSE (e.g. ``lses [N, B, H]`` of the
-    sources -> ``[B, H]``).
+    Pass it as ``scale`` to :func:`assert_close_to_ref` when checking a merged LSE (e.g.
+    ``lses [N, B, H]`` of the sources -> ``[B, H]``): ``m + log(s)`` with ``s`` in ``[1, N]``
+    leaves about ``eps * (|m| + 1)`` of absolute error in any precision.
     """
-    mag = lses.detach().to(torch.float64).abs()
-    return torch.where(torch.isfinite(mag), mag, 0.0).amax(dim=dim)
+    l64 = lses.detach().to(torch.float64)
+    m = torch.where(torch.isfinite(l64), l64, -math.inf).amax(dim=dim)
+    return torch.where(torch.isfinite(m), m.abs(), 0.0) + 1.0
 
 
 class _Comparison:
@@ -188,9 +191,9 @@ def assert_close_to_ref(
         dtype: the dtype whose tolerance applies.
         name: what is compared, for the message.
         reduction_len: length of a summed axis; scales ``atol`` by ``sqrt(reduction_len)``.
-        scale: magnitude of the operands the result was computed from (broadcastable to
-            ``ref``, finite, >= 0; e.g. :func:`lse_magnitude` of the merged LSEs): tolerances
-            are relative to ``max(|ref|, scale)`` instead of ``|ref|``.
+        scale: size of the terms the result was computed from (broadcastable to ``ref``,
+            finite, >= 0; for a merged LSE :func:`lse_magnitude` of the LSEs it merges):
+            tolerances are relative to ``max(|ref|, scale)`` instead of ``|ref|``.
 
     Raises:
         AssertionError: with the relative norm error, max abs error (and where), and the counts
