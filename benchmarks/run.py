@@ -328,8 +328,9 @@ def run_kernels(
     work.sort(key=lambda sc: _priority(sc[1]))  # stable: keeps kernel / shape order within
     bar = _progress(len(work) + len(ok_specs), f"kernels ({plan.mode})")
 
-    # Host overhead of one eager call at decode size, next to torch add_.
+    # Host overhead of one eager call at decode size, next to torch add_ and torch.add.
     add = hb.host_reference_add(device)
+    add_out = hb.host_reference_add_out(device)
     for spec in ok_specs:
         bar.set_postfix_str(f"host {spec.name}")
         if spec.uses_n:
@@ -358,6 +359,12 @@ def run_kernels(
                 hrow.eager_baseline_host_us = te.median_ms * 1e3
                 hrow.add_us = ta.median_ms * 1e3
                 hrow.ratio_to_add = ratio
+                _, tao, ratio_out = hb.measure_host_ratio(
+                    spec.bind_ours(case, inp), add_out, calls=plan.host_calls,
+                    rounds=plan.host_rounds,
+                )  # fmt: skip
+                hrow.add_out_us = tao.median_ms * 1e3
+                hrow.ratio_to_add_out = ratio_out
             except Exception as exc:
                 hrow.status = f"error: {_short(exc)}"
         bar.update(1)

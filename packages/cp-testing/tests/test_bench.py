@@ -262,6 +262,18 @@ def test_cpu_timing_fallbacks() -> None:
     assert tc.median_ms > 0
 
 
+def test_host_references() -> None:
+    """``add_`` works in place; the second reference allocates a new output per call."""
+    dev = torch.device("cpu")
+    add_, add = hb.host_reference_add(dev), hb.host_reference_add_out(dev)
+    first, second = add(), add()
+    assert isinstance(first, torch.Tensor)
+    assert isinstance(second, torch.Tensor)
+    assert first.data_ptr() != second.data_ptr()
+    assert torch.equal(first, torch.ones(1024))
+    assert add_() is add_()
+
+
 def test_copy_graph_counts_read_and_write_and_checks_sets() -> None:
     """CPU fallback of the decode rows' same-size copy: bytes = read + write of whole bf16
     elements; at least one buffer pair."""

@@ -61,6 +61,7 @@ __all__ = [
     "evaluate_target",
     "format_bytes",
     "host_reference_add",
+    "host_reference_add_out",
     "l2_cache_bytes",
     "load_results",
     "measure_copy_ceiling",
@@ -350,6 +351,15 @@ def host_reference_add(device: torch.device) -> Callable[[], object]:
     return lambda: x.add_(y)
 
 
+def host_reference_add_out(device: torch.device) -> Callable[[], object]:
+    """A second host-time reference: an eager out-of-place ``torch.add`` of two 1024-element
+    fp32 tensors, a plain torch op that allocates its output and launches one kernel (as our
+    ops do; ``add_`` allocates nothing)."""
+    x = torch.zeros(1024, device=device, dtype=torch.float32)
+    y = torch.ones_like(x)
+    return lambda: torch.add(x, y)
+
+
 def l2_cache_bytes(device: torch.device) -> int:
     """The device's L2 size in bytes (``DEFAULT_L2_BYTES`` when unknown or on the CPU)."""
     if device.type == "cuda":
@@ -637,6 +647,9 @@ class HostRow:
     eager_baseline_host_us: float | None = None
     add_us: float | None = None
     ratio_to_add: float | None = None
+    # Against an allocating torch op (out-of-place torch.add), timed the same way.
+    add_out_us: float | None = None
+    ratio_to_add_out: float | None = None
     status: str = "ok"
 
 
@@ -759,6 +772,8 @@ _OPTIONAL_NUMBERS = {
     "eager_baseline_host_us",
     "add_us",
     "ratio_to_add",
+    "add_out_us",
+    "ratio_to_add_out",
     "latency_us",
     "algbw_bytes_per_s",
     "busbw_bytes_per_s",
@@ -1238,22 +1253,26 @@ def render_markdown(
             f"{refs.host_rounds} rounds. "
             "Each round times a loop of `add_` and then a loop of our op; *vs add_* is the "
             "median over rounds of the two loops' ratio (so a drift of the shared host's speed "
-            "during the run cancels), `add_ µs` the median of its loops.",
+            "during the run cancels), `add_ µs` the median of its loops. *vs add* is the same "
+            "against an out-of-place `torch.add` (a torch op that allocates its output, as "
+            "ours do).",
             "",
-            "| kernel | dtype | H | D | N | B | ours µs | eager baseline µs | `add_` µs | vs add_ |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| kernel | dtype | H | D | N | B | ours µs | eager baseline µs | `add_` µs | vs add_ "
+            "| `add` µs | vs add |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for h in results.host:
             if h.status != "ok":
                 lines.append(
                     f"| {titles.get(h.kernel, h.kernel)} | {h.dtype} | {h.H} | {_dim(h.D)} | "
-                    f"{_dim(h.N)} | {h.B} | {h.status} | | | |"
+                    f"{_dim(h.N)} | {h.B} | {h.status} | | | | | |"
                 )
                 continue
             lines.append(
                 f"| {titles.get(h.kernel, h.kernel)} | {h.dtype} | {h.H} | {_dim(h.D)} | {_dim(h.N)} | {h.B} | "
                 f"{_num(h.host_us)} | {_num(h.eager_baseline_host_us)} | {_num(h.add_us)} | "
-                f"{_num(h.ratio_to_add, '{:.2f}×')} |"
+                f"{_num(h.ratio_to_add, '{:.2f}×')} | {_num(h.add_out_us)} | "
+                f"{_num(h.ratio_to_add_out, '{:.2f}×')} |"
             )
         lines.append("")
     else:
