@@ -56,6 +56,11 @@ def _decode_target(kernel: str, **rule: Any) -> Target:
     )
 
 
+def _host_target(kernel: str, **rule: Any) -> Target:
+    """A host-overhead target of ``kernel`` over the page's host rows (any dtype)."""
+    return Target(table="host", kernel=kernel, dtypes=(), **rule)
+
+
 def targets() -> list[Target]:
     """Every target, in page order."""
     out: list[Target] = []
@@ -121,16 +126,14 @@ def targets() -> list[Target]:
     for kernel in ("launch_cached", *_ALL_KERNELS):
         what = "host time per launch" if kernel == "launch_cached" else "eager host overhead"
         out.append(
-            Target(
+            _host_target(
+                kernel,
                 name=f"host/{kernel}",
                 source=host_sources.get(kernel, "issue 5"),
                 description=f"`{kernel}` {what} ≤ 10 µs (or ≤ 1.5× `add_`)",
-                table="host",
-                kernel=kernel,
                 metric="host_us",
                 op="<=",
                 threshold=HOST_US,
-                dtypes=(),
                 alt_metric="ratio_to_add",
                 alt_op="<=",
                 alt_threshold=HOST_RATIO_TO_ADD,
@@ -141,16 +144,14 @@ def targets() -> list[Target]:
     # the ops that allocate theirs (the mask works in place: add_ is its like).
     for kernel in _BW_SOURCES:
         out.append(
-            Target(
+            _host_target(
+                kernel,
                 name=f"host-alloc/{kernel}",
                 source="issue 5 (allocating-op reading)",
                 description=f"`{kernel}` eager host overhead ≤ 1.5× out-of-place `torch.add`",
-                table="host",
-                kernel=kernel,
                 metric="ratio_to_add_out",
                 op="<=",
                 threshold=HOST_RATIO_TO_ADD,
-                dtypes=(),
                 unit="x",
             )
         )
