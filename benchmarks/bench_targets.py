@@ -12,10 +12,10 @@
   launch (judged on ``launch_cached`` of an empty kernel); issue 5 asks for <= 10 µs per eager
   call of the cp-dcp ops; the merge op is held to the same rule (beyond issue 3). The machine
   notes say host targets are judged against a plain torch op of the same run, so a row also
-  passes at <= 1.5x the host time of an eager ``torch.Tensor.add_`` (timed in rounds
-  alternating with the op: ``cpattn_testing.bench.measure_host_ratio``). A second reading,
-  labelled as such, compares each op that allocates its output (all but the in-place mask)
-  with an out-of-place ``torch.add`` (a torch op that allocates its output) timed the same way.
+  passes at <= 1.5x the host time of an eager ``torch.Tensor.add_`` (timed in the same rounds
+  as the op: ``cpattn_testing.bench.measure_host_rounds``). A second reading, labelled as
+  such, compares each op that allocates its output (all but the in-place mask) with an
+  out-of-place ``torch.add`` (a torch op that allocates its output) timed in those rounds too.
 """
 
 from __future__ import annotations

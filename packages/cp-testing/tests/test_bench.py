@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -333,6 +334,49 @@ def test_host_ratio_interleaves_and_compares_rounds(monkeypatch: pytest.MonkeyPa
     _, _, r = hb.measure_host_ratio(lambda: x.add_(1.0), hb.host_reference_add(x.device))
     assert math.isfinite(r)
     assert r > 0
+
+
+def test_host_rounds_time_every_function_in_each_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each round runs a loop of every function in the mapping's order; ratios are per round."""
+    order: list[str] = []
+    clock = {"now": 0.0, "round": 0}
+    cost = {"a": 1.0, "b": 2.0}
+
+    def make(name: str) -> Callable[[], None]:
+        def fn() -> None:
+            order.append(name)
+            if name == "c":  # 3 ms per call in even rounds, 6 ms in odd ones
+                clock["now"] += 6.0 if clock["round"] % 2 else 3.0
+            else:
+                clock["now"] += cost[name]
+
+        return fn
+
+    fns = {name: make(name) for name in ("a", "b", "c")}
+    real_loop = hb._host_loop_ms
+
+    def loop(fn: Callable[[], object], calls: int) -> float:
+        t = real_loop(fn, calls)
+        if fn is fns["c"]:
+            clock["round"] += 1
+        return t
+
+    with monkeypatch.context() as m:
+        m.setattr(hb.time, "perf_counter", lambda: clock["now"] / 1e3)
+        m.setattr(hb, "_host_loop_ms", loop)
+        timed = hb.measure_host_rounds(fns, calls=2, rounds=3)
+    assert order[:9] == ["a", "b", "c"] * 3  # warm-up
+    assert order[9:] == (["a"] * 2 + ["b"] * 2 + ["c"] * 2) * 3
+    assert timed.samples_ms == {
+        "a": pytest.approx([1.0] * 3),
+        "b": pytest.approx([2.0] * 3),
+        "c": pytest.approx([3.0, 6.0, 3.0]),
+    }
+    assert timed.timing("c").median_ms == pytest.approx(3.0)
+    assert timed.ratio("c", "a") == pytest.approx(3.0)
+    assert timed.ratio("b", "c") == pytest.approx(2.0 / 3.0)
+    with pytest.raises(ValueError, match="at least one"):
+        hb.measure_host_rounds({})
 
 
 def test_environment_stamp_keys() -> None:

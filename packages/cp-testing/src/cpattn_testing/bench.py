@@ -49,6 +49,7 @@ __all__ = [
     "QUANTILES",
     "SCHEMA",
     "CollectiveRow",
+    "HostRounds",
     "HostRow",
     "KernelRow",
     "References",
@@ -69,6 +70,7 @@ __all__ = [
     "measure_empty_kernel_graph",
     "measure_host_overhead",
     "measure_host_ratio",
+    "measure_host_rounds",
     "measure_touch_kernel_graph",
     "merge_results",
     "plot_bandwidth",
@@ -313,35 +315,60 @@ def _host_loop_ms(fn: Callable[[], object], calls: int) -> float:
     return (time.perf_counter() - t0) * 1e3 / calls
 
 
+@dataclass(frozen=True)
+class HostRounds:
+    """Host times of several functions measured in the same rounds (:func:`measure_host_rounds`).
+
+    ``samples_ms[name]`` holds one figure per round: milliseconds per call of ``name``.
+    """
+
+    samples_ms: dict[str, list[float]]
+
+    def timing(self, name: str) -> Timing:
+        """Median and 20th/80th percentiles over the rounds of ``name``."""
+        return _timing_from_samples(self.samples_ms[name], "wall")
+
+    def ratio(self, name: str, ref: str) -> float:
+        """Median over rounds of ``name``'s time over ``ref``'s in the same round."""
+        pairs = zip(self.samples_ms[name], self.samples_ms[ref], strict=True)
+        return _quantile([t / max(r, 1e-9) for t, r in pairs], 0.5)
+
+
+def measure_host_rounds(
+    fns: Mapping[str, Callable[[], object]], *, calls: int = 200, rounds: int = 7
+) -> HostRounds:
+    """Host time per eager call of each function, all timed in the same rounds.
+
+    Each round times ``calls`` calls of every function in turn, in ``fns``' order (the device
+    synchronised before each loop, outside the timed region). A ratio of two functions is
+    then taken per round (:meth:`HostRounds.ratio`): each compares loops run a few
+    milliseconds apart, so a host whose speed drifts during a run (a shared machine) affects
+    both sides alike, where a ratio of two separately measured medians would not. One call
+    times an op against several references without timing the op again for each.
+    """
+    if not fns:
+        raise ValueError("measure_host_rounds needs at least one function")
+    for _ in range(3):
+        for fn in fns.values():
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name].append(_host_loop_ms(fn, calls))
+    _sync()
+    return HostRounds(samples)
+
+
 def measure_host_ratio(
     fn: Callable[[], object], ref: Callable[[], object], *, calls: int = 200, rounds: int = 7
 ) -> tuple[Timing, Timing, float]:
     """Host time per eager call of ``fn`` and of ``ref`` in alternating rounds, and their ratio.
 
-    Each round times ``calls`` calls of ``ref`` and then ``calls`` calls of ``fn`` (the device
-    synchronised before each loop, outside the timed region). Returns ``(fn timing, ref
-    timing, median over rounds of fn / ref)``: each ratio compares two loops run a few
-    milliseconds apart, so a host whose speed drifts during a run (a shared machine) affects
-    both sides alike, where a ratio of two separately measured medians would not.
+    :func:`measure_host_rounds` with ``ref`` first: returns ``(fn timing, ref timing, median
+    over rounds of fn / ref)``.
     """
-    for _ in range(3):
-        ref()
-        fn()
-    fn_samples: list[float] = []
-    ref_samples: list[float] = []
-    ratios: list[float] = []
-    for _ in range(rounds):
-        t_ref = _host_loop_ms(ref, calls)
-        t_fn = _host_loop_ms(fn, calls)
-        ref_samples.append(t_ref)
-        fn_samples.append(t_fn)
-        ratios.append(t_fn / max(t_ref, 1e-9))
-    _sync()
-    return (
-        _timing_from_samples(fn_samples, "wall"),
-        _timing_from_samples(ref_samples, "wall"),
-        _quantile(ratios, 0.5),
-    )
+    timed = measure_host_rounds({"ref": ref, "fn": fn}, calls=calls, rounds=rounds)
+    return timed.timing("fn"), timed.timing("ref"), timed.ratio("fn", "ref")
 
 
 def host_reference_add(device: torch.device) -> Callable[[], object]:
@@ -1251,11 +1278,11 @@ def render_markdown(
         lines += [
             f"Decode-size inputs; host loop of {refs.host_calls} calls without synchronisation, median of "
             f"{refs.host_rounds} rounds. "
-            "Each round times a loop of `add_` and then a loop of our op; *vs add_* is the "
-            "median over rounds of the two loops' ratio (so a drift of the shared host's speed "
-            "during the run cancels), `add_ µs` the median of its loops. *vs add* is the same "
-            "against an out-of-place `torch.add` (a torch op that allocates its output, as "
-            "ours do).",
+            "Each round times a loop of `add_`, one of an out-of-place `torch.add` (a torch op "
+            "that allocates its output, as ours do) and one of our op; *vs add_* is the median "
+            "over rounds of our loop's time over `add_`'s (so a drift of the shared host's "
+            "speed during the run cancels), `add_ µs` the median of its loops; *vs add* is the "
+            "same against `torch.add`.",
             "",
             "| kernel | dtype | H | D | N | B | ours µs | eager baseline µs | `add_` µs | vs add_ "
             "| `add` µs | vs add |",
