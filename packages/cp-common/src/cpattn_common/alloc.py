@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -23,6 +23,8 @@ __all__ = [
 
 _lock = threading.Lock()
 _poison: float | None = None
+# Set by cpattn_common.launch_plans while it records a call: sees every allocated output.
+_recorder: Callable[[torch.Tensor], None] | None = None
 
 
 def set_output_poison(value: float | None) -> None:
@@ -65,7 +67,10 @@ def empty_output(
         A contiguous tensor of ``shape``. Integer and bool outputs are poisoned with the
         dtype's maximum (NaN has no integer form) so that stale values remain visible.
     """
-    return _poisoned(torch.empty(shape, dtype=dtype, device=device))
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if _recorder is not None:
+        _recorder(out)
+    return _poisoned(out)
 
 
 def new_output(
@@ -76,9 +81,10 @@ def new_output(
     Uses ``like.new_empty``, the cheapest eager allocation (no device or dtype argument to
     parse): the form for launchers on a per-call host path.
     """
-    if dtype is None:
-        return _poisoned(like.new_empty(shape))
-    return _poisoned(like.new_empty(shape, dtype=dtype))
+    out = like.new_empty(shape) if dtype is None else like.new_empty(shape, dtype=dtype)
+    if _recorder is not None:
+        _recorder(out)
+    return _poisoned(out)
 
 
 def _poisoned(out: torch.Tensor) -> torch.Tensor:

@@ -139,6 +139,12 @@ _enabled = os.environ.get("CPATTN_LAUNCH_CACHE", "1") != "0"
 _bound: weakref.WeakSet[CachedKernel] = weakref.WeakSet()
 _Tensor = torch.Tensor
 _MISSING: Any = object()
+# Set by cpattn_common.launch_plans while it records a call: sees every launch as
+# (function handle, grid, device, all arguments in signature order), or (None, grid, -1, ())
+# for a launch that did not take the fast path.
+_launch_recorder: Callable[[int | None, tuple[int, ...], int, tuple[Any, ...]], None] | None = None
+# Compiled kernel behind each cached function handle (what a launch plan needs to know).
+_compiled_kernels: dict[int, Any] = {}
 
 
 def _get_runtime() -> _Runtime:
@@ -195,6 +201,7 @@ def clear_launch_cache() -> None:
         for info in _infos.values():
             info.live = False
         _infos.clear()
+        _compiled_kernels.clear()
         for k in _stats:
             _stats[k] = 0
     _reset_bound()
@@ -228,6 +235,8 @@ _interpreter_lock = threading.RLock()
 
 def _plain(kernel: Any, grid: tuple[int, ...], kwargs: dict[str, Any]) -> Any:
     _stats["plain"] += 1
+    if _launch_recorder is not None:
+        _launch_recorder(None, grid, -1, ())
     if type(kernel).__name__ == "InterpretedFunction":
         with _interpreter_lock:
             return kernel[grid](**kwargs)
@@ -483,6 +492,7 @@ def _compiled_parts(info: _KernelInfo, compiled: Any) -> tuple[Any, Any, Any] | 
         info.usable = info.live = False
         info.reason = "used_global_vals not understood"
         return None
+    _compiled_kernels[function] = compiled
     direct = _direct_launch(launcher, packed_metadata)
     if direct is not None:
         return direct[0], function, direct[1]
@@ -627,6 +637,8 @@ def launch_cached(kernel: Any, grid: tuple[int, ...], **kwargs: Any) -> None:
                     _plain(kernel, grid, kwargs)
                     return
                 info.fast += 1
+                if _launch_recorder is not None:
+                    _launch_recorder(function, grid, dev, args)
                 return
     _launch_cached_slow(info, kernel, grid, kwargs)
 
@@ -761,6 +773,8 @@ class CachedKernel:
                     _plain(self.kernel, grid, self._kwargs(args, constexprs))
                     return
                 st.info.fast += 1
+                if _launch_recorder is not None:
+                    _launch_recorder(function, grid, dev, (*args, *tail))
                 return
         self._slow(grid, args, constexprs)
 
@@ -939,6 +953,8 @@ class Specialization:
                     _plain(self.kernel.kernel, grid, self.kernel._kwargs(args, self.constexprs))
                     return
                 st.info.fast += 1
+                if _launch_recorder is not None:
+                    _launch_recorder(function, grid, dev, (*args, *tail))
                 return
         self._slow(grid, args)
 

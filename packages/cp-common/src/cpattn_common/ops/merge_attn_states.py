@@ -23,6 +23,7 @@ import triton
 from cpattn_common.alloc import new_output
 from cpattn_common.kernels.merge_attn_states import _merge_attn_states_fwd_kernel
 from cpattn_common.launch import CachedKernel, Specialization
+from cpattn_common.launch_plans import OpPlans
 
 __all__ = [
     "merge_attn_states",
@@ -75,6 +76,8 @@ _BIG_TILE = 4096
 _BIG_TILE_MIN_D = 128
 
 _merge_kernel = CachedKernel(_merge_attn_states_fwd_kernel)
+# Eager calls with a recorded key replay natively when launch plans are on (opt-in).
+_plans = OpPlans("cpattn_common.merge_attn_states")
 
 
 def triton_usable(device: torch.device) -> bool:
@@ -355,5 +358,23 @@ def merge_attn_states(
             partial_outs, partial_lses, bool(is_lse_base_on_e)
         )
     else:  # eager: skip the dispatcher (both paths are tested)
-        out, lse = _merge_any_backend(partial_outs, partial_lses, bool(is_lse_base_on_e))
+        out, lse = _merge_eager(partial_outs, partial_lses, is_lse_base_on_e)
     return (out, lse) if return_lse else out
+
+
+def _merge_eager(
+    partial_outs: torch.Tensor, partial_lses: torch.Tensor, is_lse_base_on_e: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The eager call: a recorded call key replays natively (launch plans, when on); a CUDA
+    call that passes the cheap check may be recorded; anything else takes the full path."""
+    hit = _plans.replay(partial_outs, partial_lses, is_lse_base_on_e)
+    if hit.__class__ is tuple:
+        return hit  # type: ignore[return-value]
+    if _valid_cuda(partial_outs, partial_lses):
+        rec = _plans.recorder(hit, partial_outs, partial_lses, is_lse_base_on_e)
+        if rec is not None:
+            with rec:
+                out, lse = _launch(partial_outs, partial_lses, bool(is_lse_base_on_e), None)
+                rec.returns(out, lse)
+            return out, lse
+    return _merge_any_backend(partial_outs, partial_lses, bool(is_lse_base_on_e))

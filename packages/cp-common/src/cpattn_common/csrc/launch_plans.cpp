@@ -1,0 +1,510 @@
+// Launch plans: the native half of cpattn_common.launch_plans (read that module's docstring
+// first). Built at run time with torch.utils.cpp_extension against torch's headers only (no
+// CUDA headers, no link to libcuda: cuLaunchKernel is found with dlopen, as Triton does).
+//
+// A plan belongs to one op and one call key: the metadata of every argument (tensor: exact
+// torch.Tensor class, dtype, device, sizes, strides, pointer alignment mod 16, neg/conj bits;
+// int / bool / float: value; None) plus the current device. The op's Python path validated
+// and ran one call with that key under a recorder; the plan holds what that call did: the
+// outputs it allocated and the kernels it launched, each launch parameter tied to an argument
+// tensor's pointer, an allocated output's pointer, or a constant. A later call with the same
+// key allocates and launches the same way without running Python; any other call misses.
+//
+// Nothing throws into Python: every entry point catches and sets a Python exception. A
+// failure before the first launch (an allocation) is reported as a miss, so that the Python
+// path runs and raises torch's own error.
+
+#include <Python.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+// cuLaunchKernel's signature with the driver's handle types spelled as void*.
+using LaunchFn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                         unsigned, void*, void**, void**);
+
+enum KeyTag : int64_t { kTensor = 1, kInt = 2, kBool = 3, kFloat = 4, kNone = 5 };
+enum ParamKind : int { kArgPtr = 0, kOutPtr = 1, kConst = 2 };
+constexpr size_t kMaxParams = 64;
+constexpr size_t kMaxPlans = 8192;
+
+struct Param {
+  int kind;
+  int index;      // argument position (kArgPtr) or allocation index (kOutPtr)
+  int64_t value;  // byte offset (pointers) or the constant's bits (little-endian)
+};
+
+struct Launch {
+  void* function;
+  unsigned grid[3];
+  unsigned block;
+  unsigned shared;
+  std::vector<Param> params;
+};
+
+struct Alloc {
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype;
+  int like;  // argument whose device (and layout) the allocation takes
+};
+
+struct Plan {
+  bool ready = false;  // false: only failed recordings are counted under this key
+  int64_t failures = 0;
+  int64_t device = -1;
+  std::vector<Alloc> allocs;
+  std::vector<Launch> launches;
+  std::vector<int> returns;
+};
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& key) const noexcept {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
+    for (int64_t w : key) {
+      h ^= static_cast<uint64_t>(w);
+      h *= 1099511628211ull;
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+std::unordered_map<std::vector<int64_t>, Plan, KeyHash> plans;
+std::vector<int64_t> key_buffer;  // reused: every entry point runs under the GIL
+PyObject* get_device = nullptr;   // () -> int, the current CUDA device
+PyObject* get_stream = nullptr;   // (device) -> int, its current stream
+PyObject* dry_log = nullptr;      // a list: launches are appended there instead of run
+LaunchFn launch_fn = nullptr;
+int64_t n_hits = 0;
+int64_t n_misses = 0;
+
+// The key of (op, args); false when an argument is of a kind plans never cover.
+bool build_key(int64_t op, PyObject* const* args, Py_ssize_t nargs, std::vector<int64_t>& key) {
+  key.clear();
+  key.push_back(op);
+  key.push_back(nargs);
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    PyObject* obj = args[i];
+    if (Py_TYPE(obj) == reinterpret_cast<PyTypeObject*>(THPVariableClass)) {
+      const at::Tensor& t = THPVariable_Unpack(obj);
+      if (!t.defined() || t.layout() != at::kStrided || !t.has_storage()) return false;
+      const at::Device dev = t.device();
+      key.push_back(kTensor);
+      key.push_back(static_cast<int64_t>(t.scalar_type()));
+      key.push_back(static_cast<int64_t>(dev.type()));
+      key.push_back(dev.index());
+      key.push_back(static_cast<int64_t>(t.is_neg()) | (static_cast<int64_t>(t.is_conj()) << 1));
+      key.push_back(t.dim());
+      for (int64_t s : t.sizes()) key.push_back(s);
+      for (int64_t s : t.strides()) key.push_back(s);
+      key.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()) & 15));
+    } else if (obj == Py_True || obj == Py_False) {
+      key.push_back(kBool);
+      key.push_back(obj == Py_True);
+    } else if (PyLong_CheckExact(obj)) {
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+      if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return false;
+      }
+      key.push_back(kInt);
+      key.push_back(v);
+    } else if (PyFloat_CheckExact(obj)) {
+      const double v = PyFloat_AS_DOUBLE(obj);
+      int64_t bits;
+      std::memcpy(&bits, &v, sizeof bits);
+      key.push_back(kFloat);
+      key.push_back(bits);
+    } else if (obj == Py_None) {
+      key.push_back(kNone);
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool int_arg(PyObject* obj, const char* what, int64_t* out) {
+  const long long v = PyLong_AsLongLong(obj);
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Format(PyExc_TypeError, "%s must be an int", what);
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+// Calls get_device() / get_stream(device); -1 / nullptr with a Python error set on failure.
+int64_t current_device() {
+  if (get_device == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "launch plans: set_runtime was not called");
+    return -1;
+  }
+  PyObject* res = PyObject_CallNoArgs(get_device);
+  if (res == nullptr) return -1;
+  const long long v = PyLong_AsLongLong(res);
+  Py_DECREF(res);
+  return v;
+}
+
+bool current_stream(int64_t device, void** stream) {
+  PyObject* dev = PyLong_FromLongLong(device);
+  if (dev == nullptr) return false;
+  PyObject* res = PyObject_CallOneArg(get_stream, dev);
+  Py_DECREF(dev);
+  if (res == nullptr) return false;
+  *stream = PyLong_AsVoidPtr(res);
+  Py_DECREF(res);
+  return !PyErr_Occurred();
+}
+
+bool resolve_launch() {
+  if (launch_fn != nullptr) return true;
+  void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (lib == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "launch plans: cannot open libcuda.so.1");
+    return false;
+  }
+  launch_fn = reinterpret_cast<LaunchFn>(dlsym(lib, "cuLaunchKernel"));
+  if (launch_fn == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "launch plans: libcuda.so.1 has no cuLaunchKernel");
+    return false;
+  }
+  return true;
+}
+
+int64_t pointer_of(const at::Tensor& t, int64_t offset) {
+  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr())) + offset;
+}
+
+// replay(op, *args) -> tuple of outputs (hit), None (miss), False (key refused: do not record)
+PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  try {
+    if (nargs < 1) {
+      PyErr_SetString(PyExc_TypeError, "replay(op, *args)");
+      return nullptr;
+    }
+    int64_t op;
+    if (!int_arg(args[0], "op", &op)) return nullptr;
+    if (!build_key(op, args + 1, nargs - 1, key_buffer)) {
+      ++n_misses;
+      Py_RETURN_NONE;
+    }
+    auto it = plans.find(key_buffer);
+    if (it == plans.end() || !it->second.ready) {
+      ++n_misses;
+      if (it != plans.end() && it->second.failures < 0) Py_RETURN_FALSE;  // refused key
+      Py_RETURN_NONE;
+    }
+    const Plan& plan = it->second;
+    const int64_t device = current_device();
+    if (device == -1 && PyErr_Occurred()) return nullptr;
+    if (device != plan.device) {
+      ++n_misses;
+      Py_RETURN_NONE;
+    }
+    void* stream = nullptr;
+    if (!current_stream(device, &stream)) return nullptr;
+    std::vector<at::Tensor> outs;
+    outs.reserve(plan.allocs.size());
+    try {
+      for (const Alloc& a : plan.allocs) {
+        const at::Tensor& like = THPVariable_Unpack(args[1 + a.like]);
+        outs.push_back(at::empty(a.sizes, like.options().dtype(a.dtype)));
+      }
+    } catch (...) {
+      ++n_misses;  // e.g. out of memory: the Python path raises torch's own error
+      Py_RETURN_NONE;
+    }
+    if (dry_log == nullptr && !plan.launches.empty() && !resolve_launch()) return nullptr;
+    int64_t values[kMaxParams];
+    void* params[kMaxParams];
+    for (const Launch& l : plan.launches) {
+      size_t k = 0;
+      for (const Param& p : l.params) {
+        if (p.kind == kArgPtr) {
+          values[k] = pointer_of(THPVariable_Unpack(args[1 + p.index]), p.value);
+        } else if (p.kind == kOutPtr) {
+          values[k] = pointer_of(outs[p.index], p.value);
+        } else {
+          values[k] = p.value;
+        }
+        params[k] = &values[k];
+        ++k;
+      }
+      if (dry_log != nullptr) {
+        PyObject* vals = PyTuple_New(static_cast<Py_ssize_t>(k));
+        if (vals == nullptr) return nullptr;
+        for (size_t j = 0; j < k; ++j) {
+          PyTuple_SET_ITEM(vals, j, PyLong_FromLongLong(values[j]));
+        }
+        PyObject* entry = Py_BuildValue(
+            "(K(III)IIKN)", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(l.function)),
+            l.grid[0], l.grid[1], l.grid[2], l.block, l.shared,
+            static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(stream)), vals);
+        if (entry == nullptr || PyList_Append(dry_log, entry) != 0) {
+          Py_XDECREF(entry);
+          return nullptr;
+        }
+        Py_DECREF(entry);
+        continue;
+      }
+      const int rc = launch_fn(l.function, l.grid[0], l.grid[1], l.grid[2], l.block, 1, 1,
+                               l.shared, stream, params, nullptr);
+      if (rc != 0) {
+        PyErr_Format(PyExc_RuntimeError, "launch plans: cuLaunchKernel failed (CUresult %d)", rc);
+        return nullptr;
+      }
+    }
+    ++n_hits;
+    PyObject* result = PyTuple_New(static_cast<Py_ssize_t>(plan.returns.size()));
+    if (result == nullptr) return nullptr;
+    for (size_t j = 0; j < plan.returns.size(); ++j) {
+      PyObject* t = THPVariable_Wrap(outs[plan.returns[j]]);
+      if (t == nullptr) {
+        Py_DECREF(result);
+        return nullptr;
+      }
+      PyTuple_SET_ITEM(result, j, t);
+    }
+    return result;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "launch plans: unknown C++ exception");
+    return nullptr;
+  }
+}
+
+// Parses one element of a sequence as an int64 (false with a Python error set).
+bool seq_int(PyObject* seq, Py_ssize_t i, const char* what, int64_t* out) {
+  PyObject* item = PySequence_GetItem(seq, i);
+  if (item == nullptr) return false;
+  const bool ok = int_arg(item, what, out);
+  Py_DECREF(item);
+  return ok;
+}
+
+bool parse_ints(PyObject* seq, const char* what, std::vector<int64_t>* out) {
+  const Py_ssize_t n = PySequence_Size(seq);
+  if (n < 0) return false;
+  out->resize(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!seq_int(seq, i, what, &(*out)[i])) return false;
+  }
+  return true;
+}
+
+// register(op, device, args, allocs, launches, returns): allocs = [(sizes, dtype_code, like)],
+// launches = [(function, (gx, gy, gz), block, shared, [(kind, index, value), ...])].
+PyObject* register_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  try {
+    if (nargs != 6 || !PyTuple_Check(args[2])) {
+      PyErr_SetString(PyExc_TypeError,
+                      "register(op, device, args: tuple, allocs, launches, returns)");
+      return nullptr;
+    }
+    int64_t op, device;
+    if (!int_arg(args[0], "op", &op) || !int_arg(args[1], "device", &device)) return nullptr;
+    PyObject* call_args = args[2];
+    const Py_ssize_t n_call = PyTuple_GET_SIZE(call_args);
+    std::vector<int64_t> key;
+    if (!build_key(op, &PyTuple_GET_ITEM(call_args, 0), n_call, key)) {
+      PyErr_SetString(PyExc_ValueError, "launch plans: arguments of a kind plans do not key");
+      return nullptr;
+    }
+    Plan plan;
+    plan.ready = true;
+    plan.device = device;
+    const Py_ssize_t n_allocs = PySequence_Size(args[3]);
+    if (n_allocs < 0) return nullptr;
+    for (Py_ssize_t i = 0; i < n_allocs; ++i) {
+      PyObject* item = PySequence_GetItem(args[3], i);
+      if (item == nullptr) return nullptr;
+      PyObject* sizes = nullptr;
+      long long dtype = 0;
+      int like = 0;
+      const bool ok = PyArg_ParseTuple(item, "OLi", &sizes, &dtype, &like);
+      Alloc a;
+      const bool parsed = ok && parse_ints(sizes, "allocation size", &a.sizes);
+      Py_DECREF(item);
+      if (!parsed) return nullptr;
+      if (like < 0 || like >= n_call ||
+          Py_TYPE(PyTuple_GET_ITEM(call_args, like)) !=
+              reinterpret_cast<PyTypeObject*>(THPVariableClass)) {
+        PyErr_SetString(PyExc_ValueError, "launch plans: an allocation's like is not a tensor argument");
+        return nullptr;
+      }
+      a.dtype = static_cast<at::ScalarType>(dtype);
+      a.like = like;
+      plan.allocs.push_back(std::move(a));
+    }
+    const Py_ssize_t n_launches = PySequence_Size(args[4]);
+    if (n_launches < 0) return nullptr;
+    for (Py_ssize_t i = 0; i < n_launches; ++i) {
+      PyObject* item = PySequence_GetItem(args[4], i);
+      if (item == nullptr) return nullptr;
+      unsigned long long function = 0;
+      unsigned gx = 0, gy = 0, gz = 0, block = 0, shared = 0;
+      PyObject* params = nullptr;
+      const bool ok =
+          PyArg_ParseTuple(item, "K(III)IIO", &function, &gx, &gy, &gz, &block, &shared, &params);
+      Launch l{reinterpret_cast<void*>(static_cast<uintptr_t>(function)), {gx, gy, gz}, block,
+               shared, {}};
+      bool parsed = ok;
+      const Py_ssize_t n_params = ok ? PySequence_Size(params) : -1;
+      if (parsed && (n_params < 0 || static_cast<size_t>(n_params) > kMaxParams)) {
+        if (n_params >= 0) PyErr_SetString(PyExc_ValueError, "launch plans: too many parameters");
+        parsed = false;
+      }
+      for (Py_ssize_t j = 0; parsed && j < n_params; ++j) {
+        PyObject* p = PySequence_GetItem(params, j);
+        int kind = 0, index = 0;
+        long long value = 0;
+        parsed = p != nullptr && PyArg_ParseTuple(p, "iiL", &kind, &index, &value);
+        Py_XDECREF(p);
+        if (parsed && !((kind == kArgPtr && index >= 0 && index < n_call &&
+                         Py_TYPE(PyTuple_GET_ITEM(call_args, index)) ==
+                             reinterpret_cast<PyTypeObject*>(THPVariableClass)) ||
+                        (kind == kOutPtr && index >= 0 && index < n_allocs) || kind == kConst)) {
+          PyErr_SetString(PyExc_ValueError, "launch plans: a parameter refers to nothing");
+          parsed = false;
+        }
+        if (parsed) l.params.push_back(Param{kind, index, value});
+      }
+      Py_DECREF(item);
+      if (!parsed) return nullptr;
+      plan.launches.push_back(std::move(l));
+    }
+    std::vector<int64_t> returns;
+    if (!parse_ints(args[5], "return index", &returns)) return nullptr;
+    for (int64_t r : returns) {
+      if (r < 0 || r >= n_allocs) {
+        PyErr_SetString(PyExc_ValueError, "launch plans: a return index is not an allocation");
+        return nullptr;
+      }
+      plan.returns.push_back(static_cast<int>(r));
+    }
+    if (plans.size() >= kMaxPlans) plans.clear();
+    plans[std::move(key)] = std::move(plan);
+    Py_RETURN_NONE;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "launch plans: unknown C++ exception");
+    return nullptr;
+  }
+}
+
+// refuse(op, args, limit): counts a failed recording under the key; after `limit` of them
+// the key is refused (replay returns False, and the op stops trying to record it).
+PyObject* refuse(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  try {
+    if (nargs != 3 || !PyTuple_Check(args[1])) {
+      PyErr_SetString(PyExc_TypeError, "refuse(op, args: tuple, limit)");
+      return nullptr;
+    }
+    int64_t op, limit;
+    if (!int_arg(args[0], "op", &op) || !int_arg(args[2], "limit", &limit)) return nullptr;
+    std::vector<int64_t> key;
+    if (!build_key(op, &PyTuple_GET_ITEM(args[1], 0), PyTuple_GET_SIZE(args[1]), key)) {
+      Py_RETURN_NONE;
+    }
+    if (plans.size() >= kMaxPlans) plans.clear();
+    Plan& plan = plans[std::move(key)];
+    if (!plan.ready && plan.failures >= 0 && ++plan.failures >= limit) plan.failures = -1;
+    Py_RETURN_NONE;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+PyObject* set_runtime(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "set_runtime(get_device, get_stream)");
+    return nullptr;
+  }
+  Py_INCREF(args[0]);
+  Py_INCREF(args[1]);
+  Py_XDECREF(get_device);
+  Py_XDECREF(get_stream);
+  get_device = args[0];
+  get_stream = args[1];
+  Py_RETURN_NONE;
+}
+
+PyObject* set_dry_run(PyObject*, PyObject* arg) {
+  if (arg != Py_None && !PyList_Check(arg)) {
+    PyErr_SetString(PyExc_TypeError, "set_dry_run(list | None)");
+    return nullptr;
+  }
+  Py_XINCREF(arg == Py_None ? nullptr : arg);
+  Py_XDECREF(dry_log);
+  dry_log = arg == Py_None ? nullptr : arg;
+  Py_RETURN_NONE;
+}
+
+PyObject* clear(PyObject*, PyObject*) {
+  plans.clear();
+  n_hits = n_misses = 0;
+  Py_RETURN_NONE;
+}
+
+PyObject* info(PyObject*, PyObject*) {
+  int64_t ready = 0, refused = 0;
+  for (const auto& kv : plans) {
+    ready += kv.second.ready;
+    refused += !kv.second.ready && kv.second.failures < 0;
+  }
+  return Py_BuildValue("{sLsLsLsL}", "plans", static_cast<long long>(ready), "refused",
+                       static_cast<long long>(refused), "hits", static_cast<long long>(n_hits),
+                       "misses", static_cast<long long>(n_misses));
+}
+
+PyObject* dtype_code(PyObject*, PyObject* arg) {
+  if (!THPVariable_Check(arg)) {
+    PyErr_SetString(PyExc_TypeError, "dtype_code(tensor)");
+    return nullptr;
+  }
+  return PyLong_FromLong(static_cast<long>(THPVariable_Unpack(arg).scalar_type()));
+}
+
+PyMethodDef methods[] = {
+    {"replay", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(replay)), METH_FASTCALL,
+     "replay(op, *args) -> tuple | None | False"},
+    {"register", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(register_plan)),
+     METH_FASTCALL, "register(op, device, args, allocs, launches, returns)"},
+    {"refuse", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(refuse)), METH_FASTCALL,
+     "refuse(op, args, limit)"},
+    {"set_runtime", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_runtime)),
+     METH_FASTCALL, "set_runtime(get_device, get_stream)"},
+    {"set_dry_run", set_dry_run, METH_O, "set_dry_run(list | None)"},
+    {"clear", clear, METH_NOARGS, "forget every plan and counter"},
+    {"info", info, METH_NOARGS, "counters"},
+    {"dtype_code", dtype_code, METH_O, "the ScalarType code of a tensor's dtype"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "launch_plans", nullptr, -1, methods};
+
+}  // namespace
+
+#define CPATTN_CONCAT2(a, b) a##b
+#define CPATTN_CONCAT(a, b) CPATTN_CONCAT2(a, b)
+
+PyMODINIT_FUNC CPATTN_CONCAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
+  return PyModule_Create(&module_def);
+}

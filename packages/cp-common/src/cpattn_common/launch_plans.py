@@ -1,0 +1,499 @@
+"""Launch plans: an op's repeated eager calls replayed from native code (opt-in).
+
+An eager call of our ops spends most of its host time in Python: validating its arguments,
+allocating its outputs, finding its grid and compiled kernel, and Triton's launcher
+(2-3.5x a torch ``add_`` on an H200 host, where the launch alone is about 1x). A *launch plan*
+removes all of that from repeated calls. The first eager call with a given *call key* (every
+argument's metadata: for a tensor its exact class, dtype, device, sizes, strides, pointer
+alignment mod 16 and neg/conj bits; for an int / bool / float its value; ``None``) runs the
+op's Python path under a recorder, which notes the outputs the call allocated
+(``cpattn_common.alloc``) and the compiled kernels it launched (``cpattn_common.launch``'s
+cached fast path), with every launch parameter tied to an argument's pointer, an output's
+pointer or a constant. Later calls with the same key go to native code
+(``csrc/launch_plans.cpp``): build the key, look the plan up, allocate, ``cuLaunchKernel``
+each kernel on the current stream. A call whose key has no plan takes the Python path
+unchanged. Measured on an H200 (``benchmarks/native_launch_probe.py``): such a call costs
+about one ``add_``, against 2.1x for the Python path of ``correct_attn_out``.
+
+**Off by default.** Turn it on with ``CPATTN_LAUNCH_PLANS=1`` in the environment (read at
+import) or ``set_launch_plans_enabled(True)``. The first time, this builds the native module
+with ``torch.utils.cpp_extension`` (a C++ compiler and ``ninja`` needed; 15-25 s, then cached
+in torch's extension directory); if that fails, plans stay off and
+``launch_plans_reason()`` says why.
+
+**Which calls are recorded.** An op opts in explicitly, and only for a branch of its eager path
+that is a pure function of the call key: it allocates through ``cpattn_common.alloc``,
+launches through ``CachedKernel`` / ``Specialization`` / ``launch_cached``, and derives every
+grid and scalar kernel argument from the arguments' metadata and scalar values. The recorder
+refuses (the call still completes in Python) when anything else happens: a launch that did
+not take the cached fast path (the first, compiling call of a configuration), a torch
+operation other than an allocation or a view (a copy, a fill: output poisoning is such a fill),
+a kernel pointer that is neither an argument, an output nor a view of exactly one of them, two
+tensor arguments sharing storage, a launch from another thread, a compiled kernel needing
+more than a plain ``cuLaunchKernel`` (clusters, cooperative or PDL launches, scratch memory).
+After ``_MAX_FAILURES`` refusals a key is not recorded again.
+
+**What a replay does not do.** It does not call Triton's launch hooks (a replay is skipped
+while any is installed, so profilers see Python-path launches), does not re-read module knobs
+or Triton settings (call ``clear_launch_plans()`` after changing them), and launches on the
+current device's current stream like the Python path (CUDA-graph capturable).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+import threading
+import weakref
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from cpattn_common import alloc as _alloc
+from cpattn_common import launch as _launch
+
+__all__ = [
+    "OpPlans",
+    "Recorder",
+    "clear_launch_plans",
+    "launch_plans_info",
+    "launch_plans_reason",
+    "set_launch_plans_enabled",
+]
+
+_log = logging.getLogger(__name__)
+
+#: Failed recordings of one key after which it is not recorded again.
+_MAX_FAILURES = 3
+# Bump when the native source changes incompatibly (it is part of the module's build name).
+_NATIVE_NAME = "cpattn_launch_plans_v1"
+_SOURCE = Path(__file__).resolve().parent / "csrc" / "launch_plans.cpp"
+
+# Parameter kinds of the native plan (csrc/launch_plans.cpp, ParamKind).
+_ARG_PTR, _OUT_PTR, _CONST = 0, 1, 2
+_INT_TYPES = frozenset({"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"})
+
+_ext: Any = None
+_reason: str | None = "off (set CPATTN_LAUNCH_PLANS=1 or call set_launch_plans_enabled(True))"
+_ops: dict[str, int] = {}
+_handles: weakref.WeakSet[OpPlans] = weakref.WeakSet()
+_active: Recorder | None = None
+_lock = threading.Lock()
+_stats = {"recorded": 0, "refusals": 0}
+_last_refusal: dict[str, str] = {}
+_describe_cache: dict[int, _KernelDesc | None] = {}
+
+
+class OpPlans:
+    """The launch plans of one op: ``replay(*args)`` and ``recorder(hit, *args)``.
+
+    Create one per op at import (``_plans = OpPlans("pkg.op")``). In the op's eager path::
+
+        hit = _plans.replay(a, b, n)            # tuple (hit), None (miss), False (refused)
+        if hit.__class__ is tuple:
+            return hit[0]
+        ...validation, which raises on bad input...
+        rec = _plans.recorder(hit, a, b, n)      # None unless plans are on and may record
+        if rec is None:
+            return _impl(a, b, n)
+        with rec:
+            out = _impl(a, b, n)
+            rec.returns(out)                     # the allocated outputs the plan returns
+        return out
+
+    The arguments given to ``replay`` and ``recorder`` are the call key's: everything the
+    op's behaviour depends on, in the same order in both.
+    """
+
+    __slots__ = ("__weakref__", "_ext", "name", "op_id")
+
+    def __init__(self, name: str):
+        with _lock:
+            self.op_id = _ops.setdefault(name, len(_ops))
+        self.name = name
+        self._ext: Any = _ext
+        _handles.add(self)
+
+    def __repr__(self) -> str:
+        return f"OpPlans({self.name!r})"
+
+    def replay(self, *args: Any) -> tuple[torch.Tensor, ...] | bool | None:
+        """Run the plan of this call key: its returned outputs (a tuple), ``None`` on a miss
+        (no plan, plans off, a Triton launch hook installed), ``False`` for a refused key."""
+        ext = self._ext
+        if ext is None:
+            return None
+        if _launch._knobs_rt is not None and not _launch._hooks_idle():
+            return None
+        result: tuple[torch.Tensor, ...] | bool | None = ext.replay(self.op_id, *args)
+        return result
+
+    def recorder(self, hit: object, *args: Any) -> Recorder | None:
+        """A recorder for this call (use as a context manager), or ``None`` when the call
+        should not be recorded: plans off, ``hit`` (what ``replay`` returned) not ``None``,
+        a recording already running."""
+        if hit is not None or self._ext is None or _active is not None:
+            return None
+        return Recorder(self, args)
+
+
+class _KernelDesc:
+    """What a native launch of one compiled kernel needs."""
+
+    __slots__ = ("block", "scratch", "shared", "types")
+
+    def __init__(self, types: tuple[str, ...], block: int, shared: int, scratch: int):
+        self.types = types
+        self.block = block
+        self.shared = shared
+        self.scratch = scratch
+
+
+def _ptx_param_count(ptx: str) -> int | None:
+    m = re.search(r"\.entry\s+[\w$]+\s*\((.*?)\)", ptx, re.S)
+    return None if m is None else len(re.findall(r"\.param\s", m.group(1)))
+
+
+def _describe(function: int) -> _KernelDesc | None:
+    """The launch description of the compiled kernel behind ``function`` (``None`` when a
+    plain ``cuLaunchKernel`` cannot launch it, or it is unknown)."""
+    if function in _describe_cache:
+        return _describe_cache[function]
+    desc = None
+    compiled = _launch._compiled_kernels.get(function)
+    try:
+        if compiled is not None:
+            md = compiled.metadata
+            plain = (
+                getattr(md, "num_ctas", 1) == 1
+                and all(d == 1 for d in getattr(md, "cluster_dims", (1, 1, 1)))
+                and not getattr(md, "launch_cooperative_grid", False)
+                and not getattr(md, "launch_pdl", False)
+                and not getattr(md, "global_scratch_size", 0)
+                and not getattr(md, "profile_scratch_size", 0)
+            )
+            types = tuple(str(t) for t in compiled.src.signature.values())
+            known = all(
+                t == "constexpr" or t.startswith("*") or t in _INT_TYPES or t in ("fp32", "fp64")
+                for t in types
+            )
+            n_ptx = _ptx_param_count(compiled.asm["ptx"])
+            n_runtime = sum(t != "constexpr" for t in types)
+            if plain and known and n_ptx is not None and 0 <= n_ptx - n_runtime <= 4:
+                desc = _KernelDesc(types, 32 * int(md.num_warps), int(md.shared), n_ptx - n_runtime)
+    except Exception:
+        desc = None
+    _describe_cache[function] = desc
+    return desc
+
+
+class _Refused(Exception):
+    pass
+
+
+# Views and allocations: the only torch operations a recorded call may run.
+_ALLOWED_OPS = frozenset(
+    getattr(torch.ops.aten, name)
+    for name in (
+        "empty",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "view",
+        "_unsafe_view",
+        "squeeze",
+        "unsqueeze",
+        "as_strided",
+        "expand",
+        "select",
+        "slice",
+        "t",
+        "transpose",
+        "permute",
+        "alias",
+        "detach",
+        "unflatten",
+        "split",
+        "chunk",
+        "unbind",
+    )
+)
+
+
+class _OpGuard(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's mode is untyped
+    """Refuses the recording on any torch operation other than an allocation or a view."""
+
+    def __init__(self, recorder: Recorder):
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.recorder = recorder
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if func.overloadpacket not in _ALLOWED_OPS:
+            self.recorder.refuse(f"ran the torch operation {func}")
+        return func(*args, **(kwargs or {}))
+
+
+class Recorder:
+    """Notes one eager call's allocations and launches and turns them into a plan on exit.
+
+    Made by ``OpPlans.recorder``; see ``OpPlans`` for the use. Refusing (any reason in the
+    module docstring) never changes what the call computes.
+    """
+
+    def __init__(self, plans: OpPlans, args: tuple[Any, ...]):
+        self.plans = plans
+        self.args = args
+        self.allocs: list[torch.Tensor] = []
+        self.launches: list[tuple[int, tuple[int, ...], int, tuple[Any, ...]]] = []
+        self.returned: tuple[torch.Tensor, ...] | None = None
+        self.reason: str | None = None
+        self._thread = threading.get_ident()
+        self._guard: _OpGuard | None = None
+
+    def refuse(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+    def returns(self, *outputs: torch.Tensor) -> None:
+        """The allocated outputs a replay returns, in this order."""
+        self.returned = outputs
+
+    def __enter__(self) -> Recorder:
+        global _active
+        with _lock:
+            if _active is not None:
+                raise RuntimeError("a launch-plan recording is already running")
+            _active = self
+        _alloc._recorder = self._on_alloc
+        _launch._launch_recorder = self._on_launch
+        self._guard = _OpGuard(self)
+        self._guard.__enter__()  # type: ignore[no-untyped-call]
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        global _active
+        try:
+            if self._guard is not None:
+                self._guard.__exit__(exc_type, exc, tb)  # type: ignore[no-untyped-call]
+        finally:
+            _alloc._recorder = None
+            _launch._launch_recorder = None
+            with _lock:
+                _active = None
+        if exc_type is None:
+            self._commit()
+
+    def _on_alloc(self, tensor: torch.Tensor) -> None:
+        if threading.get_ident() != self._thread:
+            self.refuse("allocated from another thread")
+        self.allocs.append(tensor)
+
+    def _on_launch(
+        self, function: int | None, grid: tuple[int, ...], device: int, all_args: tuple[Any, ...]
+    ) -> None:
+        if threading.get_ident() != self._thread:
+            self.refuse("launched from another thread")
+        elif function is None:
+            self.refuse("a launch did not take the cached fast path")
+        else:
+            self.launches.append((function, grid, device, all_args))
+
+    def _commit(self) -> None:
+        ext = self.plans._ext
+        if ext is None:
+            return
+        plan = None
+        if self.reason is None:
+            try:
+                plan = self._plan(ext)
+            except _Refused as exc:
+                self.reason = str(exc)
+        if plan is None:
+            ext.refuse(self.plans.op_id, self.args, _MAX_FAILURES)
+            _stats["refusals"] += 1
+            _last_refusal[self.plans.name] = self.reason or "unknown"
+            return
+        device, allocs, launches, returns = plan
+        ext.register(self.plans.op_id, device, self.args, allocs, launches, returns)
+        _stats["recorded"] += 1
+
+    def _tensor_args(self) -> list[tuple[int, torch.Tensor]]:
+        return [(i, a) for i, a in enumerate(self.args) if type(a) is torch.Tensor]
+
+    def _plan(self, ext: Any) -> tuple[int, list[Any], list[Any], list[int]]:
+        if self.returned is None:
+            raise _Refused("the op did not say what it returns")
+        if not self.launches:
+            raise _Refused("no kernel launch")
+        args = self._tensor_args()
+        storages = [a.untyped_storage().data_ptr() for _, a in args]
+        if len({s for s in storages if s}) != sum(1 for s in storages if s):
+            raise _Refused("two tensor arguments share storage")
+        allocs = []
+        for t in self.allocs:
+            like = next((i for i, a in args if a.device == t.device), None)
+            if like is None or not t.is_contiguous():
+                raise _Refused("an allocation on a device no tensor argument is on")
+            allocs.append((tuple(t.shape), ext.dtype_code(t), like))
+        returns = []
+        for r in self.returned:
+            j = next((j for j, t in enumerate(self.allocs) if t is r), None)
+            if j is None:
+                raise _Refused("a returned tensor was not allocated by the call")
+            returns.append(j)
+        devices = {dev for _, _, dev, _ in self.launches}
+        if len(devices) != 1:
+            raise _Refused("launches on several devices")
+        launches = [self._launch(*entry) for entry in self.launches]
+        return devices.pop(), allocs, launches, returns
+
+    def _launch(
+        self, function: int, grid: tuple[int, ...], device: int, all_args: tuple[Any, ...]
+    ) -> tuple[int, tuple[int, int, int], int, int, list[tuple[int, int, int]]]:
+        desc = _describe(function)
+        if desc is None:
+            raise _Refused("a compiled kernel a plain cuLaunchKernel cannot launch")
+        if len(desc.types) != len(all_args):
+            raise _Refused("a launch's arguments do not match its compiled signature")
+        params: list[tuple[int, int, int]] = []
+        for ty, v in zip(desc.types, all_args, strict=True):
+            if ty == "constexpr":
+                continue
+            if ty.startswith("*"):
+                if v is None:
+                    params.append((_CONST, 0, 0))
+                elif isinstance(v, torch.Tensor):
+                    params.append(self._pointer(v))
+                else:
+                    raise _Refused(f"a pointer argument of type {type(v).__name__}")
+            elif ty in _INT_TYPES:
+                if type(v) not in (int, bool):
+                    raise _Refused(f"an integer argument of type {type(v).__name__}")
+                params.append((_CONST, 0, _as_int64(int(v))))
+            elif ty == "fp32":
+                params.append((_CONST, 0, struct.unpack("<I", struct.pack("<f", float(v)))[0]))
+            else:  # fp64
+                params.append((_CONST, 0, struct.unpack("<q", struct.pack("<d", float(v)))[0]))
+        params += [(_CONST, 0, 0)] * desc.scratch
+        g = (*grid, 1, 1)
+        return function, (int(g[0]), int(g[1]), int(g[2])), desc.block, desc.shared, params
+
+    def _pointer(self, t: torch.Tensor) -> tuple[int, int, int]:
+        """A tensor launch argument as (kind, index, byte offset)."""
+        for i, a in self._tensor_args():
+            if t is a:
+                return (_ARG_PTR, i, 0)
+        for j, a in enumerate(self.allocs):
+            if t is a:
+                return (_OUT_PTR, j, 0)
+        storage = t.untyped_storage().data_ptr()
+        found = [(_ARG_PTR, i, a) for i, a in self._tensor_args()]
+        found += [(_OUT_PTR, j, a) for j, a in enumerate(self.allocs)]
+        owners = [
+            (k, i, a) for k, i, a in found if storage and a.untyped_storage().data_ptr() == storage
+        ]
+        if len(owners) != 1:
+            raise _Refused("a kernel pointer that is not a view of exactly one argument or output")
+        kind, index, base = owners[0]
+        return (kind, index, t.data_ptr() - base.data_ptr())
+
+
+def _as_int64(v: int) -> int:
+    """``v`` as the int64 with the same low 64 bits (u64 values above 2**63 wrap)."""
+    v &= (1 << 64) - 1
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _runtime_getters() -> tuple[Any, Any]:
+    """The current-device and current-stream getters the cached Triton launches use."""
+    try:
+        from triton.runtime import driver
+
+        active = driver.active
+        return _launch._fast_device_getter(active.get_current_device), active.get_current_stream
+    except Exception:  # no GPU driver (CPU machines): plans are never recorded there
+        return (lambda: -1), (lambda device: 0)
+
+
+def _load() -> Any:
+    from torch.utils.cpp_extension import load
+
+    ext = load(name=_NATIVE_NAME, sources=[str(_SOURCE)], extra_cflags=["-O2"], verbose=False)
+    ext.set_runtime(*_runtime_getters())
+    return ext
+
+
+def set_launch_plans_enabled(enabled: bool) -> bool:
+    """Turn launch plans on or off process-wide; returns whether they are on afterwards.
+
+    Turning them on builds (or loads the cached build of) the native module the first time;
+    a failed build leaves them off, with the reason in ``launch_plans_reason()``.
+    """
+    global _ext, _reason
+    if not enabled:
+        _ext, _reason = None, "off (set_launch_plans_enabled(False))"
+    else:
+        try:
+            _ext, _reason = _native_module(), None
+        except Exception as exc:
+            _ext = None
+            _reason = f"native module unavailable ({type(exc).__name__}: {str(exc)[:300]})"
+            _log.warning("launch plans stay off: %s", _reason)
+    for handle in list(_handles):
+        handle._ext = _ext
+    return _ext is not None
+
+
+_built: Any = None
+
+
+def _native_module() -> Any:
+    global _built
+    if _built is None:
+        _built = _load()
+    return _built
+
+
+def launch_plans_reason() -> str | None:
+    """Why launch plans are off (``None`` when they are on)."""
+    return _reason
+
+
+def launch_plans_info() -> dict[str, Any]:
+    """Counters: ``plans`` (recorded keys), ``refused`` (keys no longer recorded), ``hits``,
+    ``misses`` (native look-ups), ``recorded`` / ``refusals`` (recordings this process), and
+    ``last_refusal`` (op name -> reason of its latest refused recording)."""
+    info: dict[str, Any] = dict(_ext.info()) if _ext is not None else {}
+    info.update(_stats)
+    info["last_refusal"] = dict(_last_refusal)
+    return info
+
+
+def clear_launch_plans() -> None:
+    """Forget every plan (later calls record again)."""
+    _describe_cache.clear()
+    _last_refusal.clear()
+    for k in _stats:
+        _stats[k] = 0
+    if _built is not None:
+        _built.clear()
+
+
+if os.environ.get("CPATTN_LAUNCH_PLANS", "0") == "1":
+    set_launch_plans_enabled(True)

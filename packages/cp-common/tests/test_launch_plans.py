@@ -1,0 +1,344 @@
+"""Launch plans: recording through the cached fast path (fake Triton runtime, CPU), native
+replay without launching (dry run), refusals, and the real thing on a GPU.
+
+Output poisoning is off here (a poison fill is a torch operation, so it refuses every
+recording); ``test_poisoned_outputs_are_not_recorded`` turns it on.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from cpattn_common import launch as launch_mod
+from cpattn_common import launch_plans as lp
+from cpattn_common.alloc import new_output, poison_outputs
+from cpattn_common.launch import CachedKernel, clear_launch_cache
+from cpattn_common.launch_plans import (
+    OpPlans,
+    clear_launch_plans,
+    launch_plans_info,
+    launch_plans_reason,
+    set_launch_plans_enabled,
+)
+
+
+def strided_scale_body(x_ptr, y_ptr, n, stride, alpha, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+    """``y[i] = alpha * x[i * stride]`` for i < n."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs * stride, mask=mask)
+    tl.store(y_ptr + offs, x * alpha, mask=mask)
+
+
+strided_scale = CachedKernel(triton.jit(strided_scale_body))
+
+# Its parameters as Triton 3.6 compiles them with stride == 1: stride specialized (a
+# constexpr), two scratch pointers after the runtime parameters in the PTX.
+_TYPES = {
+    "x_ptr": "*fp32",
+    "y_ptr": "*fp32",
+    "n": "i32",
+    "stride": "constexpr",
+    "alpha": "fp32",
+    "BLOCK": "constexpr",
+}
+_PTX = ".visible .entry strided_scale(\n" + ",\n".join(
+    f"\t.param .u64 .ptr .global .align 1 strided_scale_param_{i}" for i in range(6)
+) + "\n)\n{\n}\n"  # fmt: skip
+
+
+class _Metadata:
+    num_warps = 4
+    num_ctas = 1
+    shared = 256
+    global_scratch_size = 0
+    profile_scratch_size = 0
+
+
+class _FakeSrc:
+    def __init__(self, fn: Any):
+        self.fn = fn
+        self.signature = dict(_TYPES)
+
+
+class _FakeCompiled:
+    """Stands in for a CompiledKernel: logs its launcher's calls, describes itself."""
+
+    def __init__(self, fn: Any, calls: list[tuple[Any, ...]], tag: int):
+        self.src = _FakeSrc(fn)
+        self.function = 1000 + tag
+        self.packed_metadata = ("meta", tag)
+        self.metadata = _Metadata()
+        self.asm = {"ptx": _PTX}
+        self._calls = calls
+
+    @property
+    def run(self) -> Any:
+        return lambda *args: self._calls.append(args)
+
+
+class _FakeDriver:
+    class active:
+        @staticmethod
+        def get_current_device() -> int:
+            return 0
+
+        @staticmethod
+        def get_current_stream(device: int) -> int:
+            return 777
+
+
+@pytest.fixture
+def plans_on() -> Iterator[Any]:
+    """Launch plans on (skips where the native module cannot be built), off afterwards."""
+    if not set_launch_plans_enabled(True):
+        pytest.skip(f"launch plans unavailable here: {launch_plans_reason()}")
+    ext = lp._native_module()
+    clear_launch_plans()
+    yield ext
+    ext.set_dry_run(None)
+    ext.set_runtime(*lp._runtime_getters())
+    clear_launch_plans()
+    set_launch_plans_enabled(False)
+
+
+@pytest.fixture
+def fake_plan_runtime(monkeypatch: pytest.MonkeyPatch, plans_on: Any) -> Iterator[dict[str, Any]]:
+    """The cached fast path on a fake runtime (device 0, stream 777), the native module told
+    the same, and its launches logged instead of run."""
+    from triton.runtime.jit import JITFunction
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    kernel = JITFunction(strided_scale_body)
+    state: dict[str, Any] = {"kernel": kernel, "plain": [], "fast": [], "dry": []}
+
+    def plain(k: Any, grid: tuple[int, ...], kwargs: dict[str, Any]) -> Any:
+        state["plain"].append(dict(kwargs))
+        if launch_mod._launch_recorder is not None:  # what the real _plain reports
+            launch_mod._launch_recorder(None, grid, -1, ())
+        return _FakeCompiled(k, state["fast"], len(state["plain"]))
+
+    runtime = launch_mod._get_runtime()
+    if runtime.reason is not None:
+        pytest.skip(runtime.reason)
+    monkeypatch.setattr(launch_mod, "_plain", plain)
+    monkeypatch.setattr(runtime, "driver", _FakeDriver)
+    clear_launch_cache()
+    plans_on.set_runtime(lambda: 0, lambda device: 777)
+    plans_on.set_dry_run(state["dry"])
+    state["spec"] = CachedKernel(kernel).specialize(BLOCK=64, num_warps=4)
+    yield state
+    clear_launch_cache()
+
+
+_plans = OpPlans("tests.scale_copy")
+pytestmark = pytest.mark.no_output_poison
+
+
+def _scale_copy(spec: Any, x: torch.Tensor, n: int, alpha: float, *, extra: bool = False) -> Any:
+    """A toy op in the opt-in shape of ``OpPlans``' docstring: ``y = alpha * x[:n]``."""
+    hit = _plans.replay(x, n, alpha)
+    if hit.__class__ is tuple:
+        return hit[0]
+
+    def body() -> torch.Tensor:
+        y = new_output(x, (n,))
+        if extra:
+            x.add_(0.0)  # a torch operation the plan would not repeat
+        spec((-(-n // 64),), x, y, n, 1, alpha)
+        return y
+
+    rec = _plans.recorder(hit, x, n, alpha)
+    if rec is None:
+        return body()
+    with rec:
+        y = body()
+        rec.returns(y)
+    return y
+
+
+def _f32_bits(v: float) -> int:
+    return int(struct.unpack("<I", struct.pack("<f", v))[0])
+
+
+def test_off_by_default_and_misses_cheaply() -> None:
+    set_launch_plans_enabled(False)
+    assert launch_plans_reason() is not None
+    x = torch.zeros(8)
+    assert _plans.replay(x, 8, 1.0) is None
+    assert _plans.recorder(None, x, 8, 1.0) is None
+
+
+def test_record_then_replay(fake_plan_runtime: dict[str, Any]) -> None:
+    st = fake_plan_runtime
+    spec = st["spec"]
+    x = torch.randn(300)
+    _scale_copy(spec, x, 200, 0.5)  # compiles: not recordable
+    info = launch_plans_info()
+    assert info["refusals"] == 1
+    assert "fast path" in info["last_refusal"]["tests.scale_copy"]
+    _scale_copy(spec, x, 200, 0.5)  # the cached fast path: recorded
+    assert launch_plans_info()["plans"] == 1
+    n_fast = len(st["fast"])
+    y = _scale_copy(spec, x, 200, 0.5)  # replayed: no Python launch, one native launch
+    assert len(st["fast"]) == n_fast
+    assert y.shape == (200,)
+    assert y.dtype == torch.float32
+    ((function, grid, block, shared, stream, params),) = st["dry"]
+    assert (function, grid, block, shared, stream) == (1001, (4, 1, 1), 128, 256, 777)
+    # x, y, n, alpha in signature order (stride_x and the constexprs dropped), 2 scratch nulls
+    assert params == (x.data_ptr(), y.data_ptr(), 200, _f32_bits(0.5), 0, 0)
+    assert launch_plans_info()["hits"] == 1
+    # Another tensor of the same key: its own pointer.
+    x2 = torch.randn(300)
+    y2 = _scale_copy(spec, x2, 200, 0.5)
+    assert st["dry"][-1][-1][:2] == (x2.data_ptr(), y2.data_ptr())
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["n", "alpha", "dtype", "alignment", "shape", "stride", "device index"],
+)
+def test_any_key_change_misses(fake_plan_runtime: dict[str, Any], change: str) -> None:
+    spec = fake_plan_runtime["spec"]
+    x = torch.randn(300)
+    for _ in range(2):
+        _scale_copy(spec, x, 200, 0.5)
+    assert launch_plans_info()["plans"] == 1
+    args: dict[str, tuple[Any, ...]] = {
+        "n": (x, 201, 0.5),
+        "alpha": (x, 200, 0.25),
+        "dtype": (x.double(), 200, 0.5),
+        "alignment": (torch.randn(301)[1:], 200, 0.5),
+        "shape": (torch.randn(301), 200, 0.5),
+        "stride": (torch.randn(600)[::2], 200, 0.5),
+        "device index": (x, 200, 0.5),
+    }
+    if change == "device index":
+        lp._native_module().set_runtime(lambda: 1, lambda device: 777)  # current device moved
+    assert _plans.replay(*args[change]) is None
+
+
+def test_unkeyed_arguments_miss(plans_on: Any) -> None:
+    x = torch.randn(8)
+    assert _plans.replay(torch.nn.Parameter(x), 8, 1.0) is None  # not exactly torch.Tensor
+    assert _plans.replay(x, "8", 1.0) is None
+    assert _plans.replay(x, 2**70, 1.0) is None
+    assert _plans.replay(x.to_sparse(), 8, 1.0) is None
+
+
+def test_torch_operations_refuse_and_keys_give_up(fake_plan_runtime: dict[str, Any]) -> None:
+    spec = fake_plan_runtime["spec"]
+    x = torch.randn(300)
+    _scale_copy(spec, x, 100, 2.0)  # compile
+    for _ in range(lp._MAX_FAILURES - 1):  # the compile call counted as the first refusal
+        _scale_copy(spec, x, 100, 2.0, extra=True)
+    assert "aten.add_" in launch_plans_info()["last_refusal"]["tests.scale_copy"]
+    assert launch_plans_info()["refused"] == 1
+    assert _plans.replay(x, 100, 2.0) is False  # refused: no more recording attempts
+    assert _plans.recorder(False, x, 100, 2.0) is None
+
+
+def test_poisoned_outputs_are_not_recorded(fake_plan_runtime: dict[str, Any]) -> None:
+    spec = fake_plan_runtime["spec"]
+    x = torch.randn(300)
+    _scale_copy(spec, x, 100, 2.0)
+    with poison_outputs():
+        _scale_copy(spec, x, 100, 2.0)
+    assert "fill_" in launch_plans_info()["last_refusal"]["tests.scale_copy"]
+    assert launch_plans_info()["plans"] == 0
+
+
+def test_aliased_arguments_and_foreign_pointers_refuse(fake_plan_runtime: dict[str, Any]) -> None:
+    spec = fake_plan_runtime["spec"]
+    x = torch.randn(300)
+    _scale_copy(spec, x, 100, 2.0)
+    other = OpPlans("tests.aliased")
+    rec = other.recorder(None, x, x[10:], 3)
+    assert rec is not None
+    with rec:
+        y = new_output(x, (100,))
+        spec((2,), x, y, 100, 1, 2.0)
+        rec.returns(y)
+    assert (
+        launch_plans_info()["last_refusal"]["tests.aliased"] == "two tensor arguments share storage"
+    )
+    rec = other.recorder(None, x, 3)
+    assert rec is not None
+    with rec:
+        y = torch.empty(100)  # not allocated through cpattn_common.alloc
+        spec((2,), x, y, 100, 1, 2.0)
+        rec.returns(y)
+    assert (
+        "a returned tensor was not allocated"
+        in launch_plans_info()["last_refusal"]["tests.aliased"]
+    )
+
+
+def test_views_of_arguments_map_with_offsets(fake_plan_runtime: dict[str, Any]) -> None:
+    spec = fake_plan_runtime["spec"]
+    x = torch.randn(300)
+    views = OpPlans("tests.views")
+
+    def op(x: torch.Tensor) -> Any:
+        hit = views.replay(x)
+        if hit.__class__ is tuple:
+            return hit[0]
+        rec = views.recorder(hit, x)
+        assert rec is not None
+        with rec:
+            y = new_output(x, (64,))
+            spec((1,), x[128:], y[32:], 32, 1, 1.0)
+            rec.returns(y)
+        return y
+
+    op(x)  # compiles
+    op(x)  # records
+    x2 = torch.randn(300)
+    y2 = op(x2)
+    params = fake_plan_runtime["dry"][-1][-1]
+    assert params[:2] == (x2.data_ptr() + 128 * 4, y2.data_ptr() + 32 * 4)
+
+
+def test_register_rejects_malformed_plans(plans_on: Any) -> None:
+    x = torch.randn(4)
+    with pytest.raises(ValueError, match="refers to nothing"):
+        plans_on.register(7, 0, (x, 1), [], [(1, (1, 1, 1), 32, 0, [(0, 1, 0)])], ())
+    with pytest.raises(ValueError, match="return index"):
+        plans_on.register(7, 0, (x, 1), [], [], (0,))
+    with pytest.raises(TypeError):
+        plans_on.register(7, 0, [x], [], [], ())
+    with pytest.raises(ValueError, match="do not key"):
+        plans_on.register(7, 0, (x, "a"), [], [], ())
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_gpu_merge_and_describe_real_kernels(device: torch.device) -> None:
+    """A real Triton kernel recorded and replayed through cuLaunchKernel (merge_attn_states'
+    plans live in its own tests; this checks the description of a real compiled kernel)."""
+    if not set_launch_plans_enabled(True):
+        pytest.skip(f"launch plans unavailable here: {launch_plans_reason()}")
+    try:
+        clear_launch_plans()
+        spec = strided_scale.specialize(BLOCK=64, num_warps=4)
+        x = torch.randn(300, device=device)
+        expect = x[:200] * 0.5
+        for i in range(4):
+            y = _scale_copy(spec, x, 200, 0.5)
+            torch.testing.assert_close(y, expect, rtol=0, atol=0, msg=f"call {i}")
+        info = launch_plans_info()
+        assert info["plans"] == 1, info
+        assert info["hits"] >= 2, info
+    finally:
+        clear_launch_plans()
+        set_launch_plans_enabled(False)
