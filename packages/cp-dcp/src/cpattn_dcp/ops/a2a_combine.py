@@ -20,6 +20,7 @@ import torch
 from cpattn_common.alloc import new_output
 from cpattn_common.group import CPGroupLike
 from cpattn_common.launch import CachedKernel, Specialization
+from cpattn_common.launch_plans import OpPlans
 from cpattn_dcp.comm.collectives import all_to_all_records
 from cpattn_dcp.comm.groups import (
     group_from_token,
@@ -75,6 +76,9 @@ _INT32_LIMIT = 2**31
 # Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
 _pack_kernel = CachedKernel(_a2a_pack_kernel)
 _unpack_kernel = CachedKernel(_a2a_unpack_combine_fwd_kernel)
+# Eager calls with a recorded key replay natively when launch plans are on (opt-in).
+_pack_plans = OpPlans("cpattn_dcp.a2a_pack")
+_unpack_plans = OpPlans("cpattn_dcp.a2a_unpack_combine")
 
 
 def a2a_pack_dim(dtype: torch.dtype) -> int:
@@ -369,6 +373,12 @@ def a2a_pack(
         (masked) LSE as fp32 bits (low 16 bits first for 16-bit dtypes). Every lane is
         written.
     """
+    # A recorded call key replays natively (launch plans, when on).
+    hit = _pack_plans.replay(
+        cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, send
+    )
+    if hit.__class__ is tuple:
+        return hit[0] if hit else send  # type: ignore[return-value]
     has_mask = validate_combine_args(
         "a2a_pack",
         cp_attn_out,
@@ -378,6 +388,29 @@ def a2a_pack(
         query_start_loc,
         heads_divisible=True,
     )
+    rec = _pack_plans.recorder(
+        hit, cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, send
+    )
+    if rec is None:
+        return _pack(cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, send,
+                     has_mask)  # fmt: skip
+    with rec:
+        filled = _pack(cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, send,
+                       has_mask)  # fmt: skip
+        rec.returns(*(() if send is not None else (filled,)))
+    return filled
+
+
+def _pack(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    cp_world_size: int,
+    seq_lens: torch.Tensor | None,
+    query_start_loc: torch.Tensor | None,
+    send: torch.Tensor | None,
+    has_mask: bool,
+) -> torch.Tensor:
+    """``a2a_pack`` after validation: allocate ``send`` unless given (checked), launch."""
     b, h, d = cp_attn_out.shape
     shape = (cp_world_size, b, h // cp_world_size, a2a_record_width(d, cp_attn_out.dtype))
     if send is None:
@@ -428,8 +461,18 @@ def a2a_unpack_combine(
         ValueError: unsupported dtype, ``recv`` not 4-D or not contiguous, or its last dim is
             not ``D + P`` for ``head_dim``.
     """
+    # A recorded call key replays natively (launch plans, when on).
+    hit = _unpack_plans.replay(recv, head_dim, return_lse, is_lse_base_on_e)
+    if hit.__class__ is tuple:
+        return hit[0], hit[1] if len(hit) > 1 else None
     _buffer_shape(recv, head_dim)
-    return _unpack_combine(recv, head_dim, return_lse, is_lse_base_on_e)
+    rec = _unpack_plans.recorder(hit, recv, head_dim, return_lse, is_lse_base_on_e)
+    if rec is None:
+        return _unpack_combine(recv, head_dim, return_lse, is_lse_base_on_e)
+    with rec:
+        out, lse = _unpack_combine(recv, head_dim, return_lse, is_lse_base_on_e)
+        rec.returns(*((out,) if lse is None else (out, lse)))
+    return out, lse
 
 
 def _unpack_combine(

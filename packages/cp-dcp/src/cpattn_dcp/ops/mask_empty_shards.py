@@ -17,6 +17,7 @@ import torch
 
 from cpattn_common.alloc import new_output
 from cpattn_common.launch import CachedKernel, Specialization
+from cpattn_common.launch_plans import OpPlans
 from cpattn_dcp.kernels.empty_shards import (
     COUNT_MAX_STEPS,
     _mask_empty_shards_inplace_kernel,
@@ -54,6 +55,8 @@ _Tensor = torch.Tensor
 # Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
 _inplace_kernel = CachedKernel(_mask_empty_shards_inplace_kernel)
 _copy_kernel = CachedKernel(_mask_empty_shards_kernel)
+# Eager calls with a recorded key replay natively when launch plans are on (opt-in).
+_plans = OpPlans("cpattn_dcp.mask_dcp_empty_shards_")
 
 
 def _check_lse(lse: torch.Tensor) -> None:
@@ -258,15 +261,21 @@ def mask_dcp_empty_shards_(
         >>> mask_dcp_empty_shards_(lse, torch.tensor([0, 2]), torch.tensor([0, 1, 5]))
         ... # rows 0 (empty shard) and 5, 6 (padding) are now -inf
     """
-    if (
-        seq_lens is not None
-        and query_start_loc is not None
-        and not torch.compiler.is_compiling()
-        and _valid_fast(lse, seq_lens, query_start_loc)
-    ):
-        # Eager hot path: proven valid cheaply; skip the full checks and the dispatcher.
-        mask_dcp_empty_shards_impl(lse, seq_lens, query_start_loc)
-        return lse
+    if seq_lens is not None and query_start_loc is not None and not torch.compiler.is_compiling():
+        # Eager hot path: a recorded call key replays natively (launch plans, when on), or the
+        # call is proven valid cheaply and skips the full checks and the dispatcher.
+        hit = _plans.replay(lse, seq_lens, query_start_loc)
+        if hit.__class__ is tuple:
+            return lse
+        if _valid_fast(lse, seq_lens, query_start_loc):
+            rec = _plans.recorder(hit, lse, seq_lens, query_start_loc)
+            if rec is None:
+                mask_dcp_empty_shards_impl(lse, seq_lens, query_start_loc)
+                return lse
+            with rec:
+                mask_dcp_empty_shards_impl(lse, seq_lens, query_start_loc)
+                rec.returns()
+            return lse
     _check_lse(lse)
     if not check_mask_args(lse, seq_lens, query_start_loc):
         return lse

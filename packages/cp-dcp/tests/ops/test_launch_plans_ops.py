@@ -1,0 +1,227 @@
+"""The cp-dcp ops with launch plans on (``cpattn_common.launch_plans``): every call returns
+exactly what the Python path returns, on fresh random data per call; on a GPU the repeated
+calls replay natively (and a replayed call captures into a CUDA graph). On the CPU the
+interpreter's launches are never recorded, so the same tests check that the ops stay correct
+with plans on and that the refused keys stop being recorded.
+
+Output poisoning is off here: a poison fill is a torch operation, which refuses a recording.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from cpattn_common.launch_plans import (
+    clear_launch_plans,
+    launch_plans_info,
+    launch_plans_reason,
+    set_launch_plans_enabled,
+)
+from cpattn_dcp import (
+    a2a_pack,
+    a2a_record_width,
+    a2a_unpack_combine,
+    correct_attn_out,
+    mask_dcp_empty_shards_,
+)
+
+pytestmark = [pytest.mark.no_output_poison, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+
+_CALLS = 5
+
+
+@pytest.fixture
+def plans() -> Iterator[None]:
+    if not set_launch_plans_enabled(True):
+        pytest.skip(f"launch plans unavailable here: {launch_plans_reason()}")
+    clear_launch_plans()
+    yield
+    clear_launch_plans()
+    set_launch_plans_enabled(False)
+
+
+def _clone(x: Any) -> Any:
+    """A copy with the same strides (``clone`` makes a gappy view contiguous)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
+
+
+def _flat(x: Any) -> list[Any]:
+    if isinstance(x, tuple | list):
+        return [y for item in x for y in _flat(item)]
+    return [x]
+
+
+def _check_against_python_path(
+    device: torch.device,
+    make: Callable[[torch.Generator], tuple[Any, ...]],
+    call: Callable[..., Any],
+) -> None:
+    """``_CALLS`` calls on fresh inputs of one call key, plans on, each against the same call
+    with plans off (inputs cloned first: the in-place ops modify them); on a GPU every call
+    after the compiling and the recording one is a native replay."""
+    for i in range(_CALLS):
+        gen = torch.Generator(device=device).manual_seed(100 + i)
+        args = make(gen)
+        ref_args = tuple(_clone(a) for a in args)
+        hits = launch_plans_info()["hits"]
+        got = call(*args)
+        if device.type == "cuda" and i >= 2:
+            assert launch_plans_info()["hits"] == hits + 1, (i, launch_plans_info())
+        set_launch_plans_enabled(False)
+        try:
+            want = call(*ref_args)
+        finally:
+            set_launch_plans_enabled(True)
+        for g, w in zip(_flat((got, args)), _flat((want, ref_args)), strict=True):
+            if isinstance(w, torch.Tensor):
+                assert isinstance(g, torch.Tensor)
+                assert g.shape == w.shape
+                assert g.dtype == w.dtype
+                torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True, msg=f"call {i}")
+            else:
+                assert g is None
+                assert w is None
+    info = launch_plans_info()
+    if device.type == "cuda":
+        assert info["plans"] >= 1, info
+    else:  # the interpreter's launches are never recorded
+        assert info["hits"] == 0, info
+
+
+def _randn(gen: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    device = gen.device
+    return torch.randn(*shape, generator=gen, device=device).to(dtype)
+
+
+@pytest.mark.parametrize(
+    ("b", "h", "d", "n", "dtype", "lse_dtype", "layout"),
+    [
+        (1, 64, 128, 4, torch.bfloat16, torch.float32, "contiguous"),
+        (37, 16, 512, 3, torch.float16, torch.float16, "contiguous"),
+        (5, 8, 64, 2, torch.float32, torch.float32, "strided"),
+    ],
+)
+@pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+def test_correct_attn_out(
+    device: torch.device,
+    plans: None,
+    b: int,
+    h: int,
+    d: int,
+    n: int,
+    dtype: torch.dtype,
+    lse_dtype: torch.dtype,
+    layout: str,
+    base_e: bool,
+) -> None:
+    def make(gen: torch.Generator) -> tuple[Any, ...]:
+        out = _randn(gen, b, 2 * h if layout == "strided" else h, d, dtype=dtype)
+        out = out[:, ::2] if layout == "strided" else out
+        lses = _randn(gen, n, b, h, dtype=lse_dtype) * 4
+        lses[0, 0, 0] = float("nan")
+        return out, lses
+
+    def call(out: torch.Tensor, lses: torch.Tensor) -> Any:
+        return correct_attn_out(out, lses, n - 1, is_lse_base_on_e=base_e)
+
+    _check_against_python_path(device, make, call)
+
+
+def test_correct_attn_out_errors_still_raise(device: torch.device, plans: None) -> None:
+    out = torch.randn(2, 4, 8, device=device)
+    lses = torch.randn(3, 2, 4, device=device)
+    for _ in range(3):
+        correct_attn_out(out, lses, 1)
+    with pytest.raises(ValueError, match="out of range"):
+        correct_attn_out(out, lses, 3)
+    with pytest.raises(ValueError, match="disagree"):
+        correct_attn_out(out[:1], lses, 1)
+
+
+def test_mask(device: torch.device, plans: None) -> None:
+    b, h = 9, 16
+
+    def make(gen: torch.Generator) -> tuple[Any, ...]:
+        seq_lens = torch.tensor([3, 0, 5], device=device, dtype=torch.int32)
+        qsl = torch.tensor([0, 2, 5, 7], device=device, dtype=torch.int32)
+        return _randn(gen, b, h), seq_lens, qsl
+
+    _check_against_python_path(device, make, mask_dcp_empty_shards_)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("given_send", [False, True])
+def test_pack(device: torch.device, plans: None, masked: bool, given_send: bool) -> None:
+    b, h, d, n = 6, 8, 64, 4
+
+    def make(gen: torch.Generator) -> tuple[Any, ...]:
+        out = _randn(gen, b, h, d, dtype=torch.bfloat16)
+        lse = _randn(gen, b, h)
+        width = a2a_record_width(d, torch.bfloat16)
+        send = torch.empty(n, b, h // n, width, device=device, dtype=torch.bfloat16)
+        return out, lse, send
+
+    def call(out: torch.Tensor, lse: torch.Tensor, send: torch.Tensor) -> Any:
+        mask: dict[str, Any] = {}
+        if masked:
+            mask["seq_lens"] = torch.tensor([2, 0, 1], device=device, dtype=torch.int32)
+            mask["query_start_loc"] = torch.tensor([0, 1, 3, 5], device=device, dtype=torch.int32)
+        return a2a_pack(out, lse, n, send=send if given_send else None, **mask)
+
+    _check_against_python_path(device, make, call)
+
+
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_unpack_combine(device: torch.device, plans: None, return_lse: bool) -> None:
+    n, b, hr, d = 4, 7, 2, 128
+
+    def make(gen: torch.Generator) -> tuple[Any, ...]:
+        out = _randn(gen, b, n * hr, d, dtype=torch.bfloat16)
+        lse = _randn(gen, b, n * hr)
+        return (a2a_pack(out, lse, n),)
+
+    def call(recv: torch.Tensor) -> Any:
+        return a2a_unpack_combine(recv, head_dim=d, return_lse=return_lse)
+
+    _check_against_python_path(device, make, call)
+
+
+@pytest.mark.gpu
+def test_replayed_call_captures_into_a_cuda_graph(device: torch.device, plans: None) -> None:
+    b, h, d, n = 3, 16, 128, 4
+    out = torch.randn(b, h, d, device=device, dtype=torch.bfloat16)
+    lses = torch.randn(n, b, h, device=device)
+    for _ in range(3):  # compile, record, replay
+        correct_attn_out(out.clone(), lses, 2)
+    assert launch_plans_info()["hits"] >= 1
+    static_out, static_lses = out.clone(), lses.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        correct_attn_out(static_out.clone(), static_lses, 2)  # warm-up on the side stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    hits = launch_plans_info()["hits"]
+    with torch.cuda.graph(graph):
+        _, static_lse = correct_attn_out(static_out, static_lses, 2)
+    assert launch_plans_info()["hits"] == hits + 1  # the captured call was a replay
+    for seed in range(3):
+        gen = torch.Generator(device=device).manual_seed(seed)
+        fresh_out = torch.randn(b, h, d, device=device, generator=gen).to(torch.bfloat16)
+        fresh_lses = torch.randn(n, b, h, device=device, generator=gen)
+        static_out.copy_(fresh_out)
+        static_lses.copy_(fresh_lses)
+        graph.replay()
+        set_launch_plans_enabled(False)
+        try:
+            want_out, want_lse = correct_attn_out(fresh_out.clone(), fresh_lses, 2)
+        finally:
+            set_launch_plans_enabled(True)
+        torch.testing.assert_close(static_out, want_out, rtol=0, atol=0)
+        torch.testing.assert_close(static_lse, want_lse, rtol=0, atol=0)
