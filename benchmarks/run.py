@@ -302,6 +302,79 @@ def _priority(case: Any) -> int:
     return 0 if (on_target_shape and on_target_b and main_dtype) else 1
 
 
+def _host_rows(plan: Plan, specs: list[Any], device: Any, results: Any, *, plans_on: bool) -> None:
+    """Host rows of every spec at decode size; ``plans_on``: with launch plans on, rows named
+    ``<kernel> [plans]`` (after a compiling and a recording call; a row whose call does not
+    replay says why), on a GPU only."""
+    import bench_kernels as bk
+    import torch
+
+    import cpattn_testing.bench as hb
+    from cpattn_common import launch_plans as lp
+
+    if plans_on:
+        if device.type != "cuda":
+            return
+        if not lp.set_launch_plans_enabled(True):
+            results.notes.append(f"launch plans not measured: {lp.launch_plans_reason()}")
+            return
+        lp.clear_launch_plans()
+    add = hb.host_reference_add(device)
+    add_out = hb.host_reference_add_out(device)
+    try:
+        for spec in specs:
+            if spec.uses_n:
+                n = min(plan.host_n, max(plan.ns))
+                dtype = getattr(torch, plan.dtypes[0])
+                cases = [bk.Case(spec.name, dtype, h, d, n, 1) for h, d in plan.shapes[:2]]
+            else:
+                cases = [bk.Case(spec.name, torch.float32, h, 0, 0, 1) for h in plan.mask_hs]
+            for case in cases:
+                name = f"{spec.name} [plans]" if plans_on else spec.name
+                hrow = hb.HostRow(
+                    kernel=name, dtype=case.dtype_name, H=case.H, D=case.D, N=case.N, B=1
+                )
+                results.host.append(hrow)
+                try:
+                    gen = torch.Generator(device=device).manual_seed(1234)
+                    inp = spec.make_inputs(case, device, gen)
+                    ours = spec.bind_ours(case, inp)
+                    if plans_on:
+                        for _ in range(3):  # compile, record, replay
+                            ours()
+                        hits = lp.launch_plans_info()["hits"]
+                        ours()
+                        if lp.launch_plans_info()["hits"] != hits + 1:
+                            reason = lp.launch_plans_info()["last_refusal"]
+                            hrow.status = f"error: not replayed ({reason})"
+                            continue
+                    # Our op in the same rounds as add_ and torch.add (the ratios are per
+                    # round, see measure_host_rounds), then the eager baseline.
+                    timed = hb.measure_host_rounds(
+                        {"add_": add, "torch.add": add_out, "ours": ours},
+                        calls=plan.host_calls,
+                        rounds=plan.host_rounds,
+                    )
+                    if not plans_on:
+                        te = hb.measure_host_overhead(
+                            spec.bind_eager(case, inp),
+                            calls=plan.host_calls,
+                            rounds=plan.host_rounds,
+                        )
+                        hrow.eager_baseline_host_us = te.median_ms * 1e3
+                    hrow.host_us = timed.timing("ours").median_ms * 1e3
+                    hrow.add_us = timed.timing("add_").median_ms * 1e3
+                    hrow.ratio_to_add = timed.ratio("ours", "add_")
+                    hrow.add_out_us = timed.timing("torch.add").median_ms * 1e3
+                    hrow.ratio_to_add_out = timed.ratio("ours", "torch.add")
+                except Exception as exc:
+                    hrow.status = f"error: {_short(exc)}"
+    finally:
+        if plans_on:
+            lp.clear_launch_plans()
+            lp.set_launch_plans_enabled(False)
+
+
 def run_kernels(
     plan: Plan,
     specs: list[Any],
@@ -328,44 +401,12 @@ def run_kernels(
     work.sort(key=lambda sc: _priority(sc[1]))  # stable: keeps kernel / shape order within
     bar = _progress(len(work) + len(ok_specs), f"kernels ({plan.mode})")
 
-    # Host overhead of one eager call at decode size, next to torch add_ and torch.add.
-    add = hb.host_reference_add(device)
-    add_out = hb.host_reference_add_out(device)
-    for spec in ok_specs:
-        bar.set_postfix_str(f"host {spec.name}")
-        if spec.uses_n:
-            n = min(plan.host_n, max(plan.ns))
-            dtype = getattr(torch, plan.dtypes[0])
-            cases = [bk.Case(spec.name, dtype, h, d, n, 1) for h, d in plan.shapes[:2]]
-        else:
-            cases = [bk.Case(spec.name, torch.float32, h, 0, 0, 1) for h in plan.mask_hs]
-        for case in cases:
-            hrow = hb.HostRow(
-                kernel=spec.name, dtype=case.dtype_name, H=case.H, D=case.D, N=case.N, B=1
-            )
-            results.host.append(hrow)
-            try:
-                gen = torch.Generator(device=device).manual_seed(1234)
-                inp = spec.make_inputs(case, device, gen)
-                # Our op in the same rounds as add_ and torch.add (the ratios are per round,
-                # see measure_host_rounds), then the eager baseline.
-                timed = hb.measure_host_rounds(
-                    {"add_": add, "torch.add": add_out, "ours": spec.bind_ours(case, inp)},
-                    calls=plan.host_calls,
-                    rounds=plan.host_rounds,
-                )
-                te = hb.measure_host_overhead(
-                    spec.bind_eager(case, inp), calls=plan.host_calls, rounds=plan.host_rounds
-                )
-                hrow.host_us = timed.timing("ours").median_ms * 1e3
-                hrow.eager_baseline_host_us = te.median_ms * 1e3
-                hrow.add_us = timed.timing("add_").median_ms * 1e3
-                hrow.ratio_to_add = timed.ratio("ours", "add_")
-                hrow.add_out_us = timed.timing("torch.add").median_ms * 1e3
-                hrow.ratio_to_add_out = timed.ratio("ours", "torch.add")
-            except Exception as exc:
-                hrow.status = f"error: {_short(exc)}"
-        bar.update(1)
+    # Host overhead of one eager call at decode size, next to torch add_ and torch.add; then
+    # the same calls with launch plans on (cpattn_common.launch_plans, opt-in).
+    bar.set_postfix_str("host")
+    for plans_on in (False, True):
+        _host_rows(plan, ok_specs, device, results, plans_on=plans_on)
+    bar.update(len(ok_specs))
 
     tol = 5e-2
     size_copy_bps: dict[int, float] = {}  # bytes moved -> same-size copy bandwidth (cold)
@@ -516,6 +557,7 @@ def render(results: Any, docs_dir: Path) -> tuple[Path, Path | None]:
     import cpattn_testing.bench as hb
 
     titles = {s.name: s.title for s in bk.all_specs()}
+    titles.update({f"{s.name} [plans]": f"{s.title}, launch plans on" for s in bk.all_specs()})
     titles["launch_cached"] = (
         "cp-common `launch_cached` of an empty kernel (baseline: plain `kernel[grid](...)`)"
     )
