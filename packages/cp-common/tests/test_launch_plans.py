@@ -342,3 +342,29 @@ def test_gpu_merge_and_describe_real_kernels(device: torch.device) -> None:
     finally:
         clear_launch_plans()
         set_launch_plans_enabled(False)
+
+
+@pytest.mark.gpu
+def test_gpu_failed_allocation_is_a_miss(device: torch.device) -> None:
+    """An allocation the native replay cannot make (here: 128 TiB) is caught inside the
+    module and reported as a miss, so the Python path runs and raises torch's own error."""
+    if not set_launch_plans_enabled(True):
+        pytest.skip(f"launch plans unavailable here: {launch_plans_reason()}")
+    ext = lp._native_module()
+    try:
+        clear_launch_plans()
+        x = torch.zeros(4, device=device)
+        huge = OpPlans("tests.huge")
+        ext.register(
+            huge.op_id,
+            torch.cuda.current_device(),
+            (x,),
+            [((2**45,), ext.dtype_code(x), 0)],
+            [],
+            (0,),
+        )
+        assert huge.replay(x) is None
+        assert launch_plans_info()["misses"] >= 1
+    finally:
+        clear_launch_plans()
+        set_launch_plans_enabled(False)
