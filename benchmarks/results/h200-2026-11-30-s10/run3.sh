@@ -6,7 +6,7 @@
 export PYTHONPATH=packages/cp-common/src:packages/cp-dcp/src:packages/cp-pcp/src:packages/cp-testing/src
 export PYTHONUNBUFFERED=1
 SECONDS=0
-bash scripts/gpu_tests.sh -q -rs -p no:randomly packages/cp-common/tests/test_launch_plans.py \
+bash scripts/gpu_tests.sh -q -rs packages/cp-common/tests/test_launch_plans.py \
     -k "not failed_allocation" packages/cp-common/tests/test_launch.py \
     packages/cp-common/tests/ops/test_merge_attn_states.py \
     packages/cp-dcp/tests/ops/test_launch_plans_ops.py packages/cp-dcp/tests/ops/test_correct_attn_out.py \
