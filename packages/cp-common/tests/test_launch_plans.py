@@ -368,3 +368,16 @@ def test_gpu_failed_allocation_is_a_miss(device: torch.device) -> None:
     finally:
         clear_launch_plans()
         set_launch_plans_enabled(False)
+
+
+def test_poisoning_turns_replays_off(fake_plan_runtime: dict[str, Any]) -> None:
+    """A key recorded with poisoning off is not replayed while it is on (the Python path
+    poisons the fresh outputs)."""
+    spec = fake_plan_runtime["spec"]
+    x = torch.randn(300)
+    for _ in range(2):
+        _scale_copy(spec, x, 100, 2.0)
+    assert launch_plans_info()["plans"] == 1
+    with poison_outputs():
+        assert _plans.replay(x, 100, 2.0) is None
+    assert _plans.replay(x, 100, 2.0).__class__ is tuple

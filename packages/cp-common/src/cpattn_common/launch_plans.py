@@ -34,7 +34,8 @@ more than a plain ``cuLaunchKernel`` (clusters, cooperative or PDL launches, scr
 After ``_MAX_FAILURES`` refusals a key is not recorded again.
 
 **What a replay does not do.** It does not call Triton's launch hooks (a replay is skipped
-while any is installed, so profilers see Python-path launches), does not re-read module knobs
+while any is installed, so profilers see Python-path launches, and while output poisoning is
+on, so poisoned outputs stay poisoned), does not re-read module knobs
 or Triton settings (call ``clear_launch_plans()`` after changing them), and launches on the
 current device's current stream like the Python path (CUDA-graph capturable).
 """
@@ -124,9 +125,10 @@ class OpPlans:
 
     def replay(self, *args: Any) -> tuple[torch.Tensor, ...] | bool | None:
         """Run the plan of this call key: its returned outputs (a tuple), ``None`` on a miss
-        (no plan, plans off, a Triton launch hook installed), ``False`` for a refused key."""
+        (no plan, plans off, output poisoning on, a Triton launch hook installed), ``False``
+        for a refused key."""
         ext = self._ext
-        if ext is None:
+        if ext is None or _alloc._poison is not None:  # poisoning: the Python path fills
             return None
         if _launch._knobs_rt is not None and not _launch._hooks_idle():
             return None
