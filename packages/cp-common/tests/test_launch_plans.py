@@ -144,7 +144,7 @@ pytestmark = pytest.mark.no_output_poison
 
 def _scale_copy(spec: Any, x: torch.Tensor, n: int, alpha: float, *, extra: bool = False) -> Any:
     """A toy op in the opt-in shape of ``OpPlans``' docstring: ``y = alpha * x[:n]``."""
-    hit = _plans.replay(x, n, alpha)
+    hit = _plans.replay(x, n, alpha) if _plans.on else None
     if hit.__class__ is tuple:
         return hit[0]
 
@@ -155,7 +155,7 @@ def _scale_copy(spec: Any, x: torch.Tensor, n: int, alpha: float, *, extra: bool
         spec((-(-n // 64),), x, y, n, 1, alpha)
         return y
 
-    rec = _plans.recorder(hit, x, n, alpha)
+    rec = _plans.recorder(hit, x, n, alpha) if _plans.on else None
     if rec is None:
         return body()
     with rec:
@@ -172,6 +172,7 @@ def test_off_by_default_and_misses_cheaply() -> None:
     set_launch_plans_enabled(False)
     assert launch_plans_reason() is not None
     x = torch.zeros(8)
+    assert not _plans.on
     assert _plans.replay(x, 8, 1.0) is None
     assert _plans.recorder(None, x, 8, 1.0) is None
 

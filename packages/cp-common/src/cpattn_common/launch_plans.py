@@ -95,11 +95,11 @@ class OpPlans:
 
     Create one per op at import (``_plans = OpPlans("pkg.op")``). In the op's eager path::
 
-        hit = _plans.replay(a, b, n)            # tuple (hit), None (miss), False (refused)
+        hit = _plans.replay(a, b, n) if _plans.on else None  # tuple (hit), None, False (refused)
         if hit.__class__ is tuple:
             return hit[0]
         ...validation, which raises on bad input...
-        rec = _plans.recorder(hit, a, b, n)      # None unless plans are on and may record
+        rec = _plans.recorder(hit, a, b, n) if _plans.on else None  # None: do not record
         if rec is None:
             return _impl(a, b, n)
         with rec:
@@ -111,13 +111,16 @@ class OpPlans:
     op's behaviour depends on, in the same order in both.
     """
 
-    __slots__ = ("__weakref__", "_ext", "name", "op_id")
+    __slots__ = ("__weakref__", "_ext", "name", "on", "op_id")
 
     def __init__(self, name: str):
         with _lock:
             self.op_id = _ops.setdefault(name, len(_ops))
         self.name = name
         self._ext: Any = _ext
+        #: Whether plans are on: an op tests this before calling ``replay`` / ``recorder``,
+        #: so that with plans off its eager path pays one attribute read.
+        self.on = _ext is not None
         _handles.add(self)
 
     def __repr__(self) -> str:
@@ -459,6 +462,7 @@ def set_launch_plans_enabled(enabled: bool) -> bool:
             _log.warning("launch plans stay off: %s", _reason)
     for handle in list(_handles):
         handle._ext = _ext
+        handle.on = _ext is not None
     return _ext is not None
 
 

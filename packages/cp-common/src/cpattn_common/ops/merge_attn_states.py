@@ -367,10 +367,10 @@ def _merge_eager(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The eager call: a recorded call key replays natively (launch plans, when on); a CUDA
     call that passes the cheap check may be recorded; anything else takes the full path."""
-    hit = _plans.replay(partial_outs, partial_lses, is_lse_base_on_e)
+    hit = _plans.replay(partial_outs, partial_lses, is_lse_base_on_e) if _plans.on else None
     if hit.__class__ is tuple:
         return hit  # type: ignore[return-value]
-    if _valid_cuda(partial_outs, partial_lses):
+    if _plans.on and _valid_cuda(partial_outs, partial_lses):
         rec = _plans.recorder(hit, partial_outs, partial_lses, is_lse_base_on_e)
         if rec is not None:
             with rec:

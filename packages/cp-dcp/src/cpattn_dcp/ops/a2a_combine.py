@@ -374,8 +374,10 @@ def a2a_pack(
         written.
     """
     # A recorded call key replays natively (launch plans, when on).
-    hit = _pack_plans.replay(
-        cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, send
+    hit = (
+        _pack_plans.replay(cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, send)
+        if _pack_plans.on
+        else None
     )
     if hit.__class__ is tuple:
         return hit[0] if hit else send  # type: ignore[return-value]
@@ -388,8 +390,12 @@ def a2a_pack(
         query_start_loc,
         heads_divisible=True,
     )
-    rec = _pack_plans.recorder(
-        hit, cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, send
+    rec = (
+        _pack_plans.recorder(
+            hit, cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, send
+        )
+        if _pack_plans.on
+        else None
     )
     if rec is None:
         return _pack(cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, send,
@@ -462,11 +468,19 @@ def a2a_unpack_combine(
             not ``D + P`` for ``head_dim``.
     """
     # A recorded call key replays natively (launch plans, when on).
-    hit = _unpack_plans.replay(recv, head_dim, return_lse, is_lse_base_on_e)
+    hit = (
+        _unpack_plans.replay(recv, head_dim, return_lse, is_lse_base_on_e)
+        if _unpack_plans.on
+        else None
+    )
     if hit.__class__ is tuple:
         return hit[0], hit[1] if len(hit) > 1 else None
     _buffer_shape(recv, head_dim)
-    rec = _unpack_plans.recorder(hit, recv, head_dim, return_lse, is_lse_base_on_e)
+    rec = (
+        _unpack_plans.recorder(hit, recv, head_dim, return_lse, is_lse_base_on_e)
+        if _unpack_plans.on
+        else None
+    )
     if rec is None:
         return _unpack_combine(recv, head_dim, return_lse, is_lse_base_on_e)
     with rec:

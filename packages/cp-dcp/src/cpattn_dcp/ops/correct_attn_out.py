@@ -412,7 +412,7 @@ def correct_attn_out(
         return out3, lse
     # Eager: a recorded call key replays natively (launch plans, when on); otherwise skip the
     # dispatcher, and validate in full only what the cheap check cannot prove.
-    hit = _plans.replay(out, lses, cp_rank, is_lse_base_on_e)
+    hit = _plans.replay(out, lses, cp_rank, is_lse_base_on_e) if _plans.on else None
     if hit.__class__ is tuple:
         return out, hit[0]
     if not _valid_fast(out, lses, cp_rank):
@@ -420,7 +420,7 @@ def correct_attn_out(
         lses = _squeeze_lses(lses)
         _validate(out, lses, cp_rank)
         return out, correct_attn_out_fwd(out, lses, cp_rank, bool(is_lse_base_on_e))
-    rec = _plans.recorder(hit, out, lses, cp_rank, is_lse_base_on_e)
+    rec = _plans.recorder(hit, out, lses, cp_rank, is_lse_base_on_e) if _plans.on else None
     if rec is None:
         return out, correct_attn_out_fwd(out, lses, cp_rank, bool(is_lse_base_on_e))
     with rec:

@@ -264,11 +264,11 @@ def mask_dcp_empty_shards_(
     if seq_lens is not None and query_start_loc is not None and not torch.compiler.is_compiling():
         # Eager hot path: a recorded call key replays natively (launch plans, when on), or the
         # call is proven valid cheaply and skips the full checks and the dispatcher.
-        hit = _plans.replay(lse, seq_lens, query_start_loc)
+        hit = _plans.replay(lse, seq_lens, query_start_loc) if _plans.on else None
         if hit.__class__ is tuple:
             return lse
         if _valid_fast(lse, seq_lens, query_start_loc):
-            rec = _plans.recorder(hit, lse, seq_lens, query_start_loc)
+            rec = _plans.recorder(hit, lse, seq_lens, query_start_loc) if _plans.on else None
             if rec is None:
                 mask_dcp_empty_shards_impl(lse, seq_lens, query_start_loc)
                 return lse
