@@ -131,7 +131,7 @@ def fake_plan_runtime(monkeypatch: pytest.MonkeyPatch, plans_on: Any) -> Iterato
     monkeypatch.setattr(launch_mod, "_plain", plain)
     monkeypatch.setattr(runtime, "driver", _FakeDriver)
     clear_launch_cache()
-    plans_on.set_runtime(lambda: 0, lambda device: 777)
+    plans_on.set_runtime(lambda: 0, lambda device: 777, *lp._runtime_getters()[2:])
     plans_on.set_dry_run(state["dry"])
     state["spec"] = CachedKernel(kernel).specialize(BLOCK=64, num_warps=4)
     yield state
@@ -223,7 +223,8 @@ def test_any_key_change_misses(fake_plan_runtime: dict[str, Any], change: str) -
         "device index": (x, 200, 0.5),
     }
     if change == "device index":
-        lp._native_module().set_runtime(lambda: 1, lambda device: 777)  # current device moved
+        getters = lp._runtime_getters()[2:]
+        lp._native_module().set_runtime(lambda: 1, lambda device: 777, *getters)  # device moved
     assert _plans.replay(*args[change]) is None
 
 
@@ -381,4 +382,22 @@ def test_poisoning_turns_replays_off(fake_plan_runtime: dict[str, Any]) -> None:
     assert launch_plans_info()["plans"] == 1
     with poison_outputs():
         assert _plans.replay(x, 100, 2.0) is None
+    assert _plans.replay(x, 100, 2.0).__class__ is tuple
+
+
+def test_launch_hooks_turn_replays_off(fake_plan_runtime: dict[str, Any]) -> None:
+    """While a Triton launch hook is installed (a profiler), calls take the Python path, whose
+    launches the hook sees."""
+    spec = fake_plan_runtime["spec"]
+    x = torch.randn(300)
+    for _ in range(2):
+        _scale_copy(spec, x, 100, 2.0)
+    assert _plans.replay(x, 100, 2.0).__class__ is tuple
+    knobs = triton.knobs.runtime
+    previous = knobs.launch_enter_hook
+    knobs.launch_enter_hook = lambda *args: None
+    try:
+        assert _plans.replay(x, 100, 2.0) is None
+    finally:
+        knobs.launch_enter_hook = previous
     assert _plans.replay(x, 100, 2.0).__class__ is tuple

@@ -42,6 +42,7 @@ current device's current stream like the Python path (CUDA-graph capturable).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -72,7 +73,7 @@ _log = logging.getLogger(__name__)
 #: Failed recordings of one key after which it is not recorded again.
 _MAX_FAILURES = 3
 # Bump when the native source changes incompatibly (it is part of the module's build name).
-_NATIVE_NAME = "cpattn_launch_plans_v1"
+_NATIVE_NAME = "cpattn_launch_plans_v2"
 _SOURCE = Path(__file__).resolve().parent / "csrc" / "launch_plans.cpp"
 
 # Parameter kinds of the native plan (csrc/launch_plans.cpp, ParamKind).
@@ -88,6 +89,11 @@ _lock = threading.Lock()
 _stats = {"recorded": 0, "refusals": 0}
 _last_refusal: dict[str, str] = {}
 _describe_cache: dict[int, _KernelDesc | None] = {}
+
+
+def _off(*args: Any) -> None:
+    """``OpPlans.replay`` while plans are off: always a miss."""
+    return None
 
 
 class OpPlans:
@@ -109,9 +115,14 @@ class OpPlans:
 
     The arguments given to ``replay`` and ``recorder`` are the call key's: everything the
     op's behaviour depends on, in the same order in both.
+
+    ``replay(*args)`` returns the plan's outputs (a tuple) on a hit, ``None`` on a miss (no
+    plan, plans off, output poisoning on, a Triton launch hook installed) and ``False`` for a
+    refused key. With plans on it is the native function itself, bound to this op (no Python
+    frame between the op and the native look-up).
     """
 
-    __slots__ = ("__weakref__", "_ext", "name", "on", "op_id")
+    __slots__ = ("__weakref__", "_ext", "name", "on", "op_id", "replay")
 
     def __init__(self, name: str):
         with _lock:
@@ -121,22 +132,15 @@ class OpPlans:
         #: Whether plans are on: an op tests this before calling ``replay`` / ``recorder``,
         #: so that with plans off its eager path pays one attribute read.
         self.on = _ext is not None
+        self.replay: Any = _off
+        self._bind()
         _handles.add(self)
+
+    def _bind(self) -> None:
+        self.replay = _off if self._ext is None else functools.partial(self._ext.replay, self.op_id)
 
     def __repr__(self) -> str:
         return f"OpPlans({self.name!r})"
-
-    def replay(self, *args: Any) -> tuple[torch.Tensor, ...] | bool | None:
-        """Run the plan of this call key: its returned outputs (a tuple), ``None`` on a miss
-        (no plan, plans off, output poisoning on, a Triton launch hook installed), ``False``
-        for a refused key."""
-        ext = self._ext
-        if ext is None or _alloc._poison is not None:  # poisoning: the Python path fills
-            return None
-        if _launch._knobs_rt is not None and not _launch._hooks_idle():
-            return None
-        result: tuple[torch.Tensor, ...] | bool | None = ext.replay(self.op_id, *args)
-        return result
 
     def recorder(self, hit: object, *args: Any) -> Recorder | None:
         """A recorder for this call (use as a context manager), or ``None`` when the call
@@ -425,15 +429,21 @@ def _as_int64(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-def _runtime_getters() -> tuple[Any, Any]:
-    """The current-device and current-stream getters the cached Triton launches use."""
+def _runtime_getters() -> tuple[Any, ...]:
+    """What the native module reads as the cached Triton launches do: the current-device and
+    current-stream getters, ``cpattn_common.alloc``'s namespace (its poison value) and
+    Triton's launch-hook knobs with the HookChain type (a replay waits while a hook is on)."""
+    rt = _launch._get_runtime()
+    knobs = _launch._knobs_rt if rt.reason is None else None
+    tail = (vars(_alloc), knobs, _launch._chain_type)
     try:
         from triton.runtime import driver
 
         active = driver.active
-        return _launch._fast_device_getter(active.get_current_device), active.get_current_stream
+        device = _launch._fast_device_getter(active.get_current_device)
+        return (device, active.get_current_stream, *tail)
     except Exception:  # no GPU driver (CPU machines): plans are never recorded there
-        return (lambda: -1), (lambda device: 0)
+        return ((lambda: -1), (lambda device: 0), *tail)
 
 
 def _load() -> Any:
@@ -463,6 +473,7 @@ def set_launch_plans_enabled(enabled: bool) -> bool:
     for handle in list(_handles):
         handle._ext = _ext
         handle.on = _ext is not None
+        handle._bind()
     return _ext is not None
 
 

@@ -80,8 +80,11 @@ struct KeyHash {
 
 std::unordered_map<std::vector<int64_t>, Plan, KeyHash> plans;
 std::vector<int64_t> key_buffer;  // reused: every entry point runs under the GIL
-PyObject* get_device = nullptr;   // () -> int, the current CUDA device
-PyObject* get_stream = nullptr;   // (device) -> int, its current stream
+PyObject* get_device = nullptr;     // () -> int, the current CUDA device
+PyObject* get_stream = nullptr;     // (device) -> int, its current stream
+PyObject* alloc_globals = nullptr;  // cpattn_common.alloc's namespace: its _poison
+PyObject* hook_knobs = nullptr;     // triton.knobs.runtime (None: no hooks to look at)
+PyObject* hook_chain = nullptr;     // the HookChain type (None on Tritons without it)
 PyObject* dry_log = nullptr;      // a list: launches are appended there instead of run
 LaunchFn launch_fn = nullptr;
 int64_t n_hits = 0;
@@ -183,11 +186,48 @@ bool resolve_launch() {
   return true;
 }
 
+// What the Python path checks before a cached launch, here before a replay: output poisoning
+// is off (cpattn_common.alloc._poison is None) and no Triton launch hook is installed (each
+// hook None, or a HookChain with no calls). -1 with a Python error set on failure.
+int replay_allowed() {
+  // Interned once: a look-up by a fresh string would cost more than the rest of the check.
+  static PyObject* const poison_name = PyUnicode_InternFromString("_poison");
+  static PyObject* const hook_names[] = {PyUnicode_InternFromString("launch_enter_hook"),
+                                         PyUnicode_InternFromString("launch_exit_hook")};
+  static PyObject* const calls_name = PyUnicode_InternFromString("calls");
+  if (alloc_globals != nullptr) {
+    PyObject* poison = PyDict_GetItemWithError(alloc_globals, poison_name);  // borrowed
+    if (poison == nullptr && PyErr_Occurred()) return -1;
+    if (poison != nullptr && poison != Py_None) return 0;
+  }
+  if (hook_knobs == nullptr || hook_knobs == Py_None) return 1;
+  for (PyObject* name : hook_names) {
+    PyObject* hook = PyObject_GetAttr(hook_knobs, name);
+    if (hook == nullptr) return -1;
+    int idle = hook == Py_None;
+    if (!idle && hook_chain != nullptr && hook_chain != Py_None &&
+        Py_TYPE(hook) == reinterpret_cast<PyTypeObject*>(hook_chain)) {
+      PyObject* calls = PyObject_GetAttr(hook, calls_name);
+      const Py_ssize_t n = calls == nullptr ? -1 : PyObject_Length(calls);
+      Py_XDECREF(calls);
+      if (n < 0) {
+        Py_DECREF(hook);
+        return -1;
+      }
+      idle = n == 0;
+    }
+    Py_DECREF(hook);
+    if (!idle) return 0;
+  }
+  return 1;
+}
+
 int64_t pointer_of(const at::Tensor& t, int64_t offset) {
   return static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr())) + offset;
 }
 
-// replay(op, *args) -> tuple of outputs (hit), None (miss), False (key refused: do not record)
+// replay(op, *args) -> tuple of outputs (hit), None (miss: no plan, output poisoning on, a
+// Triton launch hook installed), False (key refused: do not record)
 PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   try {
     if (nargs < 1) {
@@ -196,6 +236,12 @@ PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
     int64_t op;
     if (!int_arg(args[0], "op", &op)) return nullptr;
+    const int allowed = replay_allowed();
+    if (allowed < 0) return nullptr;
+    if (allowed == 0) {
+      ++n_misses;
+      Py_RETURN_NONE;
+    }
     if (!build_key(op, args + 1, nargs - 1, key_buffer)) {
       ++n_misses;
       Py_RETURN_NONE;
@@ -432,17 +478,26 @@ PyObject* refuse(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
 }
 
+void replace_ref(PyObject** slot, PyObject* value) {
+  Py_XINCREF(value);
+  Py_XDECREF(*slot);
+  *slot = value;
+}
+
+// set_runtime(get_device, get_stream, alloc_globals=None, hook_knobs=None, hook_chain=None)
 PyObject* set_runtime(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "set_runtime(get_device, get_stream)");
+  if (nargs < 2 || nargs > 5 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1]) ||
+      (nargs > 2 && args[2] != Py_None && !PyDict_Check(args[2]))) {
+    PyErr_SetString(PyExc_TypeError,
+                    "set_runtime(get_device, get_stream, alloc_globals: dict | None = None, "
+                    "hook_knobs=None, hook_chain=None)");
     return nullptr;
   }
-  Py_INCREF(args[0]);
-  Py_INCREF(args[1]);
-  Py_XDECREF(get_device);
-  Py_XDECREF(get_stream);
-  get_device = args[0];
-  get_stream = args[1];
+  replace_ref(&get_device, args[0]);
+  replace_ref(&get_stream, args[1]);
+  replace_ref(&alloc_globals, nargs > 2 && args[2] != Py_None ? args[2] : nullptr);
+  replace_ref(&hook_knobs, nargs > 3 ? args[3] : nullptr);
+  replace_ref(&hook_chain, nargs > 4 ? args[4] : nullptr);
   Py_RETURN_NONE;
 }
 
@@ -490,7 +545,7 @@ PyMethodDef methods[] = {
     {"refuse", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(refuse)), METH_FASTCALL,
      "refuse(op, args, limit)"},
     {"set_runtime", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_runtime)),
-     METH_FASTCALL, "set_runtime(get_device, get_stream)"},
+     METH_FASTCALL, "set_runtime(get_device, get_stream, alloc_globals, hook_knobs, hook_chain)"},
     {"set_dry_run", set_dry_run, METH_O, "set_dry_run(list | None)"},
     {"clear", clear, METH_NOARGS, "forget every plan and counter"},
     {"info", info, METH_NOARGS, "counters"},

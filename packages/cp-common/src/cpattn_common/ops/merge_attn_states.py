@@ -357,19 +357,21 @@ def merge_attn_states(
         out, lse = torch.ops.cpattn_common.merge_attn_states(
             partial_outs, partial_lses, bool(is_lse_base_on_e)
         )
-    else:  # eager: skip the dispatcher (both paths are tested)
-        out, lse = _merge_eager(partial_outs, partial_lses, is_lse_base_on_e)
+    else:  # eager: a recorded call replays natively (launch plans, when on), else the
+        # dispatcher is skipped (both paths are tested)
+        hit = _plans.replay(partial_outs, partial_lses, is_lse_base_on_e) if _plans.on else None
+        if hit.__class__ is tuple:
+            out, lse = hit
+        else:
+            out, lse = _merge_eager(partial_outs, partial_lses, is_lse_base_on_e, hit)
     return (out, lse) if return_lse else out
 
 
 def _merge_eager(
-    partial_outs: torch.Tensor, partial_lses: torch.Tensor, is_lse_base_on_e: bool
+    partial_outs: torch.Tensor, partial_lses: torch.Tensor, is_lse_base_on_e: bool, hit: object
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The eager call: a recorded call key replays natively (launch plans, when on); a CUDA
-    call that passes the cheap check may be recorded; anything else takes the full path."""
-    hit = _plans.replay(partial_outs, partial_lses, is_lse_base_on_e) if _plans.on else None
-    if hit.__class__ is tuple:
-        return hit  # type: ignore[return-value]
+    """An eager call that did not replay (``hit``: what the replay returned): a CUDA call
+    that passes the cheap check may be recorded; anything else takes the full path."""
     if _plans.on and _valid_cuda(partial_outs, partial_lses):
         rec = _plans.recorder(hit, partial_outs, partial_lses, is_lse_base_on_e)
         if rec is not None:
