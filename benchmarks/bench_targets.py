@@ -58,6 +58,18 @@ def _decode_target(kernel: str, **rule: Any) -> Target:
     )
 
 
+# The host rule: <= 10 µs per eager call, or <= 1.5x an eager add_ of the same rounds.
+_HOST_RULE: dict[str, Any] = dict(
+    metric="host_us",
+    op="<=",
+    threshold=HOST_US,
+    alt_metric="ratio_to_add",
+    alt_op="<=",
+    alt_threshold=HOST_RATIO_TO_ADD,
+    unit="us",
+)
+
+
 def _host_target(kernel: str, **rule: Any) -> Target:
     """A host-overhead target of ``kernel`` over the page's host rows (any dtype)."""
     return Target(table="host", kernel=kernel, dtypes=(), **rule)
@@ -133,13 +145,7 @@ def targets() -> list[Target]:
                 name=f"host/{kernel}",
                 source=host_sources.get(kernel, "issue 5"),
                 description=f"`{kernel}` {what} ≤ 10 µs (or ≤ 1.5× `add_`)",
-                metric="host_us",
-                op="<=",
-                threshold=HOST_US,
-                alt_metric="ratio_to_add",
-                alt_op="<=",
-                alt_threshold=HOST_RATIO_TO_ADD,
-                unit="us",
+                **_HOST_RULE,
             )
         )
     # The same calls with launch plans on (cpattn_common.launch_plans, opt-in: repeated calls
@@ -152,13 +158,7 @@ def targets() -> list[Target]:
                 source="issue 5 (launch plans on)",
                 description=f"`{kernel}` eager host overhead with launch plans on ≤ 10 µs "
                 "(or ≤ 1.5× `add_`)",
-                metric="host_us",
-                op="<=",
-                threshold=HOST_US,
-                alt_metric="ratio_to_add",
-                alt_op="<=",
-                alt_threshold=HOST_RATIO_TO_ADD,
-                unit="us",
+                **_HOST_RULE,
             )
         )
     # Second reading: against a torch op that allocates its output (out-of-place add), for

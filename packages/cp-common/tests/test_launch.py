@@ -96,19 +96,8 @@ class _FakeCompiled:
         return launcher
 
 
-class _FakeDriver:
-    class active:
-        @staticmethod
-        def get_current_device() -> int:
-            return 0
-
-        @staticmethod
-        def get_current_stream(device: int) -> int:
-            return 777
-
-
 @pytest.fixture
-def fake_runtime(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+def fake_runtime(monkeypatch: pytest.MonkeyPatch, fake_triton_driver: Any) -> dict[str, Any]:
     """A plain JITFunction with the JIT launch replaced by a recorder of compilations."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     kernel = JITFunction(scale_copy_body)
@@ -122,7 +111,7 @@ def fake_runtime(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     if runtime.reason is not None:
         pytest.skip(runtime.reason)
     monkeypatch.setattr(launch_mod, "_plain", plain)
-    monkeypatch.setattr(runtime, "driver", _FakeDriver)
+    monkeypatch.setattr(runtime, "driver", fake_triton_driver)
     clear_launch_cache()
     yield state
     clear_launch_cache()
@@ -426,7 +415,9 @@ def test_specialization_keys_only_runtime_args(fake_runtime: dict[str, Any]) -> 
     assert len(fake_runtime["plain"]) == 4
 
 
-def test_annotated_unspecialized_ints_are_not_keyed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_annotated_unspecialized_ints_are_not_keyed(
+    monkeypatch: pytest.MonkeyPatch, fake_triton_driver: Any
+) -> None:
     """``n: tl.int32`` / ``stride_x: tl.int64`` in do_not_specialize: one entry for all values."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     kernel = JITFunction(scale_copy_fixed_body, do_not_specialize=_FIXED_INTS)
@@ -441,7 +432,7 @@ def test_annotated_unspecialized_ints_are_not_keyed(monkeypatch: pytest.MonkeyPa
         return _FakeCompiled(k, fast, len(plain))
 
     monkeypatch.setattr(launch_mod, "_plain", fake_plain)
-    monkeypatch.setattr(runtime, "driver", _FakeDriver)
+    monkeypatch.setattr(runtime, "driver", fake_triton_driver)
     clear_launch_cache()
     try:
         info = launch_mod._info_for(kernel)

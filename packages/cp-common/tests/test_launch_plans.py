@@ -84,17 +84,6 @@ class _FakeCompiled:
         return lambda *args: self._calls.append(args)
 
 
-class _FakeDriver:
-    class active:
-        @staticmethod
-        def get_current_device() -> int:
-            return 0
-
-        @staticmethod
-        def get_current_stream(device: int) -> int:
-            return 777
-
-
 @pytest.fixture
 def plans_on() -> Iterator[Any]:
     """Launch plans on (skips where the native module cannot be built), off afterwards."""
@@ -110,7 +99,9 @@ def plans_on() -> Iterator[Any]:
 
 
 @pytest.fixture
-def fake_plan_runtime(monkeypatch: pytest.MonkeyPatch, plans_on: Any) -> Iterator[dict[str, Any]]:
+def fake_plan_runtime(
+    monkeypatch: pytest.MonkeyPatch, plans_on: Any, fake_triton_driver: Any
+) -> Iterator[dict[str, Any]]:
     """The cached fast path on a fake runtime (device 0, stream 777), the native module told
     the same, and its launches logged instead of run."""
     from triton.runtime.jit import JITFunction
@@ -129,7 +120,7 @@ def fake_plan_runtime(monkeypatch: pytest.MonkeyPatch, plans_on: Any) -> Iterato
     if runtime.reason is not None:
         pytest.skip(runtime.reason)
     monkeypatch.setattr(launch_mod, "_plain", plain)
-    monkeypatch.setattr(runtime, "driver", _FakeDriver)
+    monkeypatch.setattr(runtime, "driver", fake_triton_driver)
     clear_launch_cache()
     plans_on.set_runtime(lambda: 0, lambda device: 777, *lp._runtime_getters()[2:])
     plans_on.set_dry_run(state["dry"])
