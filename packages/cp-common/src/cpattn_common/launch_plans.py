@@ -12,8 +12,9 @@ cached fast path), with every launch parameter tied to an argument's pointer, an
 pointer or a constant. Later calls with the same key go to native code
 (``csrc/launch_plans.cpp``): build the key, look the plan up, allocate, ``cuLaunchKernel``
 each kernel on the current stream. A call whose key has no plan takes the Python path
-unchanged. Measured on an H200 (``benchmarks/native_launch_probe.py``): such a call costs
-about one ``add_``, against 2.1x for the Python path of ``correct_attn_out``.
+unchanged. Measured on an H200 host (docs/performance-notes.md, "Host overhead"): a replayed
+call costs 1.07-1.37x an eager ``add_`` for the ops that allocate (0.65x for the in-place mask),
+against 2.0-3.4x for their Python paths.
 
 **Off by default.** Turn it on with ``CPATTN_LAUNCH_PLANS=1`` in the environment (read at
 import) or ``set_launch_plans_enabled(True)``. The first time, this builds the native module
@@ -152,11 +153,15 @@ class OpPlans:
 
 
 class _KernelDesc:
-    """What a native launch of one compiled kernel needs."""
+    """What a native launch of one compiled kernel needs; holds the compiled kernel, so that
+    its module (and the function handle plans launch) stays loaded while plans may use it."""
 
-    __slots__ = ("block", "scratch", "shared", "types")
+    __slots__ = ("block", "compiled", "scratch", "shared", "types")
 
-    def __init__(self, types: tuple[str, ...], block: int, shared: int, scratch: int):
+    def __init__(
+        self, compiled: Any, types: tuple[str, ...], block: int, shared: int, scratch: int
+    ):
+        self.compiled = compiled
         self.types = types
         self.block = block
         self.shared = shared
@@ -194,7 +199,8 @@ def _describe(function: int) -> _KernelDesc | None:
             n_ptx = _ptx_param_count(compiled.asm["ptx"])
             n_runtime = sum(t != "constexpr" for t in types)
             if plain and known and n_ptx is not None and 0 <= n_ptx - n_runtime <= 4:
-                desc = _KernelDesc(types, 32 * int(md.num_warps), int(md.shared), n_ptx - n_runtime)
+                block = 32 * int(md.num_warps)
+                desc = _KernelDesc(compiled, types, block, int(md.shared), n_ptx - n_runtime)
     except Exception:
         desc = None
     _describe_cache[function] = desc
@@ -504,12 +510,12 @@ def launch_plans_info() -> dict[str, Any]:
 
 def clear_launch_plans() -> None:
     """Forget every plan (later calls record again)."""
+    if _built is not None:
+        _built.clear()
     _describe_cache.clear()
     _last_refusal.clear()
     for k in _stats:
         _stats[k] = 0
-    if _built is not None:
-        _built.clear()
 
 
 if os.environ.get("CPATTN_LAUNCH_PLANS", "0") == "1":
