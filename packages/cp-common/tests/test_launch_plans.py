@@ -392,3 +392,23 @@ def test_launch_hooks_turn_replays_off(fake_plan_runtime: dict[str, Any]) -> Non
     finally:
         knobs.launch_enter_hook = previous
     assert _plans.replay(x, 100, 2.0).__class__ is tuple
+
+
+def test_plans_cleared_during_a_replay(fake_plan_runtime: dict[str, Any]) -> None:
+    """A replay calls back into Python (the device getter), where another thread may clear or
+    replace plans: the replay finishes with the plan it found."""
+    spec = fake_plan_runtime["spec"]
+    ext = lp._native_module()
+    x = torch.randn(300)
+    for _ in range(2):
+        _scale_copy(spec, x, 200, 0.5)
+
+    def device_getter_that_clears() -> int:
+        ext.clear()
+        return 0
+
+    ext.set_runtime(device_getter_that_clears, lambda device: 777, *lp._runtime_getters()[2:])
+    y = _plans.replay(x, 200, 0.5)
+    assert y.__class__ is tuple
+    assert fake_plan_runtime["dry"][-1][-1][:2] == (x.data_ptr(), y[0].data_ptr())
+    assert _plans.replay(x, 200, 0.5) is None  # gone now

@@ -74,7 +74,7 @@ _log = logging.getLogger(__name__)
 #: Failed recordings of one key after which it is not recorded again.
 _MAX_FAILURES = 3
 # Bump when the native source changes incompatibly (it is part of the module's build name).
-_NATIVE_NAME = "cpattn_launch_plans_v2"
+_NATIVE_NAME = "cpattn_launch_plans_v3"
 _SOURCE = Path(__file__).resolve().parent / "csrc" / "launch_plans.cpp"
 
 # Parameter kinds of the native plan (csrc/launch_plans.cpp, ParamKind).

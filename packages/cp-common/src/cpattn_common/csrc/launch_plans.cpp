@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -78,7 +79,9 @@ struct KeyHash {
   }
 };
 
-std::unordered_map<std::vector<int64_t>, Plan, KeyHash> plans;
+// Plans are shared: a replay holds its own reference while it calls back into Python (the
+// device and stream getters), during which another thread may register, refuse or clear.
+std::unordered_map<std::vector<int64_t>, std::shared_ptr<Plan>, KeyHash> plans;
 std::vector<int64_t> key_buffer;  // reused: every entry point runs under the GIL
 PyObject* get_device = nullptr;     // () -> int, the current CUDA device
 PyObject* get_stream = nullptr;     // (device) -> int, its current stream
@@ -247,12 +250,13 @@ PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       Py_RETURN_NONE;
     }
     auto it = plans.find(key_buffer);
-    if (it == plans.end() || !it->second.ready) {
+    if (it == plans.end() || !it->second->ready) {
       ++n_misses;
-      if (it != plans.end() && it->second.failures < 0) Py_RETURN_FALSE;  // refused key
+      if (it != plans.end() && it->second->failures < 0) Py_RETURN_FALSE;  // refused key
       Py_RETURN_NONE;
     }
-    const Plan& plan = it->second;
+    const std::shared_ptr<const Plan> held = it->second;
+    const Plan& plan = *held;
     const int64_t device = current_device();
     if (device == -1 && PyErr_Occurred()) return nullptr;
     if (device != plan.device) {
@@ -443,7 +447,7 @@ PyObject* register_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       plan.returns.push_back(static_cast<int>(r));
     }
     if (plans.size() >= kMaxPlans) plans.clear();
-    plans[std::move(key)] = std::move(plan);
+    plans[std::move(key)] = std::make_shared<Plan>(std::move(plan));
     Py_RETURN_NONE;
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
@@ -469,8 +473,9 @@ PyObject* refuse(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       Py_RETURN_NONE;
     }
     if (plans.size() >= kMaxPlans) plans.clear();
-    Plan& plan = plans[std::move(key)];
-    if (!plan.ready && plan.failures >= 0 && ++plan.failures >= limit) plan.failures = -1;
+    std::shared_ptr<Plan>& slot = plans[std::move(key)];
+    if (!slot) slot = std::make_shared<Plan>();
+    if (!slot->ready && slot->failures >= 0 && ++slot->failures >= limit) slot->failures = -1;
     Py_RETURN_NONE;
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
@@ -521,8 +526,8 @@ PyObject* clear(PyObject*, PyObject*) {
 PyObject* info(PyObject*, PyObject*) {
   int64_t ready = 0, refused = 0;
   for (const auto& kv : plans) {
-    ready += kv.second.ready;
-    refused += !kv.second.ready && kv.second.failures < 0;
+    ready += kv.second->ready;
+    refused += !kv.second->ready && kv.second->failures < 0;
   }
   return Py_BuildValue("{sLsLsLsL}", "plans", static_cast<long long>(ready), "refused",
                        static_cast<long long>(refused), "hits", static_cast<long long>(n_hits),
