@@ -348,23 +348,22 @@ class Recorder:
         ext.register(self.plans.op_id, device, self.args, allocs, launches, returns)
         _stats["recorded"] += 1
 
-    def _tensor_args(self) -> list[tuple[int, torch.Tensor]]:
-        return [(i, a) for i, a in enumerate(self.args) if type(a) is torch.Tensor]
-
     def _plan(self, ext: Any) -> tuple[int, list[Any], list[Any], list[int]]:
         if self.returned is None:
             raise _Refused("the op did not say what it returns")
         if not self.launches:
             raise _Refused("no kernel launch")
-        args = self._tensor_args()
+        args = [(i, a) for i, a in enumerate(self.args) if type(a) is torch.Tensor]
         storages = [a.untyped_storage().data_ptr() for _, a in args]
         if len({s for s in storages if s}) != sum(1 for s in storages if s):
             raise _Refused("two tensor arguments share storage")
         allocs = []
         for t in self.allocs:
             like = next((i for i, a in args if a.device == t.device), None)
-            if like is None or not t.is_contiguous():
+            if like is None:
                 raise _Refused("an allocation on a device no tensor argument is on")
+            if not t.is_contiguous():
+                raise _Refused("a non-contiguous allocation")
             allocs.append((tuple(t.shape), ext.dtype_code(t), like))
         returns = []
         for r in self.returned:
@@ -375,11 +374,18 @@ class Recorder:
         devices = {dev for _, _, dev, _ in self.launches}
         if len(devices) != 1:
             raise _Refused("launches on several devices")
-        launches = [self._launch(*entry) for entry in self.launches]
+        # What a kernel pointer may be: an argument or an allocation (or a view of one).
+        owners = [(_ARG_PTR, i, a) for i, a in args]
+        owners += [(_OUT_PTR, j, t) for j, t in enumerate(self.allocs)]
+        launches = [self._launch(owners, f, grid, args_) for f, grid, _, args_ in self.launches]
         return devices.pop(), allocs, launches, returns
 
     def _launch(
-        self, function: int, grid: tuple[int, ...], device: int, all_args: tuple[Any, ...]
+        self,
+        owners: list[tuple[int, int, torch.Tensor]],
+        function: int,
+        grid: tuple[int, ...],
+        all_args: tuple[Any, ...],
     ) -> tuple[int, tuple[int, int, int], int, int, list[tuple[int, int, int]]]:
         desc = _describe(function)
         if desc is None:
@@ -394,7 +400,7 @@ class Recorder:
                 if v is None:
                     params.append((_CONST, 0, 0))
                 elif isinstance(v, torch.Tensor):
-                    params.append(self._pointer(v))
+                    params.append(_pointer(v, owners))
                 else:
                     raise _Refused(f"a pointer argument of type {type(v).__name__}")
             elif ty in _INT_TYPES:
@@ -409,24 +415,19 @@ class Recorder:
         g = (*grid, 1, 1)
         return function, (int(g[0]), int(g[1]), int(g[2])), desc.block, desc.shared, params
 
-    def _pointer(self, t: torch.Tensor) -> tuple[int, int, int]:
-        """A tensor launch argument as (kind, index, byte offset)."""
-        for i, a in self._tensor_args():
-            if t is a:
-                return (_ARG_PTR, i, 0)
-        for j, a in enumerate(self.allocs):
-            if t is a:
-                return (_OUT_PTR, j, 0)
-        storage = t.untyped_storage().data_ptr()
-        found = [(_ARG_PTR, i, a) for i, a in self._tensor_args()]
-        found += [(_OUT_PTR, j, a) for j, a in enumerate(self.allocs)]
-        owners = [
-            (k, i, a) for k, i, a in found if storage and a.untyped_storage().data_ptr() == storage
-        ]
-        if len(owners) != 1:
-            raise _Refused("a kernel pointer that is not a view of exactly one argument or output")
-        kind, index, base = owners[0]
-        return (kind, index, t.data_ptr() - base.data_ptr())
+
+def _pointer(t: torch.Tensor, owners: list[tuple[int, int, torch.Tensor]]) -> tuple[int, int, int]:
+    """A tensor launch argument as (kind, index, byte offset): one of ``owners`` itself, else
+    a view of the only one sharing its storage."""
+    for kind, index, a in owners:
+        if t is a:
+            return (kind, index, 0)
+    storage = t.untyped_storage().data_ptr()
+    sharing = [o for o in owners if storage and o[2].untyped_storage().data_ptr() == storage]
+    if len(sharing) != 1:
+        raise _Refused("a kernel pointer that is not a view of exactly one argument or output")
+    kind, index, base = sharing[0]
+    return (kind, index, t.data_ptr() - base.data_ptr())
 
 
 def _as_int64(v: int) -> int:
