@@ -25,7 +25,6 @@ SRC_DIRS = [str(ROOT / "packages" / p / "src") for p in PACKAGES]
 TEST_DIRS = [f"packages/{p}/tests" for p in PACKAGES] + ["tests"]
 # numpy: the Triton interpreter (TRITON_INTERPRET=1) imports it; torch does not pull it in.
 # matplotlib/tqdm: the benchmark harness's plumbing tests (cpattn-testing[bench]).
-# ninja: builds cpattn_common's launch-plan module in its tests (cpattn-common[plans]).
 TEST_DEPS = [
     "pytest>=8",
     "pytest-timeout>=2.2",
@@ -34,7 +33,6 @@ TEST_DEPS = [
     "numpy",
     "matplotlib>=3.7",
     "tqdm>=4.60",
-    "ninja>=1.11",
 ]
 # Multicast must stay off wherever our processes run; children inherit these.
 NO_MULTICAST_ENV = {

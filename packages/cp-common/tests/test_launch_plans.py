@@ -7,7 +7,12 @@ recording); ``test_poisoned_outputs_are_not_recorded`` turns it on.
 
 from __future__ import annotations
 
+import logging
+import os
 import struct
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -159,7 +164,7 @@ def _f32_bits(v: float) -> int:
     return int(struct.unpack("<I", struct.pack("<f", v))[0])
 
 
-def test_off_by_default_and_misses_cheaply() -> None:
+def test_off_misses_cheaply() -> None:
     set_launch_plans_enabled(False)
     assert launch_plans_reason() is not None
     x = torch.zeros(8)
@@ -412,3 +417,172 @@ def test_plans_cleared_during_a_replay(fake_plan_runtime: dict[str, Any]) -> Non
     assert y.__class__ is tuple
     assert fake_plan_runtime["dry"][-1][-1][:2] == (x.data_ptr(), y[0].data_ptr())
     assert _plans.replay(x, 200, 0.5) is None  # gone now
+
+
+# Auto mode (the default): decided at the first op call, built in the background.
+
+_WAITING = "auto: waiting for the first op call"
+
+
+@pytest.fixture
+def auto_mode() -> Iterator[None]:
+    """Plans in auto mode as after import (waiting for the first op call); off afterwards."""
+    set_launch_plans_enabled(False)
+    with lp._lock:
+        lp._auto, lp._reason = "waiting", _WAITING
+        lp._rebind()
+    yield
+    if lp._auto_thread is not None:
+        lp._auto_thread.join(300)
+    set_launch_plans_enabled(False)
+
+
+@pytest.mark.parametrize(("env", "reason"), [(None, _WAITING), ("0", "off ("), ("auto", _WAITING)])
+def test_the_environment_picks_the_mode(env: str | None, reason: str) -> None:
+    """Unset (the default) and ``auto`` wait for the first op call; ``0`` is off. Nothing is
+    built at import either way."""
+    environ = {k: v for k, v in os.environ.items() if k != "CPATTN_LAUNCH_PLANS"}
+    if env is not None:
+        environ["CPATTN_LAUNCH_PLANS"] = env
+    environ["PYTHONPATH"] = os.pathsep.join(sys.path)
+    code = (
+        "from cpattn_common import launch_plans as lp; "
+        "print(lp.launch_plans_reason()); print(lp._built is None)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    printed_reason, nothing_built = done.stdout.strip().splitlines()
+    assert printed_reason.startswith(reason)
+    assert nothing_built == "True"
+
+
+def test_auto_mode_stays_off_where_plans_cannot_work(
+    auto_mode: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lp, "_auto_blocker", lambda: "no CUDA device")
+    other = OpPlans("tests.auto_other")
+    assert _plans.on
+    assert other.on
+    assert launch_plans_reason() == _WAITING
+    assert _plans.replay(torch.randn(8), 8, 1.0) is None  # the first op call decides
+    assert launch_plans_reason() == "auto: no CUDA device"
+    assert not _plans.on
+    assert not other.on
+    assert lp._auto_thread is None or not lp._auto_thread.is_alive()
+
+
+def test_auto_mode_blockers_on_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert "TRITON_INTERPRET=1" in str(lp._auto_blocker())
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert lp._auto_blocker() == "no CUDA device"
+
+
+def test_auto_mode_builds_in_the_background_then_turns_plans_on(
+    auto_mode: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lp, "_auto_blocker", lambda: None)
+    release = threading.Event()
+    real = lp._native_module
+
+    def slow_build() -> Any:
+        assert release.wait(300)
+        return real()
+
+    monkeypatch.setattr(lp, "_native_module", slow_build)
+    x = torch.randn(8)
+    assert _plans.replay(x, 8, 1.0) is None
+    # Building: calls take the Python path and pay nothing for plans.
+    assert launch_plans_reason() == "auto: building the native module in the background"
+    assert not _plans.on
+    assert _plans.recorder(None, x, 8, 1.0) is None
+    release.set()
+    assert lp._auto_thread is not None
+    lp._auto_thread.join(300)
+    if launch_plans_reason() is not None:
+        pytest.skip(f"launch plans unavailable here: {launch_plans_reason()}")
+    assert _plans.on
+    assert _plans._ext is lp._built
+    assert _plans.replay(x, 8, 1.0) is None  # on, and no plan for this key yet
+    assert OpPlans("tests.auto_late").on  # handles made later are on too
+
+
+def test_an_explicit_setting_during_a_build_wins(
+    auto_mode: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lp, "_auto_blocker", lambda: None)
+    release = threading.Event()
+
+    def slow_build() -> Any:
+        assert release.wait(300)
+        return object()
+
+    monkeypatch.setattr(lp, "_native_module", slow_build)
+    _plans.replay(torch.randn(8), 8, 1.0)
+    set_launch_plans_enabled(False)
+    release.set()
+    assert lp._auto_thread is not None
+    lp._auto_thread.join(300)
+    assert not _plans.on
+    assert str(launch_plans_reason()).startswith("off (")
+
+
+def test_a_failed_auto_build_leaves_plans_off_with_one_warning(
+    auto_mode: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(lp, "_auto_blocker", lambda: None)
+
+    def failing_build() -> Any:
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(lp, "_native_module", failing_build)
+    with caplog.at_level(logging.WARNING, logger=lp.__name__):
+        _plans.replay(torch.randn(8), 8, 1.0)
+        assert lp._auto_thread is not None
+        lp._auto_thread.join(300)
+        _plans.replay(torch.randn(8), 8, 1.0)
+    assert launch_plans_reason() == (
+        "auto: native module unavailable (RuntimeError: no C++ compiler found)"
+    )
+    assert not _plans.on
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_starts_its_own_build(auto_mode: None) -> None:
+    """A build running in the parent at the fork does not run in the child: the child waits
+    for its own first op call (and gets fresh locks)."""
+    with lp._lock:
+        lp._auto, lp._reason = "building", "auto: building the native module in the background"
+        lp._rebind()
+    assert not _plans.on
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status only
+        ok = lp._auto == "waiting" and _plans.on and lp._lock.acquire(blocking=False)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert lp._auto == "building"  # the parent is unchanged
+
+
+@pytest.mark.gpu
+def test_gpu_auto_mode_builds_and_replays_real_calls(auto_mode: None, device: torch.device) -> None:
+    """The default mode on a GPU: the first call starts the build, calls keep their results
+    while it runs, and once it is done repeated calls replay."""
+    clear_launch_plans()
+    spec = strided_scale.specialize(BLOCK=64, num_warps=4)
+    x = torch.randn(300, device=device)
+    expect = x[:200] * 0.5
+    torch.testing.assert_close(_scale_copy(spec, x, 200, 0.5), expect, rtol=0, atol=0)
+    assert lp._auto_thread is not None, launch_plans_reason()
+    while lp._auto_thread.is_alive():
+        torch.testing.assert_close(_scale_copy(spec, x, 200, 0.5), expect, rtol=0, atol=0)
+    assert launch_plans_reason() is None
+    for i in range(4):
+        y = _scale_copy(spec, x, 200, 0.5)
+        torch.testing.assert_close(y, expect, rtol=0, atol=0, msg=f"call {i}")
+    assert launch_plans_info()["hits"] >= 2, launch_plans_info()
+    clear_launch_plans()

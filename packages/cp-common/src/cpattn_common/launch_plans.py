@@ -1,4 +1,4 @@
-"""Launch plans: an op's repeated eager calls replayed from native code (opt-in).
+"""Launch plans: an op's repeated eager calls replayed from native code.
 
 An eager call of our ops spends most of its host time in Python: validating its arguments,
 allocating its outputs, finding its grid and compiled kernel, and Triton's launcher
@@ -12,15 +12,21 @@ cached fast path), with every launch parameter tied to an argument's pointer, an
 pointer or a constant. Later calls with the same key go to native code
 (``csrc/launch_plans.cpp``): build the key, look the plan up, allocate, ``cuLaunchKernel``
 each kernel on the current stream. A call whose key has no plan takes the Python path
-unchanged. Measured on an H200 host (docs/performance-notes.md, "Host overhead"): a replayed
-call costs 1.07-1.37x an eager ``add_`` for the ops that allocate (0.65x for the in-place mask),
-against 2.0-3.4x for their Python paths.
+unchanged, and a replay computes bit for bit what the Python path computes. Measured on an
+H200 host (docs/performance-notes.md, "Host overhead"): a replayed call costs 1.07-1.37x an
+eager ``add_`` for the ops that allocate (0.65x for the in-place mask), against 2.0-3.4x for
+their Python paths.
 
-**Off by default.** Turn it on with ``CPATTN_LAUNCH_PLANS=1`` in the environment (read at
-import) or ``set_launch_plans_enabled(True)``. The first time, this builds the native module
-with ``torch.utils.cpp_extension`` (a C++ compiler and ``ninja`` needed; 15-25 s, then cached
-in torch's extension directory); if that fails, plans stay off and
-``launch_plans_reason()`` says why.
+**On by default where they can work** (``CPATTN_LAUNCH_PLANS`` unset or ``auto``). The first
+op call of the process checks for a CUDA device and Triton's cached launch path; with both, a
+background thread builds the native module (``cpattn_common.native_build``: a C++ compiler,
+torch's headers; 15-25 s the first time on a machine, then loaded from the on-disk cache in
+well under a second) while calls take the Python path; once it is loaded, calls are recorded
+and replayed. Without a CUDA device, under ``TRITON_INTERPRET=1`` or when the build fails,
+plans stay off (a failed build logs one warning) and ``launch_plans_reason()`` says why.
+``CPATTN_LAUNCH_PLANS=1`` (read at import) or ``set_launch_plans_enabled(True)`` builds or
+loads the module at once, in the calling thread; ``CPATTN_LAUNCH_PLANS=0`` or
+``set_launch_plans_enabled(False)`` turns plans off.
 
 **Which calls are recorded.** An op opts in explicitly, and only for a branch of its eager path
 that is a pure function of the call key: it allocates through ``cpattn_common.alloc``,
@@ -48,6 +54,7 @@ import logging
 import os
 import re
 import struct
+import sys
 import threading
 import weakref
 from pathlib import Path
@@ -59,6 +66,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from cpattn_common import alloc as _alloc
 from cpattn_common import launch as _launch
+from cpattn_common import native_build as _native_build
 
 __all__ = [
     "OpPlans",
@@ -82,7 +90,15 @@ _ARG_PTR, _OUT_PTR, _CONST = 0, 1, 2
 _INT_TYPES = frozenset({"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"})
 
 _ext: Any = None
-_reason: str | None = "off (set CPATTN_LAUNCH_PLANS=1 or call set_launch_plans_enabled(True))"
+_reason: str | None = "auto: waiting for the first op call"
+# Auto mode's state: "waiting" (for the first op call), "building" (in a background thread),
+# None (decided, or plans set explicitly).
+_auto: str | None = "waiting"
+_auto_thread: threading.Thread | None = None
+# Bumped by every explicit set_launch_plans_enabled, so that a background build finishing
+# later does not override it.
+_generation = 0
+_build_lock = threading.Lock()
 _ops: dict[str, int] = {}
 _handles: weakref.WeakSet[OpPlans] = weakref.WeakSet()
 _active: Recorder | None = None
@@ -95,6 +111,55 @@ _describe_cache: dict[int, _KernelDesc | None] = {}
 def _off(*args: Any) -> None:
     """``OpPlans.replay`` while plans are off: always a miss."""
     return None
+
+
+def _auto_start(*args: Any) -> None:
+    """``OpPlans.replay`` in auto mode until the first op call: decides whether plans can work
+    here and, if so, starts building the native module in the background. Always a miss."""
+    global _auto, _auto_thread, _reason
+    with _lock:
+        if _auto != "waiting":
+            return None
+        blocker = _auto_blocker()
+        if blocker is not None:
+            _auto, _reason = None, f"auto: {blocker}"
+        else:
+            _auto, _reason = "building", "auto: building the native module in the background"
+            _auto_thread = threading.Thread(
+                target=_auto_build, args=(_generation,), name="cpattn-launch-plans", daemon=True
+            )
+            _auto_thread.start()
+        _rebind()
+    return None
+
+
+def _auto_blocker() -> str | None:
+    """Why plans cannot work in this process (``None`` when they can)."""
+    if not sys.platform.startswith("linux"):
+        return f"launch plans need Linux (this is {sys.platform})"
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return "TRITON_INTERPRET=1 (the interpreter launches kernels itself)"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    why = _launch.launch_fast_path_reason()
+    return None if why is None else f"Triton's cached launch path is off ({why})"
+
+
+def _auto_build(generation: int) -> None:
+    """The background thread of auto mode: build or load the native module, then turn plans
+    on (unless plans were set explicitly meanwhile)."""
+    global _auto
+    ext: Any = None
+    reason: str | None = None
+    try:
+        ext = _native_module()
+    except Exception as exc:
+        reason = f"auto: {_unavailable(exc)}"
+    with _lock:
+        if generation != _generation:
+            return
+        _auto = None
+        _set(ext, reason)
 
 
 class OpPlans:
@@ -126,19 +191,24 @@ class OpPlans:
     __slots__ = ("__weakref__", "_ext", "name", "on", "op_id", "replay")
 
     def __init__(self, name: str):
+        self.name = name
+        self._ext: Any = None
+        #: Whether an op calls ``replay`` / ``recorder``: with plans off its eager path
+        #: pays one attribute read. (True also in auto mode until the first op call.)
+        self.on = False
+        self.replay: Any = _off
         with _lock:
             self.op_id = _ops.setdefault(name, len(_ops))
-        self.name = name
-        self._ext: Any = _ext
-        #: Whether plans are on: an op tests this before calling ``replay`` / ``recorder``,
-        #: so that with plans off its eager path pays one attribute read.
-        self.on = _ext is not None
-        self.replay: Any = _off
-        self._bind()
-        _handles.add(self)
+            self._bind(_ext)
+            _handles.add(self)
 
-    def _bind(self) -> None:
-        self.replay = _off if self._ext is None else functools.partial(self._ext.replay, self.op_id)
+    def _bind(self, ext: Any) -> None:
+        self._ext = ext
+        if ext is not None:
+            self.replay = functools.partial(ext.replay, self.op_id)
+        else:
+            self.replay = _auto_start if _auto == "waiting" else _off
+        self.on = self.replay is not _off
 
     def __repr__(self) -> str:
         return f"OpPlans({self.name!r})"
@@ -454,9 +524,7 @@ def _runtime_getters() -> tuple[Any, ...]:
 
 
 def _load() -> Any:
-    from torch.utils.cpp_extension import load
-
-    ext = load(name=_NATIVE_NAME, sources=[str(_SOURCE)], extra_cflags=["-O2"], verbose=False)
+    ext = _native_build.load_extension(_NATIVE_NAME, _SOURCE)
     ext.set_runtime(*_runtime_getters())
     return ext
 
@@ -464,24 +532,43 @@ def _load() -> Any:
 def set_launch_plans_enabled(enabled: bool) -> bool:
     """Turn launch plans on or off process-wide; returns whether they are on afterwards.
 
-    Turning them on builds (or loads the cached build of) the native module the first time;
-    a failed build leaves them off, with the reason in ``launch_plans_reason()``.
+    Turning them on builds (or loads the cached build of) the native module in the calling
+    thread, waiting for a background build of auto mode if one is running; a failed build
+    leaves them off, with the reason in ``launch_plans_reason()``. Either call ends auto mode.
     """
-    global _ext, _reason
-    if not enabled:
-        _ext, _reason = None, "off (set_launch_plans_enabled(False))"
-    else:
+    global _auto, _generation
+    with _lock:
+        _generation += 1
+        _auto = None
+    ext: Any = None
+    reason: str | None = "off (CPATTN_LAUNCH_PLANS=0 or set_launch_plans_enabled(False))"
+    if enabled:
         try:
-            _ext, _reason = _native_module(), None
+            ext, reason = _native_module(), None
         except Exception as exc:
-            _ext = None
-            _reason = f"native module unavailable ({type(exc).__name__}: {str(exc)[:300]})"
-            _log.warning("launch plans stay off: %s", _reason)
+            reason = _unavailable(exc)
+    with _lock:
+        _set(ext, reason)
+    return ext is not None
+
+
+def _unavailable(exc: Exception) -> str:
+    reason = f"native module unavailable ({type(exc).__name__}: {str(exc)[:300]})"
+    _log.warning("launch plans stay off: %s", reason)
+    return reason
+
+
+def _set(ext: Any, reason: str | None) -> None:
+    """Plans on (``ext``) or off (``reason``); the caller holds ``_lock``."""
+    global _ext, _reason
+    _ext, _reason = ext, reason
+    _rebind()
+
+
+def _rebind() -> None:
+    """Bind every op's handle to the current state; the caller holds ``_lock``."""
     for handle in list(_handles):
-        handle._ext = _ext
-        handle.on = _ext is not None
-        handle._bind()
-    return _ext is not None
+        handle._bind(_ext)
 
 
 _built: Any = None
@@ -489,9 +576,10 @@ _built: Any = None
 
 def _native_module() -> Any:
     global _built
-    if _built is None:
-        _built = _load()
-    return _built
+    with _build_lock:
+        if _built is None:
+            _built = _load()
+        return _built
 
 
 def launch_plans_reason() -> str | None:
@@ -519,5 +607,22 @@ def clear_launch_plans() -> None:
         _stats[k] = 0
 
 
-if os.environ.get("CPATTN_LAUNCH_PLANS", "0") == "1":
+def _after_fork_in_child() -> None:
+    """A forked child gets fresh locks (another thread may have held them at the fork) and,
+    if a background build was running, waits for its own first op call to start one."""
+    global _lock, _build_lock, _auto, _reason
+    _lock, _build_lock = threading.Lock(), threading.Lock()
+    if _auto == "building":
+        _auto, _reason = "waiting", "auto: waiting for the first op call"
+        _rebind()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+_mode = os.environ.get("CPATTN_LAUNCH_PLANS", "auto").strip().lower()
+if _mode in ("1", "on", "true"):
     set_launch_plans_enabled(True)
+elif _mode in ("0", "off", "false"):
+    set_launch_plans_enabled(False)
+elif _mode not in ("", "auto"):
+    _log.warning("CPATTN_LAUNCH_PLANS=%r is not 0, 1 or auto; using auto", _mode)

@@ -76,7 +76,8 @@ _BIG_TILE = 4096
 _BIG_TILE_MIN_D = 128
 
 _merge_kernel = CachedKernel(_merge_attn_states_fwd_kernel)
-# Eager calls with a recorded key replay natively when launch plans are on (opt-in).
+# Eager calls with a recorded key replay natively when launch plans are on (the default on a
+# CUDA machine with a C++ compiler; cpattn_common.launch_plans).
 _plans = OpPlans("cpattn_common.merge_attn_states")
 
 

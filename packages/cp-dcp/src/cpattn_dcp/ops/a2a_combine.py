@@ -76,7 +76,8 @@ _INT32_LIMIT = 2**31
 # Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
 _pack_kernel = CachedKernel(_a2a_pack_kernel)
 _unpack_kernel = CachedKernel(_a2a_unpack_combine_fwd_kernel)
-# Eager calls with a recorded key replay natively when launch plans are on (opt-in).
+# Eager calls with a recorded key replay natively when launch plans are on (the default on a
+# CUDA machine with a C++ compiler; cpattn_common.launch_plans).
 _pack_plans = OpPlans("cpattn_dcp.a2a_pack")
 _unpack_plans = OpPlans("cpattn_dcp.a2a_unpack_combine")
 

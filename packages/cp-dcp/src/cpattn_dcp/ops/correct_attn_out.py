@@ -57,7 +57,8 @@ _TILE_MAX_WARPS = 4
 # Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
 _contig_kernel = CachedKernel(_correct_attn_out_contig_kernel)
 _general_kernel = CachedKernel(_correct_attn_out_fwd_kernel)
-# Eager calls with a recorded key replay natively when launch plans are on (opt-in).
+# Eager calls with a recorded key replay natively when launch plans are on (the default on a
+# CUDA machine with a C++ compiler; cpattn_common.launch_plans).
 _plans = OpPlans("cpattn_dcp.correct_attn_out")
 
 

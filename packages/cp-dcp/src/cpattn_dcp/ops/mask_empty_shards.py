@@ -55,7 +55,8 @@ _Tensor = torch.Tensor
 # Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
 _inplace_kernel = CachedKernel(_mask_empty_shards_inplace_kernel)
 _copy_kernel = CachedKernel(_mask_empty_shards_kernel)
-# Eager calls with a recorded key replay natively when launch plans are on (opt-in).
+# Eager calls with a recorded key replay natively when launch plans are on (the default on a
+# CUDA machine with a C++ compiler; cpattn_common.launch_plans).
 _plans = OpPlans("cpattn_dcp.mask_dcp_empty_shards_")
 
 
