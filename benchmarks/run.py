@@ -303,9 +303,10 @@ def _priority(case: Any) -> int:
 
 
 def _host_rows(plan: Plan, specs: list[Any], device: Any, results: Any, *, plans_on: bool) -> None:
-    """Host rows of every spec at decode size; ``plans_on``: with launch plans on, rows named
+    """Host rows of every spec at decode size: the Python path (launch plans off), or with
+    ``plans_on`` the default path of a GPU process (launch plans on), rows named
     ``<kernel> [plans]`` (after a compiling and a recording call; a row whose call does not
-    replay says why), on a GPU only."""
+    replay says why), on a GPU only. Plans are off afterwards."""
     import bench_kernels as bk
     import torch
 
@@ -319,6 +320,8 @@ def _host_rows(plan: Plan, specs: list[Any], device: Any, results: Any, *, plans
             results.notes.append(f"launch plans not measured: {lp.launch_plans_reason()}")
             return
         lp.clear_launch_plans()
+    else:
+        lp.set_launch_plans_enabled(False)
     add = hb.host_reference_add(device)
     add_out = hb.host_reference_add_out(device)
     try:
@@ -401,8 +404,8 @@ def run_kernels(
     work.sort(key=lambda sc: _priority(sc[1]))  # stable: keeps kernel / shape order within
     bar = _progress(len(work) + len(ok_specs), f"kernels ({plan.mode})")
 
-    # Host overhead of one eager call at decode size, next to torch add_ and torch.add; then
-    # the same calls with launch plans on (cpattn_common.launch_plans, opt-in).
+    # Host overhead of one eager call at decode size, next to torch add_ and torch.add: the
+    # Python path (launch plans off), then the default path (launch plans on).
     bar.set_postfix_str("host")
     for plans_on in (False, True):
         _host_rows(plan, ok_specs, device, results, plans_on=plans_on)
@@ -557,7 +560,9 @@ def render(results: Any, docs_dir: Path) -> tuple[Path, Path | None]:
     import cpattn_testing.bench as hb
 
     titles = {s.name: s.title for s in bk.all_specs()}
-    titles.update({f"{s.name} [plans]": f"{s.title}, launch plans on" for s in bk.all_specs()})
+    titles.update(
+        {f"{s.name} [plans]": f"{s.title}, launch plans on (the default)" for s in bk.all_specs()}
+    )
     titles["launch_cached"] = (
         "cp-common `launch_cached` of an empty kernel (baseline: plain `kernel[grid](...)`)"
     )
