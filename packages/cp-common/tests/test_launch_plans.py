@@ -552,6 +552,8 @@ def test_a_failed_auto_build_leaves_plans_off_with_one_warning(
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+# The child only reads module state and exits: the warning about forking threads is moot.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_starts_its_own_build(auto_mode: None) -> None:
     """A build running in the parent at the fork does not run in the child: the child waits
     for its own first op call (and gets fresh locks)."""
