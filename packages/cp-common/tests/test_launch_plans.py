@@ -588,3 +588,50 @@ def test_gpu_auto_mode_builds_and_replays_real_calls(auto_mode: None, device: to
         torch.testing.assert_close(y, expect, rtol=0, atol=0, msg=f"call {i}")
     assert launch_plans_info()["hits"] >= 2, launch_plans_info()
     clear_launch_plans()
+
+
+@pytest.mark.gpu
+def test_gpu_plans_turning_on_during_a_capture(
+    auto_mode: None, device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The background build may finish while the process captures a CUDA graph (a serving
+    engine's start-up): the build thread makes no CUDA call, and the captured calls (Python
+    path, then the recording call, then replays) all compute right when the graph replays."""
+    clear_launch_plans()
+    release = threading.Event()
+    real = lp._native_module
+
+    def held_build() -> Any:
+        assert release.wait(300)
+        return real()
+
+    monkeypatch.setattr(lp, "_native_module", held_build)
+    spec = strided_scale.specialize(BLOCK=64, num_warps=4)
+    static_x = torch.randn(300, device=device)
+    _scale_copy(spec, static_x, 200, 0.5)  # the first op call: compiles, starts the build
+    assert lp._auto_thread is not None
+    assert lp._auto_thread.is_alive()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        _scale_copy(spec, static_x, 200, 0.5)  # warm-up on the side stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    outputs = []
+    with torch.cuda.graph(graph):
+        outputs.append(_scale_copy(spec, static_x, 200, 0.5))  # the Python path
+        release.set()
+        lp._auto_thread.join(300)  # plans turn on mid-capture
+        hits = launch_plans_info()["hits"]
+        for _ in range(3):  # records, then replays twice
+            outputs.append(_scale_copy(spec, static_x, 200, 0.5))
+    assert launch_plans_reason() is None
+    assert launch_plans_info()["hits"] == hits + 2, launch_plans_info()
+    for seed in range(3):
+        gen = torch.Generator(device=device).manual_seed(seed)
+        static_x.copy_(torch.randn(300, device=device, generator=gen))
+        graph.replay()
+        torch.cuda.synchronize()
+        for i, y in enumerate(outputs):
+            torch.testing.assert_close(y, static_x[:200] * 0.5, rtol=0, atol=0, msg=f"call {i}")
+    clear_launch_plans()
