@@ -13,9 +13,9 @@ pointer or a constant. Later calls with the same key go to native code
 (``csrc/launch_plans.cpp``): build the key, look the plan up, allocate, ``cuLaunchKernel``
 each kernel on the current stream. A call whose key has no plan takes the Python path
 unchanged, and a replay computes bit for bit what the Python path computes. Measured on an
-H200 host (docs/performance-notes.md, "Host overhead"): a replayed call costs 1.07-1.37x an
-eager ``add_`` for the ops that allocate (0.65x for the in-place mask), against 2.0-3.4x for
-their Python paths.
+H200 host (docs/performance-notes.md, "Host overhead"): a replayed call costs 1.0-1.4x an
+eager ``add_`` for the ops that allocate (0.65-0.75x for the in-place mask), against 2.0-3.6x
+for their Python paths.
 
 **On by default where they can work** (``CPATTN_LAUNCH_PLANS`` unset or ``auto``). The first
 op call of the process checks for a CUDA device and Triton's cached launch path; with both, a
