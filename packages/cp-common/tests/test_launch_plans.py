@@ -473,6 +473,18 @@ def test_auto_mode_stays_off_where_plans_cannot_work(
     assert lp._auto_thread is None or not lp._auto_thread.is_alive()
 
 
+def test_auto_mode_never_raises_into_the_op_call(
+    auto_mode: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken_check() -> str | None:
+        raise RuntimeError("CUDA driver error")
+
+    monkeypatch.setattr(lp, "_auto_blocker", broken_check)
+    assert _plans.replay(torch.randn(8), 8, 1.0) is None
+    assert launch_plans_reason() == "auto: the check failed (RuntimeError: CUDA driver error)"
+    assert not _plans.on
+
+
 def test_auto_mode_blockers_on_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert "TRITON_INTERPRET=1" in str(lp._auto_blocker())

@@ -120,15 +120,24 @@ def _auto_start(*args: Any) -> None:
     with _lock:
         if _auto != "waiting":
             return None
-        blocker = _auto_blocker()
-        if blocker is not None:
-            _auto, _reason = None, f"auto: {blocker}"
-        else:
+        # This runs inside an op call: nothing here may raise into it.
+        try:
+            blocker = _auto_blocker()
+        except Exception as exc:
+            blocker = f"the check failed ({type(exc).__name__}: {exc})"
+        if blocker is None:
+            try:
+                thread = threading.Thread(
+                    target=_auto_build, args=(_generation,), name="cpattn-launch-plans", daemon=True
+                )
+                thread.start()
+                _auto_thread = thread
+            except RuntimeError as exc:  # no thread can be started
+                blocker = f"no build thread ({exc})"
+        if blocker is None:
             _auto, _reason = "building", "auto: building the native module in the background"
-            _auto_thread = threading.Thread(
-                target=_auto_build, args=(_generation,), name="cpattn-launch-plans", daemon=True
-            )
-            _auto_thread.start()
+        else:
+            _auto, _reason = None, f"auto: {blocker}"
         _rebind()
     return None
 
