@@ -437,6 +437,20 @@ def auto_mode() -> Iterator[None]:
     set_launch_plans_enabled(False)
 
 
+@pytest.fixture
+def held_build(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Auto mode's build waits until the returned event is set (then builds or loads)."""
+    release = threading.Event()
+    real = lp._native_module
+
+    def build() -> Any:
+        assert release.wait(300)
+        return real()
+
+    monkeypatch.setattr(lp, "_native_module", build)
+    return release
+
+
 @pytest.mark.parametrize(("env", "reason"), [(None, _WAITING), ("0", "off ("), ("auto", _WAITING)])
 def test_the_environment_picks_the_mode(env: str | None, reason: str) -> None:
     """Unset (the default) and ``auto`` wait for the first op call; ``0`` is off. Nothing is
@@ -494,24 +508,16 @@ def test_auto_mode_blockers_on_this_machine(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_auto_mode_builds_in_the_background_then_turns_plans_on(
-    auto_mode: None, monkeypatch: pytest.MonkeyPatch
+    auto_mode: None, held_build: threading.Event, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(lp, "_auto_blocker", lambda: None)
-    release = threading.Event()
-    real = lp._native_module
-
-    def slow_build() -> Any:
-        assert release.wait(300)
-        return real()
-
-    monkeypatch.setattr(lp, "_native_module", slow_build)
     x = torch.randn(8)
     assert _plans.replay(x, 8, 1.0) is None
     # Building: calls take the Python path and pay nothing for plans.
     assert launch_plans_reason() == "auto: building the native module in the background"
     assert not _plans.on
     assert _plans.recorder(None, x, 8, 1.0) is None
-    release.set()
+    held_build.set()
     assert lp._auto_thread is not None
     lp._auto_thread.join(300)
     if launch_plans_reason() is not None:
@@ -523,19 +529,12 @@ def test_auto_mode_builds_in_the_background_then_turns_plans_on(
 
 
 def test_an_explicit_setting_during_a_build_wins(
-    auto_mode: None, monkeypatch: pytest.MonkeyPatch
+    auto_mode: None, held_build: threading.Event, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(lp, "_auto_blocker", lambda: None)
-    release = threading.Event()
-
-    def slow_build() -> Any:
-        assert release.wait(300)
-        return object()
-
-    monkeypatch.setattr(lp, "_native_module", slow_build)
     _plans.replay(torch.randn(8), 8, 1.0)
     set_launch_plans_enabled(False)
-    release.set()
+    held_build.set()
     assert lp._auto_thread is not None
     lp._auto_thread.join(300)
     assert not _plans.on
@@ -604,20 +603,12 @@ def test_gpu_auto_mode_builds_and_replays_real_calls(auto_mode: None, device: to
 
 @pytest.mark.gpu
 def test_gpu_plans_turning_on_during_a_capture(
-    auto_mode: None, device: torch.device, monkeypatch: pytest.MonkeyPatch
+    auto_mode: None, held_build: threading.Event, device: torch.device
 ) -> None:
     """The background build may finish while the process captures a CUDA graph (a serving
     engine's start-up): the build thread makes no CUDA call, and the captured calls (Python
     path, then the recording call, then replays) all compute right when the graph replays."""
     clear_launch_plans()
-    release = threading.Event()
-    real = lp._native_module
-
-    def held_build() -> Any:
-        assert release.wait(300)
-        return real()
-
-    monkeypatch.setattr(lp, "_native_module", held_build)
     spec = strided_scale.specialize(BLOCK=64, num_warps=4)
     static_x = torch.randn(300, device=device)
     _scale_copy(spec, static_x, 200, 0.5)  # the first op call: compiles, starts the build
@@ -632,7 +623,7 @@ def test_gpu_plans_turning_on_during_a_capture(
     outputs = []
     with torch.cuda.graph(graph):
         outputs.append(_scale_copy(spec, static_x, 200, 0.5))  # the Python path
-        release.set()
+        held_build.set()
         lp._auto_thread.join(300)  # plans turn on mid-capture
         hits = launch_plans_info()["hits"]
         for _ in range(3):  # records, then replays twice
