@@ -505,6 +505,8 @@ def test_auto_mode_blockers_on_this_machine(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert lp._auto_blocker() == "no CUDA device"
+    monkeypatch.setattr(torch.version, "hip", "6.4", raising=False)
+    assert "ROCm" in str(lp._auto_blocker())
 
 
 def test_auto_mode_builds_in_the_background_then_turns_plans_on(

@@ -148,6 +148,8 @@ def _auto_blocker() -> str | None:
         return f"launch plans need Linux (this is {sys.platform})"
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return "TRITON_INTERPRET=1 (the interpreter launches kernels itself)"
+    if getattr(torch.version, "hip", None):
+        return "this torch is built for ROCm (plans launch through the CUDA driver)"
     if not torch.cuda.is_available():
         return "no CUDA device"
     why = _launch.launch_fast_path_reason()
