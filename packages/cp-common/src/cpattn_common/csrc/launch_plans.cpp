@@ -1,5 +1,5 @@
 // Launch plans: the native half of cpattn_common.launch_plans (read that module's docstring
-// first). Built at run time with torch.utils.cpp_extension against torch's headers only (no
+// first). Built at run time by cpattn_common.native_build against torch's headers only (no
 // CUDA headers, no link to libcuda: cuLaunchKernel is found with dlopen, as Triton does).
 //
 // A plan belongs to one op and one call key: the metadata of every argument (tensor: exact
