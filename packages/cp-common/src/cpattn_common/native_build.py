@@ -117,7 +117,8 @@ def load_extension(name: str, source: Path, *, directory: Path | None = None) ->
     use torch's C++ headers and ``torch_python``. Loads the cached build when there is one;
     otherwise compiles it (seconds to tens of seconds: torch's headers are large) into a
     temporary file next to the cache file and renames it into place. Raises ``RuntimeError``
-    with the compiler's message when the build fails.
+    with the compiler's message when the build fails, ``OSError`` when the cache directory
+    cannot be written.
     """
     directory = cache_dir() if directory is None else directory
     source_text = source.read_bytes()
