@@ -156,20 +156,20 @@ def targets() -> list[Target]:
             _host_target(
                 f"{kernel} [plans]",
                 name=f"host-plans/{kernel}",
-                source=f"{source} (the default path: launch plans on)",
-                description=f"`{kernel}` eager host overhead, launch plans on, ≤ 10 µs "
-                "(or ≤ 1.5× `add_`)",
+                source=source,
+                description=f"`{kernel}` eager host overhead (the default path: launch plans "
+                "on) ≤ 10 µs (or ≤ 1.5× `add_`)",
                 **_HOST_RULE,
             )
         )
     # The same calls on the Python path (CPATTN_LAUNCH_PLANS=0), by the same rule.
     for kernel in _ALL_KERNELS:
-        source = "op level (beyond issue 3)" if kernel == "merge_attn_states" else "issue 5"
+        source = "op level" if kernel == "merge_attn_states" else "issue 5"
         out.append(
             _host_target(
                 kernel,
                 name=f"host/{kernel}",
-                source=f"{source} (Python path: launch plans off)",
+                source=f"{source}, Python-path reading",
                 description=f"`{kernel}` eager host overhead, launch plans off, ≤ 10 µs "
                 "(or ≤ 1.5× `add_`)",
                 **_HOST_RULE,
@@ -183,7 +183,7 @@ def targets() -> list[Target]:
             _host_target(
                 f"{kernel} [plans]",
                 name=f"host-alloc/{kernel}",
-                source="issue 5 (allocating-op reading, the default path)",
+                source="issue 5, allocating-op reading",
                 description=f"`{kernel}` eager host overhead, launch plans on, ≤ 1.5× "
                 "out-of-place `torch.add`",
                 metric="ratio_to_add_out",
