@@ -12,7 +12,10 @@ Python path until plans turn on, then records and replays. Reported per process:
   caller;
 - the default path's steady state: host time per call next to ``add_`` in the same rounds
   (``cpattn_testing.bench.measure_host_rounds``), with the replay checked bit for bit against
-  the Python path on fresh data.
+  the Python path on fresh data;
+- what a serving loop's varying batch costs: each new B is a new call key, recorded on its
+  first call; 255 new batch sizes in a shuffled order, the host time of the first, second and
+  third call of each (median / p90, µs), with plans on and then off.
 
 Run twice on one cache directory: the first process builds (a cold cache), the second loads.
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -104,6 +108,42 @@ def _child() -> dict[str, Any]:
     timed = hb.measure_host_rounds({"add_": add, "ours": ours}, calls=2000, rounds=7)
     res["python_path_us"] = timed.timing("ours").median_ms * 1e3
     res["python_path_ratio_to_add"] = timed.ratio("ours", "add_")
+
+    batch_sizes = list(range(2, 257))
+    random.Random(0).shuffle(batch_sizes)
+    inputs = [
+        (
+            torch.randn(b, H, D, device=device, dtype=torch.bfloat16),
+            torch.randn(N, b, H, device=device),
+        )
+        for b in batch_sizes
+    ]
+    lp.set_launch_plans_enabled(False)
+    for o, ls in inputs:  # compile every kernel configuration first (not what is measured)
+        correct_attn_out(o, ls, 1)
+    for plans_on in (True, False):
+        lp.set_launch_plans_enabled(plans_on)
+        before = lp.launch_plans_info()
+        calls: list[list[float]] = [[], [], []]
+        for o, ls in inputs:
+            torch.cuda.synchronize()
+            for times in calls:
+                t = time.perf_counter()
+                correct_attn_out(o, ls, 1)
+                times.append((time.perf_counter() - t) * 1e6)
+        summary: dict[str, Any] = {}
+        for i, times in enumerate(calls):
+            times.sort()
+            summary[f"call{i + 1}_us"] = {
+                "median": statistics.median(times),
+                "p90": times[int(0.9 * (len(times) - 1))],
+            }
+        if plans_on:
+            after = lp.launch_plans_info()
+            summary["recorded"] = after["recorded"] - before["recorded"]
+            summary["refusals"] = after["refusals"] - before["refusals"]
+            summary["hits"] = after["hits"] - before["hits"]
+        res["new_batch_sizes_plans_on" if plans_on else "new_batch_sizes_plans_off"] = summary
     return res
 
 
