@@ -343,7 +343,7 @@ def _host_rows(plan: Plan, specs: list[Any], device: Any, results: Any, *, plans
                     inp = spec.make_inputs(case, device, gen)
                     ours = spec.bind_ours(case, inp)
                     if plans_on:
-                        for _ in range(3):  # compile, record, replay
+                        for _ in range(3):  # the key's first call (compiles), record, replay
                             ours()
                         hits = lp.launch_plans_info()["hits"]
                         ours()

@@ -177,12 +177,12 @@ def test_record_then_replay(fake_plan_runtime: dict[str, Any]) -> None:
     st = fake_plan_runtime
     spec = st["spec"]
     x = torch.randn(300)
-    _scale_copy(spec, x, 200, 0.5)  # compiles: not recordable
+    _scale_copy(spec, x, 200, 0.5)  # the key's first call (it compiles): not recorded
     info = launch_plans_info()
-    assert info["refusals"] == 1
-    assert "fast path" in info["last_refusal"]["tests.scale_copy"]
-    _scale_copy(spec, x, 200, 0.5)  # the cached fast path: recorded
-    assert launch_plans_info()["plans"] == 1
+    assert (info["seen_once"], info["recorded"], info["refusals"]) == (1, 0, 0)
+    _scale_copy(spec, x, 200, 0.5)  # the second call, on the cached fast path: recorded
+    info = launch_plans_info()
+    assert (info["plans"], info["seen_once"], info["recorded"]) == (1, 0, 1)
     n_fast = len(st["fast"])
     y = _scale_copy(spec, x, 200, 0.5)  # replayed: no Python launch, one native launch
     assert len(st["fast"]) == n_fast
@@ -197,6 +197,19 @@ def test_record_then_replay(fake_plan_runtime: dict[str, Any]) -> None:
     x2 = torch.randn(300)
     y2 = _scale_copy(spec, x2, 200, 0.5)
     assert st["dry"][-1][-1][:2] == (x2.data_ptr(), y2.data_ptr())
+
+
+def test_a_launch_off_the_cached_fast_path_refuses(fake_plan_runtime: dict[str, Any]) -> None:
+    spec = fake_plan_runtime["spec"]
+    x = torch.randn(300)
+    _scale_copy(spec, x, 200, 0.5)  # the key's first call
+    clear_launch_cache()  # so that its second call compiles again
+    _scale_copy(spec, x, 200, 0.5)
+    info = launch_plans_info()
+    assert (info["plans"], info["refusals"]) == (0, 1)
+    assert "fast path" in info["last_refusal"]["tests.scale_copy"]
+    _scale_copy(spec, x, 200, 0.5)  # recorded at the next call
+    assert launch_plans_info()["plans"] == 1
 
 
 @pytest.mark.parametrize(
@@ -221,7 +234,9 @@ def test_any_key_change_misses(fake_plan_runtime: dict[str, Any], change: str) -
     if change == "device index":
         getters = lp._runtime_getters()[2:]
         lp._native_module().set_runtime(lambda: 1, lambda device: 777, *getters)  # device moved
-    assert _plans.replay(*args[change]) is None
+        assert _plans.replay(*args[change]) is None  # the plan's key, on another device
+    else:
+        assert _plans.replay(*args[change]) is False  # a new key: its first call
 
 
 def test_unkeyed_arguments_miss(plans_on: Any) -> None:
@@ -235,8 +250,8 @@ def test_unkeyed_arguments_miss(plans_on: Any) -> None:
 def test_torch_operations_refuse_and_keys_give_up(fake_plan_runtime: dict[str, Any]) -> None:
     spec = fake_plan_runtime["spec"]
     x = torch.randn(300)
-    _scale_copy(spec, x, 100, 2.0)  # compile
-    for _ in range(lp._MAX_FAILURES - 1):  # the compile call counted as the first refusal
+    _scale_copy(spec, x, 100, 2.0)  # compiles (the key's first call: not recorded)
+    for _ in range(lp._MAX_FAILURES):
         _scale_copy(spec, x, 100, 2.0, extra=True)
     assert "aten.add_" in launch_plans_info()["last_refusal"]["tests.scale_copy"]
     assert launch_plans_info()["refused"] == 1
@@ -290,14 +305,17 @@ def test_views_of_arguments_map_with_offsets(fake_plan_runtime: dict[str, Any]) 
         if hit.__class__ is tuple:
             return hit[0]
         rec = views.recorder(hit, x)
-        assert rec is not None
+        if rec is None:  # the key's first call
+            y = new_output(x, (64,))
+            spec((1,), x[128:], y[32:], 32, 1, 1.0)
+            return y
         with rec:
             y = new_output(x, (64,))
             spec((1,), x[128:], y[32:], 32, 1, 1.0)
             rec.returns(y)
         return y
 
-    op(x)  # compiles
+    op(x)  # compiles (the key's first call)
     op(x)  # records
     x2 = torch.randn(300)
     y2 = op(x2)
@@ -416,7 +434,7 @@ def test_plans_cleared_during_a_replay(fake_plan_runtime: dict[str, Any]) -> Non
     y = _plans.replay(x, 200, 0.5)
     assert y.__class__ is tuple
     assert fake_plan_runtime["dry"][-1][-1][:2] == (x.data_ptr(), y[0].data_ptr())
-    assert _plans.replay(x, 200, 0.5) is None  # gone now
+    assert _plans.replay(x, 200, 0.5) is False  # gone now: a new key again
 
 
 # Auto mode (the default): decided at the first op call, built in the background.
@@ -526,7 +544,7 @@ def test_auto_mode_builds_in_the_background_then_turns_plans_on(
         pytest.skip(f"launch plans unavailable here: {launch_plans_reason()}")
     assert _plans.on
     assert _plans._ext is lp._built
-    assert _plans.replay(x, 8, 1.0) is None  # on, and no plan for this key yet
+    assert _plans.replay(x, 8, 1.0) is False  # on: this key's first call, not to record
     assert OpPlans("tests.auto_late").on  # handles made later are on too
 
 
@@ -628,7 +646,7 @@ def test_gpu_plans_turning_on_during_a_capture(
         held_build.set()
         lp._auto_thread.join(300)  # plans turn on mid-capture
         hits = launch_plans_info()["hits"]
-        for _ in range(3):  # records, then replays twice
+        for _ in range(4):  # the key's first call with plans on, its recording, two replays
             outputs.append(_scale_copy(spec, static_x, 200, 0.5))
     assert launch_plans_reason() is None
     assert launch_plans_info()["hits"] == hits + 2, launch_plans_info()

@@ -3,10 +3,12 @@
 An eager call of our ops spends most of its host time in Python: validating its arguments,
 allocating its outputs, finding its grid and compiled kernel, and Triton's launcher
 (2-3.5x a torch ``add_`` on an H200 host, where the launch alone is about 1x). A *launch plan*
-removes all of that from repeated calls. The first eager call with a given *call key* (every
+removes all of that from repeated calls. The second eager call with a given *call key* (every
 argument's metadata: for a tensor its exact class, dtype, device, sizes, strides, pointer
 alignment mod 16 and neg/conj bits; for an int / bool / float its value; ``None``) runs the
-op's Python path under a recorder, which notes the outputs the call allocated
+op's Python path under a recorder (not the first: a recording costs several Python-path
+calls, 63-106 µs against 14-24 µs on an H200 host, so keys met only once, such as one-off
+prefill shapes, never pay for one), which notes the outputs the call allocated
 (``cpattn_common.alloc``) and the compiled kernels it launched (``cpattn_common.launch``'s
 cached fast path), with every launch parameter tied to an argument's pointer, an output's
 pointer or a constant. Later calls with the same key go to native code
@@ -193,9 +195,9 @@ class OpPlans:
     The arguments given to ``replay`` and ``recorder`` are the call key's: everything the
     op's behaviour depends on, in the same order in both.
 
-    ``replay(*args)`` returns the plan's outputs (a tuple) on a hit, ``None`` on a miss (no
-    plan, plans off, output poisoning on, a Triton launch hook installed) and ``False`` for a
-    refused key. With plans on it is the native function itself, bound to this op (no Python
+    ``replay(*args)`` returns the plan's outputs (a tuple) on a hit, ``None`` on a miss to
+    record (the key's second call; also plans off, output poisoning on, a Triton launch hook
+    installed) and ``False`` on a miss not to record (the key's first call, a refused key). With plans on it is the native function itself, bound to this op (no Python
     frame between the op and the native look-up).
     """
 
@@ -599,8 +601,9 @@ def launch_plans_reason() -> str | None:
 
 
 def launch_plans_info() -> dict[str, Any]:
-    """Counters: ``plans`` (recorded keys), ``refused`` (keys no longer recorded), ``hits``,
-    ``misses`` (native look-ups), ``recorded`` / ``refusals`` (recordings this process), and
+    """Counters: ``plans`` (recorded keys), ``refused`` (keys no longer recorded),
+    ``seen_once`` (keys met once, to be recorded at their next call), ``hits``, ``misses``
+    (native look-ups), ``recorded`` / ``refusals`` (recordings this process), and
     ``last_refusal`` (op name -> reason of its latest refused recording)."""
     info: dict[str, Any] = dict(_ext.info()) if _ext is not None else {}
     info.update(_stats)

@@ -26,6 +26,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace {
@@ -38,6 +39,10 @@ enum KeyTag : int64_t { kTensor = 1, kInt = 2, kBool = 3, kFloat = 4, kNone = 5 
 enum ParamKind : int { kArgPtr = 0, kOutPtr = 1, kConst = 2 };
 constexpr size_t kMaxParams = 64;
 constexpr size_t kMaxPlans = 8192;
+// Keys met once and not yet recorded (a key is recorded at its second call: recording costs
+// several Python-path calls, so keys that never repeat, such as one-off prefill shapes, must
+// not pay for it).
+constexpr size_t kMaxSeen = 16384;
 
 struct Param {
   int kind;
@@ -82,6 +87,7 @@ struct KeyHash {
 // Plans are shared: a replay holds its own reference while it calls back into Python (the
 // device and stream getters), during which another thread may register, refuse or clear.
 std::unordered_map<std::vector<int64_t>, std::shared_ptr<Plan>, KeyHash> plans;
+std::unordered_set<std::vector<int64_t>, KeyHash> seen;
 std::vector<int64_t> key_buffer;  // reused: every entry point runs under the GIL
 PyObject* get_device = nullptr;     // () -> int, the current CUDA device
 PyObject* get_stream = nullptr;     // (device) -> int, its current stream
@@ -230,7 +236,8 @@ int64_t pointer_of(const at::Tensor& t, int64_t offset) {
 }
 
 // replay(op, *args) -> tuple of outputs (hit), None (miss: no plan, output poisoning on, a
-// Triton launch hook installed), False (key refused: do not record)
+// Triton launch hook installed), False (a miss not to record: the key's first call, or a
+// refused key)
 PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   try {
     if (nargs < 1) {
@@ -250,9 +257,16 @@ PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       Py_RETURN_NONE;
     }
     auto it = plans.find(key_buffer);
-    if (it == plans.end() || !it->second->ready) {
+    if (it == plans.end()) {
       ++n_misses;
-      if (it != plans.end() && it->second->failures < 0) Py_RETURN_FALSE;  // refused key
+      if (seen.erase(key_buffer) != 0) Py_RETURN_NONE;  // its second call: record it
+      if (seen.size() >= kMaxSeen) seen.clear();
+      seen.insert(key_buffer);
+      Py_RETURN_FALSE;
+    }
+    if (!it->second->ready) {
+      ++n_misses;
+      if (it->second->failures < 0) Py_RETURN_FALSE;  // refused key
       Py_RETURN_NONE;
     }
     const std::shared_ptr<const Plan> held = it->second;
@@ -519,6 +533,7 @@ PyObject* set_dry_run(PyObject*, PyObject* arg) {
 
 PyObject* clear(PyObject*, PyObject*) {
   plans.clear();
+  seen.clear();
   n_hits = n_misses = 0;
   Py_RETURN_NONE;
 }
@@ -529,9 +544,11 @@ PyObject* info(PyObject*, PyObject*) {
     ready += kv.second->ready;
     refused += !kv.second->ready && kv.second->failures < 0;
   }
-  return Py_BuildValue("{sLsLsLsL}", "plans", static_cast<long long>(ready), "refused",
-                       static_cast<long long>(refused), "hits", static_cast<long long>(n_hits),
-                       "misses", static_cast<long long>(n_misses));
+  return Py_BuildValue("{sLsLsLsLsL}", "plans", static_cast<long long>(ready), "refused",
+                       static_cast<long long>(refused), "seen_once",
+                       static_cast<long long>(seen.size()), "hits",
+                       static_cast<long long>(n_hits), "misses",
+                       static_cast<long long>(n_misses));
 }
 
 PyObject* dtype_code(PyObject*, PyObject* arg) {
