@@ -22,8 +22,8 @@ for their Python paths.
 **On by default where they can work** (``CPATTN_LAUNCH_PLANS`` unset or ``auto``). The first
 op call of the process checks for a CUDA device and Triton's cached launch path; with both, a
 background thread builds the native module (``cpattn_common.native_build``: a C++ compiler,
-torch's headers; 15-25 s the first time on a machine, then loaded from the on-disk cache in
-well under a second) while calls take the Python path; once it is loaded, calls are recorded
+torch's headers; 15-19 s the first time on an H200 host, then loaded from the on-disk cache
+within the first op call) while calls take the Python path; once it is loaded, calls are recorded
 and replayed. Without a CUDA device, under ``TRITON_INTERPRET=1`` or when the build fails,
 plans stay off (a failed build logs one warning) and ``launch_plans_reason()`` says why.
 ``CPATTN_LAUNCH_PLANS=1`` (read at import) or ``set_launch_plans_enabled(True)`` builds or
