@@ -456,8 +456,9 @@ def auto_mode() -> Iterator[None]:
 
 
 @pytest.fixture
-def held_build(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """Auto mode's build waits until the returned event is set (then builds or loads)."""
+def held_build(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """Auto mode's build waits until the returned event is set (then builds or loads); set
+    at teardown too, so that a failed test does not leave the build thread waiting."""
     release = threading.Event()
     real = lp._native_module
 
@@ -466,7 +467,8 @@ def held_build(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
         return real()
 
     monkeypatch.setattr(lp, "_native_module", build)
-    return release
+    yield release
+    release.set()
 
 
 @pytest.mark.parametrize(("env", "reason"), [(None, _WAITING), ("0", "off ("), ("auto", _WAITING)])
