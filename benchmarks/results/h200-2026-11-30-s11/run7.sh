@@ -1,8 +1,8 @@
 #!/bin/bash
 # Run 7 of the eleventh session, on the two-GPU kind, commit $1: the nccl combine, direct-path,
 # manager and PCP tests and the demo on 2 nccl ranks, with launch plans in their default (auto)
-# mode in every rank process (each builds or loads the module in the background while nccl
-# runs; first run on a fresh cache directory, so the ranks build at once).
+# mode in every process (each builds or loads the module in the background while nccl runs),
+# starting from an empty cache directory.
 export PYTHONPATH=packages/cp-common/src:packages/cp-dcp/src:packages/cp-pcp/src:packages/cp-testing/src
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 unset CPATTN_LAUNCH_PLANS
