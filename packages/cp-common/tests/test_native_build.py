@@ -4,9 +4,11 @@ that each build takes about a second)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -95,6 +97,51 @@ def test_stale_temporaries_are_removed(tmp_path: Path) -> None:
     native_build.load_extension("cpattn_tiny_e", _source(tmp_path, 5), directory=cache)
     assert not stale.exists()
     assert fresh.exists()  # may be another process's build in progress
+
+
+def test_a_build_in_progress_elsewhere_is_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process's fresh temporary of the same file: wait for its build, compile
+    nothing."""
+    source = _source(tmp_path, 11)
+    native_build.load_extension("cpattn_tiny_g", source, directory=tmp_path / "elsewhere")
+    (built,) = _built(tmp_path / "elsewhere")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    key = built.name.removeprefix("cpattn_tiny_g_").split(".")[0]
+    (cache / f".cpattn_tiny_g_{key}.peer.tmp").write_bytes(b"being written")
+
+    def no_compiler(*args: object, **kwargs: object) -> None:
+        raise AssertionError("compiled while another build of the same file was in progress")
+
+    monkeypatch.setattr("cpattn_common.native_build.subprocess.run", no_compiler)
+    peer = threading.Timer(0.5, shutil.copy, (built, cache / built.name))
+    peer.start()
+    try:
+        module = native_build.load_extension("cpattn_tiny_g", source, directory=cache)
+    finally:
+        peer.join()
+    assert module.answer == 11
+
+
+def test_a_build_that_does_not_finish_is_not_waited_for_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    source = _source(tmp_path, 13)
+    key = native_build._build_key(
+        "cpattn_tiny_h",
+        source.read_bytes(),
+        native_build._command("cpattn_tiny_h", source, Path("OUTPUT")),
+    )
+    (cache / f".cpattn_tiny_h_{key}.killed.tmp").write_bytes(b"never finished")
+    monkeypatch.setattr(native_build, "_PEER_WAIT_S", 0.5)
+    start = time.monotonic()
+    module = native_build.load_extension("cpattn_tiny_h", source, directory=cache)
+    assert module.answer == 13
+    assert time.monotonic() - start >= 0.5  # waited, then built
 
 
 def test_processes_building_at_once_both_succeed(tmp_path: Path) -> None:

@@ -3,8 +3,11 @@
 What ``cpattn_common.launch_plans`` builds its native module with. Compared with
 ``torch.utils.cpp_extension.load`` it needs no ``ninja`` (one compiler call, as Triton builds
 its launcher), and it takes no lock: each build writes a file of its own and renames it into
-place, so processes building at once (the ranks of one job) never wait on each other, and a
-build killed half-way leaves no lock behind for the next process to wait on forever.
+place, so a build killed half-way leaves no lock behind for the next process to wait on
+forever. A process that finds another one's build of the same file in progress (its temporary
+file, written in the last ``_PEER_WAIT_S`` seconds) waits for it, at most that long, rather
+than compile the same thing again (the ranks of one job start together); if it does not
+finish, the process builds itself.
 
 The cache file's name carries a hash of everything the binary depends on: the source, the
 torch build, the Python ABI, the compiler command and flags. Where it lives:
@@ -13,6 +16,7 @@ torch build, the Python ABI, the compiler command and flags. Where it lives:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -35,6 +39,9 @@ __all__ = ["cache_dir", "load_extension"]
 _COMPILE_TIMEOUT_S = 600.0
 # Temporary files of builds older than this (seconds) are left-overs of killed builds.
 _STALE_TMP_S = 3600.0
+# How long to wait for another process's build of the same file (a compile takes 15-20 s).
+_PEER_WAIT_S = 120.0
+_PEER_POLL_S = 0.25
 
 
 def cache_dir() -> Path:
@@ -110,6 +117,22 @@ def _remove_stale_temporaries(directory: Path, stem: str) -> None:
             pass
 
 
+def _peer_build_finished(target: Path, prefix: str) -> bool:
+    """Whether ``target`` exists, after waiting while another process's build of it (a
+    temporary ``prefix*.tmp`` modified in the last ``_PEER_WAIT_S`` seconds) is in progress."""
+    deadline = time.monotonic() + _PEER_WAIT_S
+    while not target.is_file() and time.monotonic() < deadline:
+        now = time.time()
+        in_progress = False
+        for tmp in target.parent.glob(f"{prefix}*.tmp"):
+            with contextlib.suppress(OSError):  # renamed or removed meanwhile
+                in_progress = in_progress or now - tmp.stat().st_mtime < _PEER_WAIT_S
+        if not in_progress:
+            break
+        time.sleep(_PEER_POLL_S)
+    return target.is_file()
+
+
 def load_extension(name: str, source: Path, *, directory: Path | None = None) -> ModuleType:
     """The extension module ``name`` built from the C++ file ``source``.
 
@@ -125,10 +148,13 @@ def load_extension(name: str, source: Path, *, directory: Path | None = None) ->
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     key = _build_key(name, source_text, _command(name, source, Path("OUTPUT")))
     target = directory / f"{name}_{key}{suffix}"
+    prefix = f".{name}_{key}."
     if not target.is_file():
         directory.mkdir(parents=True, exist_ok=True)
         _remove_stale_temporaries(directory, name)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{name}", suffix=".tmp", dir=directory)
+        if _peer_build_finished(target, prefix):
+            return _import(name, target)
+        fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
         os.close(fd)
         tmp = Path(tmp_name)
         try:
