@@ -545,7 +545,7 @@ def test_auto_mode_builds_in_the_background_then_turns_plans_on(
     if launch_plans_reason() is not None:
         pytest.skip(f"launch plans unavailable here: {launch_plans_reason()}")
     assert _plans.on
-    assert _plans._ext is lp._built
+    assert _plans.replay.func is lp._built.replay
     assert _plans.replay(x, 8, 1.0) is False  # on: this key's first call, not to record
     assert OpPlans("tests.auto_late").on  # handles made later are on too
 

@@ -91,8 +91,9 @@ _SOURCE = Path(__file__).resolve().parent / "csrc" / "launch_plans.cpp"
 _ARG_PTR, _OUT_PTR, _CONST = 0, 1, 2
 _INT_TYPES = frozenset({"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"})
 
+_WAITING = "auto: waiting for the first op call"
 _ext: Any = None
-_reason: str | None = "auto: waiting for the first op call"
+_reason: str | None = _WAITING
 # Auto mode's state: "waiting" (for the first op call), "building" (in a background thread),
 # None (decided, or plans set explicitly).
 _auto: str | None = "waiting"
@@ -201,24 +202,23 @@ class OpPlans:
     frame between the op and the native look-up).
     """
 
-    __slots__ = ("__weakref__", "_ext", "name", "on", "op_id", "replay")
+    __slots__ = ("__weakref__", "name", "on", "op_id", "replay")
 
     def __init__(self, name: str):
         self.name = name
-        self._ext: Any = None
         #: Whether an op calls ``replay`` / ``recorder``: with plans off its eager path
         #: pays one attribute read. (True also in auto mode until the first op call.)
         self.on = False
         self.replay: Any = _off
         with _lock:
             self.op_id = _ops.setdefault(name, len(_ops))
-            self._bind(_ext)
+            self._bind()
             _handles.add(self)
 
-    def _bind(self, ext: Any) -> None:
-        self._ext = ext
-        if ext is not None:
-            self.replay = functools.partial(ext.replay, self.op_id)
+    def _bind(self) -> None:
+        """Bind ``replay`` and ``on`` to the module state (the caller holds ``_lock``)."""
+        if _ext is not None:
+            self.replay = functools.partial(_ext.replay, self.op_id)
         else:
             self.replay = _auto_start if _auto == "waiting" else _off
         self.on = self.replay is not _off
@@ -230,7 +230,7 @@ class OpPlans:
         """A recorder for this call (use as a context manager), or ``None`` when the call
         should not be recorded: plans off, ``hit`` (what ``replay`` returned) not ``None``,
         a recording already running."""
-        if hit is not None or self._ext is None or _active is not None:
+        if hit is not None or _ext is None or _active is not None:
             return None
         return Recorder(self, args)
 
@@ -413,7 +413,7 @@ class Recorder:
             self.launches.append((function, grid, device, all_args))
 
     def _commit(self) -> None:
-        ext = self.plans._ext
+        ext = _ext
         if ext is None:
             return
         plan = None
@@ -581,7 +581,7 @@ def _set(ext: Any, reason: str | None) -> None:
 def _rebind() -> None:
     """Bind every op's handle to the current state; the caller holds ``_lock``."""
     for handle in list(_handles):
-        handle._bind(_ext)
+        handle._bind()
 
 
 _built: Any = None
@@ -627,7 +627,7 @@ def _after_fork_in_child() -> None:
     global _lock, _build_lock, _auto, _reason
     _lock, _build_lock = threading.Lock(), threading.Lock()
     if _auto == "building":
-        _auto, _reason = "waiting", "auto: waiting for the first op call"
+        _auto, _reason = "waiting", _WAITING
         _rebind()
 
 
