@@ -335,6 +335,83 @@ def test_register_rejects_malformed_plans(plans_on: Any) -> None:
         plans_on.register(7, 0, (x, "a"), [], [], ())
 
 
+@pytest.fixture
+def small_tables(plans_on: Any) -> Iterator[Any]:
+    """The native module with room for 8 plans and 4 keys met once."""
+    previous = plans_on.set_limits(8, 4)
+    plans_on.set_runtime(lambda: 0, lambda device: 777, *lp._runtime_getters()[2:])
+    plans_on.set_dry_run([])
+    yield plans_on
+    plans_on.set_limits(*previous)
+
+
+def _register(ext: Any, op: int, n: int) -> None:
+    """A plan with no allocation and no launch for the key ``(op, n)``."""
+    ext.register(op, 0, (n,), [], [], ())
+
+
+def test_a_full_plan_table_keeps_the_plans_in_use(small_tables: Any) -> None:
+    """A stream of new keys through a full table does not flush the keys that keep being
+    replayed (second chance: plans used since the previous eviction stay)."""
+    ext = small_tables
+    op = OpPlans("tests.evict").op_id
+    hot = range(4)
+    for n in hot:
+        _register(ext, op, n)
+    for n in range(100, 160):  # one-off keys, each recorded once and never replayed
+        for h in hot:
+            assert ext.replay(op, h) == (), (n, h)
+        _register(ext, op, n)
+        assert ext.info()["plans"] <= 8
+    info = ext.info()
+    assert info["evicted"] >= 60 - 4
+    assert all(ext.replay(op, h) == () for h in hot)
+    assert ext.replay(op, 100) is False  # evicted long ago: a new key again
+
+
+def test_a_full_plan_table_evicts_a_quarter_when_all_are_in_use(small_tables: Any) -> None:
+    ext = small_tables
+    op = OpPlans("tests.evict_all_used").op_id
+    for n in range(8):
+        _register(ext, op, n)  # a new plan counts as used
+    _register(ext, op, 8)  # no plan unused since the last eviction: 2 go in table order
+    info = ext.info()
+    assert (info["plans"], info["evicted"]) == (7, 2)
+    assert ext.replay(op, 8) == ()
+    assert sum(ext.replay(op, n) == () for n in range(8)) == 6
+
+
+def test_refused_keys_take_table_room_and_stay_refused_while_met(small_tables: Any) -> None:
+    ext = small_tables
+    op = OpPlans("tests.evict_refused").op_id
+    for _ in range(3):
+        ext.refuse(op, (1,), 3)
+    assert ext.info()["refused"] == 1
+    for n in range(100, 140):
+        assert ext.replay(op, 1) is False  # refused: met, so kept
+        _register(ext, op, n)
+    assert ext.info()["refused"] == 1
+
+
+def test_a_full_set_of_keys_met_once_is_cleared(small_tables: Any) -> None:
+    ext = small_tables
+    op = OpPlans("tests.seen").op_id
+    for n in range(4):
+        assert ext.replay(op, n) is False
+    assert ext.info()["seen_once"] == 4
+    assert ext.replay(op, 4) is False  # the set was full: cleared, then this key noted
+    assert ext.info()["seen_once"] == 1
+    assert ext.replay(op, 0) is False  # forgotten: a first call again
+    assert ext.replay(op, 0) is None  # its second call: record it
+
+
+def test_set_limits_rejects_nonsense(plans_on: Any) -> None:
+    with pytest.raises(ValueError, match=">= 1"):
+        plans_on.set_limits(0, 4)
+    with pytest.raises(TypeError):
+        plans_on.set_limits("8", 4)
+
+
 # ---- GPU ------------------------------------------------------------------------------------
 
 

@@ -84,7 +84,7 @@ _log = logging.getLogger(__name__)
 #: Failed recordings of one key after which it is not recorded again.
 _MAX_FAILURES = 3
 # Bump when the native source changes incompatibly (it is part of the module's build name).
-_NATIVE_NAME = "cpattn_launch_plans_v3"
+_NATIVE_NAME = "cpattn_launch_plans_v4"
 _SOURCE = Path(__file__).resolve().parent / "csrc" / "launch_plans.cpp"
 
 # Parameter kinds of the native plan (csrc/launch_plans.cpp, ParamKind).
@@ -603,7 +603,9 @@ def launch_plans_reason() -> str | None:
 def launch_plans_info() -> dict[str, Any]:
     """Counters: ``plans`` (recorded keys), ``refused`` (keys no longer recorded),
     ``seen_once`` (keys met once, to be recorded at their next call), ``hits``, ``misses``
-    (native look-ups), ``recorded`` / ``refusals`` (recordings this process), and
+    (native look-ups), ``evicted`` (plans and refused keys dropped to make room: the table
+    holds 8192 keys and keeps those used since its previous eviction), ``recorded`` /
+    ``refusals`` (recordings this process), and
     ``last_refusal`` (op name -> reason of its latest refused recording)."""
     info: dict[str, Any] = dict(_ext.info()) if _ext is not None else {}
     info.update(_stats)

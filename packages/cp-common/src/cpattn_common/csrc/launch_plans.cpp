@@ -21,6 +21,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -38,11 +39,14 @@ using LaunchFn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned
 enum KeyTag : int64_t { kTensor = 1, kInt = 2, kBool = 3, kFloat = 4, kNone = 5 };
 enum ParamKind : int { kArgPtr = 0, kOutPtr = 1, kConst = 2 };
 constexpr size_t kMaxParams = 64;
-constexpr size_t kMaxPlans = 8192;
+// Table sizes (set_limits changes them, for tests). A full plan table evicts (make_room); a
+// full set of keys met once is cleared, which costs those keys one more Python-path call
+// before their recording.
+size_t max_plans = 8192;
 // Keys met once and not yet recorded (a key is recorded at its second call: recording costs
 // several Python-path calls, so keys that never repeat, such as one-off prefill shapes, must
 // not pay for it).
-constexpr size_t kMaxSeen = 16384;
+size_t max_seen = 16384;
 
 struct Param {
   int kind;
@@ -66,6 +70,7 @@ struct Alloc {
 
 struct Plan {
   bool ready = false;  // false: only failed recordings are counted under this key
+  bool used = true;    // replayed, recorded or refused since make_room last looked
   int64_t failures = 0;
   int64_t device = -1;
   std::vector<Alloc> allocs;
@@ -98,6 +103,28 @@ PyObject* dry_log = nullptr;      // a list: launches are appended there instead
 LaunchFn launch_fn = nullptr;
 int64_t n_hits = 0;
 int64_t n_misses = 0;
+int64_t n_evicted = 0;
+
+// Makes room for one more key in a full plan table, second-chance style: the plans used since
+// the previous eviction stay (and are marked unused), the others go; if that frees less than a
+// quarter of the table, more go in table order. Every eviction frees at least a quarter, so
+// its O(table) walk is paid for by the insertions that filled the table again, and a working
+// set that fits is never flushed by a stream of new keys (the former clear-all did that).
+void make_room() {
+  if (plans.size() < max_plans) return;
+  const size_t keep = max_plans - std::max<size_t>(1, max_plans / 4);
+  const size_t before = plans.size();
+  for (auto it = plans.begin(); it != plans.end();) {
+    if (it->second->used) {
+      it->second->used = false;
+      ++it;
+    } else {
+      it = plans.erase(it);
+    }
+  }
+  for (auto it = plans.begin(); plans.size() > keep && it != plans.end();) it = plans.erase(it);
+  n_evicted += static_cast<int64_t>(before - plans.size());
+}
 
 // The key of (op, args); false when an argument is of a kind plans never cover.
 bool build_key(int64_t op, PyObject* const* args, Py_ssize_t nargs, std::vector<int64_t>& key) {
@@ -260,10 +287,11 @@ PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (it == plans.end()) {
       ++n_misses;
       if (seen.erase(key_buffer) != 0) Py_RETURN_NONE;  // its second call: record it
-      if (seen.size() >= kMaxSeen) seen.clear();
+      if (seen.size() >= max_seen) seen.clear();
       seen.insert(key_buffer);
       Py_RETURN_FALSE;
     }
+    it->second->used = true;
     if (!it->second->ready) {
       ++n_misses;
       if (it->second->failures < 0) Py_RETURN_FALSE;  // refused key
@@ -460,7 +488,7 @@ PyObject* register_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       }
       plan.returns.push_back(static_cast<int>(r));
     }
-    if (plans.size() >= kMaxPlans) plans.clear();
+    if (plans.find(key) == plans.end()) make_room();
     plans[std::move(key)] = std::make_shared<Plan>(std::move(plan));
     Py_RETURN_NONE;
   } catch (const std::exception& e) {
@@ -486,13 +514,17 @@ PyObject* refuse(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (!build_key(op, &PyTuple_GET_ITEM(args[1], 0), PyTuple_GET_SIZE(args[1]), key)) {
       Py_RETURN_NONE;
     }
-    if (plans.size() >= kMaxPlans) plans.clear();
+    if (plans.find(key) == plans.end()) make_room();
     std::shared_ptr<Plan>& slot = plans[std::move(key)];
     if (!slot) slot = std::make_shared<Plan>();
+    slot->used = true;
     if (!slot->ready && slot->failures >= 0 && ++slot->failures >= limit) slot->failures = -1;
     Py_RETURN_NONE;
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "launch plans: unknown C++ exception");
     return nullptr;
   }
 }
@@ -534,8 +566,28 @@ PyObject* set_dry_run(PyObject*, PyObject* arg) {
 PyObject* clear(PyObject*, PyObject*) {
   plans.clear();
   seen.clear();
-  n_hits = n_misses = 0;
+  n_hits = n_misses = n_evicted = 0;
   Py_RETURN_NONE;
+}
+
+// set_limits(max_plans, max_seen) -> the previous (max_plans, max_seen); both >= 1.
+PyObject* set_limits(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  int64_t new_plans = 0, new_seen = 0;
+  if (nargs != 2 || !int_arg(args[0], "max_plans", &new_plans) ||
+      !int_arg(args[1], "max_seen", &new_seen)) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "set_limits(max_plans, max_seen)");
+    return nullptr;
+  }
+  if (new_plans < 1 || new_seen < 1) {
+    PyErr_SetString(PyExc_ValueError, "set_limits: both limits must be >= 1");
+    return nullptr;
+  }
+  PyObject* previous = Py_BuildValue("(nn)", static_cast<Py_ssize_t>(max_plans),
+                                     static_cast<Py_ssize_t>(max_seen));
+  if (previous == nullptr) return nullptr;
+  max_plans = static_cast<size_t>(new_plans);
+  max_seen = static_cast<size_t>(new_seen);
+  return previous;
 }
 
 PyObject* info(PyObject*, PyObject*) {
@@ -544,11 +596,12 @@ PyObject* info(PyObject*, PyObject*) {
     ready += kv.second->ready;
     refused += !kv.second->ready && kv.second->failures < 0;
   }
-  return Py_BuildValue("{sLsLsLsLsL}", "plans", static_cast<long long>(ready), "refused",
+  return Py_BuildValue("{sLsLsLsLsLsL}", "plans", static_cast<long long>(ready), "refused",
                        static_cast<long long>(refused), "seen_once",
                        static_cast<long long>(seen.size()), "hits",
                        static_cast<long long>(n_hits), "misses",
-                       static_cast<long long>(n_misses));
+                       static_cast<long long>(n_misses), "evicted",
+                       static_cast<long long>(n_evicted));
 }
 
 PyObject* dtype_code(PyObject*, PyObject* arg) {
@@ -570,6 +623,8 @@ PyMethodDef methods[] = {
      METH_FASTCALL, "set_runtime(get_device, get_stream, alloc_globals, hook_knobs, hook_chain)"},
     {"set_dry_run", set_dry_run, METH_O, "set_dry_run(list | None)"},
     {"clear", clear, METH_NOARGS, "forget every plan and counter"},
+    {"set_limits", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_limits)),
+     METH_FASTCALL, "set_limits(max_plans, max_seen) -> previous (max_plans, max_seen)"},
     {"info", info, METH_NOARGS, "counters"},
     {"dtype_code", dtype_code, METH_O, "the ScalarType code of a tensor's dtype"},
     {nullptr, nullptr, 0, nullptr},
