@@ -56,8 +56,8 @@ def _validate_mask_args(
             f"len(query_start_loc)={query_start_loc.numel()} != len(seq_lens)+1={seq_lens.numel() + 1}"
         )
     for name, t in (("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
-        if t.dtype not in _INT_DTYPES:
-            raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
         if t.device != device:
             raise ValueError(f"{name} is on {t.device}, expected {device}")
 
@@ -270,7 +270,12 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
             return
         has_mask = seq_lens is not None and query_start_loc is not None
         if seq_lens is not None and query_start_loc is not None:
-            seq_lens, query_start_loc = seq_lens.contiguous(), query_start_loc.contiguous()
+            # The kernel reads int32/int64 indices; other integer dtypes (accepted by the NCCL
+            # path too) are widened on the device, with no host sync.
+            seq_lens, query_start_loc = (
+                (x if x.dtype in _INT_DTYPES else x.to(torch.int32)).contiguous()
+                for x in (seq_lens, query_start_loc)
+            )
         num_seqs = seq_lens.numel() if seq_lens is not None else 0
         num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
         launch_cached(
