@@ -17,7 +17,10 @@ from cpattn_pcp import DCP_COMM_BACKENDS, resolve_dcp_combine
         (2, 2, "ag_rs", "ag_ar"),
         (4, 2, None, "ag_ar"),
         (1, 4, "ag_rs", "ag_ar"),
-        (4, 2, "a2a", "a2a"),
+        (2, 2, "a2a", "a2a"),  # DCP group = PCP group: the PCP gather reassembles the split
+        (4, 4, "a2a", "a2a"),
+        (4, 2, "a2a", "ag_ar"),  # DCP spans TP x PCP: an all-to-all split cannot be gathered
+        (8, 2, "a2a", "ag_ar"),
     ],
 )
 def test_resolve(dcp: int, pcp: int, backend: str | None, expected: str) -> None:

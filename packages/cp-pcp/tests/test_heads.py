@@ -75,6 +75,8 @@ def test_maybe_all_gather_q(fake_group: MakeGroup) -> None:
     assert maybe_all_gather_q_for_dcp(pair, 4, 2, tp_group=fake_group(2, 1, True)) is not pair
     # Already replicated: untouched even though the layout would gather.
     assert maybe_all_gather_q_for_dcp(q, 2, 1, True, dcp_group=fake_group(2)) is q
+    assert maybe_all_gather_q_for_dcp(q, 4, 1, True) is q  # and needs no group
+    assert maybe_all_gather_q_for_dcp(pair, 4, 2, already_replicated=True) is pair
     # A gather concatenates (nope, pe) first and gathers along dim 1 (heads).
     group = fake_group(2, 0, True)
     out = maybe_all_gather_q_for_dcp(pair, 2, 1, dcp_group=group)
@@ -91,6 +93,11 @@ def test_maybe_all_gather_q_bad_input(fake_group: MakeGroup) -> None:
         maybe_all_gather_q_for_dcp((torch.zeros(3, 2, 4), torch.zeros(3, 1, 4)), 2, 2)
     with pytest.raises(ValueError, match="q must be"):
         maybe_all_gather_q_for_dcp(torch.zeros(3), 2, 2)
+    with pytest.raises(ValueError, match="dtype"):
+        maybe_all_gather_q_for_dcp((torch.zeros(3, 2, 4), torch.zeros(3, 2, 2).half()), 2, 2)
+    # The layout is checked even when the query is already replicated.
+    with pytest.raises(ValueError, match="dcp_world_size"):
+        maybe_all_gather_q_for_dcp(torch.zeros(3, 2, 4), 2, 4, already_replicated=True)
 
 
 def test_finalize(fake_group: MakeGroup) -> None:

@@ -78,6 +78,9 @@ def check_plan(seq_lens: list[int], n: int) -> DualChunkSwapPlan:
     owned = plan.local_token_idx[plan.local_is_real]
     assert sorted(owned.tolist()) == list(range(total))
     assert plan.num_local_tokens == tuple(int(x) for x in plan.local_is_real.sum(1))
+    for r in range(n):
+        real_rows = plan.local_is_real[r].nonzero().flatten().tolist()
+        assert plan.local_extent[r] == (real_rows[-1] + 1 if real_rows else 0)
 
     # restore_idx / gather_idx are inverse on real tokens; padding points at its request's
     # first token.
@@ -189,8 +192,19 @@ def test_plan_on_device(device: torch.device) -> None:
         ([4, 2.5], 2, TypeError, "must hold ints"),
         (torch.ones(2, 2, dtype=torch.int64), 2, ValueError, "1-D"),
         (torch.ones(3), 2, TypeError, "integers"),
+        (torch.tensor([True, False]), 2, TypeError, "integers"),
     ],
-    ids=["zero", "negative", "bool", "float", "neg-len", "float-len", "2d", "float-tensor"],
+    ids=[
+        "zero",
+        "negative",
+        "bool",
+        "float",
+        "neg-len",
+        "float-len",
+        "2d",
+        "float-tensor",
+        "bool-tensor",
+    ],
 )
 def test_bad_input(seq_lens: object, pcp_size: object, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):

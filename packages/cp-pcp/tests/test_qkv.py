@@ -69,6 +69,12 @@ def test_bad_input(fake_group: MakeGroup) -> None:
         gather_prefill_qkv_global(plan, q9, k9, v9, pcp_group=g2)
     with pytest.raises(ValueError, match="pcp_group= is required"):
         gather_prefill_qkv_global(plan, q, k, v, pcp_group=None)  # type: ignore[arg-type]
+    # Rank 0 holds 3 real rows, but its last real row is row 3 (row 1, the padded tail of
+    # request 0, sits between them): 3 rows would silently drop token 4.
+    assert (plan.num_local_tokens[0], plan.local_extent[0]) == (3, 4)
+    q3, k3, v3 = _qkv(3, torch.device("cpu"))
+    with pytest.raises(ValueError, match="rank 0's last real local row is row 3"):
+        gather_prefill_qkv_global(plan, q3, k3, v3, pcp_group=fake_group(2, 0))
     with pytest.raises(ValueError, match="plan's indices are on meta"):
         gather_prefill_qkv_global(plan.to("meta"), q, k, v, pcp_group=g2)
 

@@ -8,8 +8,16 @@ returned as a name the caller maps to the op:
 * ``"ag_rs"`` -> ``cpattn_dcp.cp_lse_ag_out_rs`` (output heads split over the DCP group).
 
 Pair the choice with ``dcp_q_gather_group`` and finish with ``finalize_mla_pcp_decode``: with
-PCP the combine keeps all heads (``"ag_ar"``) unless the all-to-all was asked for, and the
-finalize step gathers or slices heads back to this TP rank's share.
+PCP the combine keeps all heads (``"ag_ar"``) unless the all-to-all was asked for and the DCP
+group is the PCP group, and the finalize step gathers or slices heads back to this TP rank's
+share.
+
+Why not the all-to-all when the DCP group spans TP x PCP (``N_dcp > N_pcp > 1``): it leaves
+DCP group rank ``g`` with head chunk ``g``, and a torch process group numbers its ranks by
+ascending global rank, so with TP innermost (``cpattn_common.build_cp_groups``, and the usual
+serving layouts) ``g = pcp_rank * T + tp_rank``. The PCP gather of ``finalize_mla_pcp_decode``
+then collects chunks ``tp_rank, tp_rank + T, ...``, which are not this TP rank's heads
+(chunks ``tp_rank * N_pcp ...``). vLLM's rule picks the all-to-all there; this one does not.
 """
 
 from __future__ import annotations
@@ -32,8 +40,10 @@ def resolve_dcp_combine(
 ) -> DCPCombineName:
     """Name the DCP combine for a layout and the configured DCP communication backend.
 
-    Rules, in order: ``comm_backend == "a2a"`` (needs ``N_dcp > 1``) -> ``"a2a"``;
-    ``N_pcp > 1`` -> ``"ag_ar"``; otherwise ``"ag_rs"``.
+    Rules, in order: ``comm_backend == "a2a"`` (needs ``N_dcp > 1``) -> ``"a2a"``, except
+    when the DCP group spans TP x PCP (``N_dcp > N_pcp > 1``, module docstring: the split it
+    leaves cannot be gathered back over PCP) -> ``"ag_ar"``; ``N_pcp > 1`` -> ``"ag_ar"``;
+    otherwise ``"ag_rs"``.
 
     Args:
         dcp_world_size: ``N_dcp >= 1``.
@@ -50,6 +60,8 @@ def resolve_dcp_combine(
     Example:
         >>> resolve_dcp_combine(4, 2, "ag_rs")
         'ag_ar'
+        >>> resolve_dcp_combine(2, 2, "a2a"), resolve_dcp_combine(4, 2, "a2a")
+        ('a2a', 'ag_ar')
     """
     for name, value in (("dcp_world_size", dcp_world_size), ("pcp_world_size", pcp_world_size)):
         if isinstance(value, bool) or not isinstance(value, int):
@@ -64,7 +76,8 @@ def resolve_dcp_combine(
     if backend == "a2a":
         if dcp_world_size == 1:
             raise ValueError("comm_backend 'a2a' requires dcp_world_size > 1, got 1")
-        return "a2a"
+        if not 1 < pcp_world_size < dcp_world_size:
+            return "a2a"
     if pcp_world_size > 1:
         return "ag_ar"
     return "ag_rs"

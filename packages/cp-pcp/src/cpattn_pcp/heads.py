@@ -153,7 +153,7 @@ def maybe_all_gather_q_for_dcp(
         dcp_world_size: ``N_dcp``.
         pcp_world_size: ``N_pcp``.
         already_replicated: the query already holds every head (e.g. a replicated projection):
-            returned untouched.
+            returned untouched, and no group is needed.
         tp_group: the TP group (needed when ``N_dcp > N_pcp > 1``).
         dcp_group: the DCP group (needed when ``N_pcp == 1 < N_dcp``).
 
@@ -163,7 +163,8 @@ def maybe_all_gather_q_for_dcp(
         group-rank order, ``G`` the gather group's size.
 
     Raises:
-        ValueError: as in ``dcp_q_gather_group``; mismatched ``(nope, pe)`` leading shapes.
+        ValueError: as in ``dcp_q_gather_group``; mismatched ``(nope, pe)`` leading shapes,
+            dtypes or devices.
     """
     if isinstance(q, tuple):
         if len(q) != 2:
@@ -174,12 +175,20 @@ def maybe_all_gather_q_for_dcp(
                 f"(nope, pe) must be [T, H, D_nope] and [T, H, D_rope] with equal T and H, got "
                 f"{tuple(nope.shape)} and {tuple(pe.shape)}"
             )
+        if nope.dtype != pe.dtype or nope.device != pe.device:
+            raise ValueError(
+                f"(nope, pe) must share dtype and device, got {nope.dtype} on {nope.device} and "
+                f"{pe.dtype} on {pe.device}"
+            )
     elif q.dim() < 2:
         raise ValueError(f"q must be [T, H, D], got shape {tuple(q.shape)}")
+    if already_replicated:
+        _gather_axis(dcp_world_size, pcp_world_size)  # the layout is still checked
+        return q
     group = dcp_q_gather_group(
         dcp_world_size, pcp_world_size, tp_group=tp_group, dcp_group=dcp_group
     )
-    if already_replicated or group is None or group.world_size == 1:
+    if group is None or group.world_size == 1:
         return q
     full = torch.cat(q, dim=-1) if isinstance(q, tuple) else q
     return group.all_gather(full, dim=1)

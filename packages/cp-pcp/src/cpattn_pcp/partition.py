@@ -54,6 +54,9 @@ class DualChunkSwapPlan:
         padded_local_len: ``P = sum(Lp) / N`` local rows per rank (padding included).
         max_seqlen: ``max(seq_lens)`` (``0`` for an empty batch).
         num_local_tokens: real (non-padding) local rows per rank, ``N`` ints.
+        local_extent: per rank, one past its last real local row (``0`` with none), ``N``
+            ints: padding rows can sit between real ones (the tail chunk of a request that
+            is not the last), so a rank's local tensors need at least this many rows.
         causal_work: per rank, ``sum(p + 1)`` over the positions ``p`` of its real tokens
             (the number of query-key pairs of causal attention it computes), ``N`` ints.
         local_positions: ``[N, P]`` int64, position of each local row inside its request;
@@ -81,6 +84,7 @@ class DualChunkSwapPlan:
     padded_local_len: int
     max_seqlen: int
     num_local_tokens: tuple[int, ...]
+    local_extent: tuple[int, ...]
     causal_work: tuple[int, ...]
     local_positions: torch.Tensor
     local_request_idx: torch.Tensor
@@ -165,7 +169,8 @@ def _as_int_list(seq_lens: Sequence[int] | torch.Tensor) -> list[int]:
     if isinstance(seq_lens, torch.Tensor):
         if seq_lens.dim() != 1:
             raise ValueError(f"seq_lens must be 1-D, got shape {tuple(seq_lens.shape)}")
-        if seq_lens.dtype.is_floating_point or seq_lens.dtype.is_complex:
+        dtype = seq_lens.dtype
+        if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
             raise TypeError(f"seq_lens must hold integers, got dtype {seq_lens.dtype}")
         values: list[int] = [int(v) for v in seq_lens.tolist()]  # the one host sync
     else:
@@ -262,6 +267,12 @@ def dual_chunk_swap(
     restore = torch.empty(num_tokens, dtype=torch.int64)
     restore[token_idx[is_real]] = slots[is_real]
     work = torch.where(is_real, positions + 1, torch.zeros_like(positions)).sum(dim=1)
+    row_ends = torch.arange(1, local_len + 1).unsqueeze(0)  # [1, P]: one past each row
+    extent = (
+        torch.where(is_real, row_ends, torch.zeros_like(row_ends)).amax(dim=1)
+        if local_len
+        else torch.zeros(n, dtype=torch.int64)
+    )
 
     def put(t: torch.Tensor) -> torch.Tensor:
         return t.contiguous().to(dev)
@@ -275,6 +286,7 @@ def dual_chunk_swap(
         padded_local_len=local_len,
         max_seqlen=max(lens_list, default=0),
         num_local_tokens=tuple(int(v) for v in is_real.sum(dim=1).tolist()),
+        local_extent=tuple(int(v) for v in extent.tolist()),
         causal_work=tuple(int(v) for v in work.tolist()),
         local_positions=put(positions),
         local_request_idx=put(req_2d),

@@ -43,14 +43,15 @@ def gather_prefill_qkv_global(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """All-gather this rank's local prefill Q/K/V and put them in global token order.
 
-    Local rows beyond ``T_local`` (up to ``P``) are zero-padded before the gather; they can only
-    be padding rows of the plan and are dropped by ``restore_idx``. When the three tensors
-    share dtype and device they travel in one all-gather.
+    Local rows beyond ``T_local`` (up to ``P``) are zero-padded before the gather; they must
+    be padding rows of the plan (``T_local >= plan.local_extent[rank]``, checked), which
+    ``restore_idx`` drops. When the three tensors share dtype and device they travel in one
+    all-gather.
 
     Args:
         plan: the batch's ``DualChunkSwapPlan`` (index tensors on the tensors' device).
         query: ``[T_local, Hq, Dk]`` (any trailing shape), this rank's local rows in plan
-            order, ``T_local <= P = plan.padded_local_len``.
+            order, ``plan.local_extent[rank] <= T_local <= P = plan.padded_local_len``.
         key: ``[T_local, Hkv, Dk]``.
         value: ``[T_local, Hkv, Dv]``.
         pcp_group: the PCP group (``ProcessGroup`` or ``CPGroupLike``) of size
@@ -63,8 +64,8 @@ def gather_prefill_qkv_global(
         (last dim contiguous); call ``.contiguous()`` if a kernel needs dense rows.
 
     Raises:
-        ValueError: row counts differ or exceed ``P``, the group size or device does not
-            match the plan.
+        ValueError: row counts differ, exceed ``P`` or stop before this rank's last real
+            row, the group size or device does not match the plan.
     """
     group = resolve_group(pcp_group, "pcp_group", "to gather prefill Q/K/V")
     _check_group_size(plan, group.world_size)
@@ -80,6 +81,13 @@ def gather_prefill_qkv_global(
         raise ValueError(
             f"local Q/K/V have {num_rows} rows but the plan has only padded_local_len = "
             f"{plan.padded_local_len} local rows per rank"
+        )
+    needed = plan.local_extent[group.rank_in_group]
+    if num_rows < needed:
+        raise ValueError(
+            f"local Q/K/V have {num_rows} rows but rank {group.rank_in_group}'s last real "
+            f"local row is row {needed - 1} (plan.local_extent): pass at least {needed} rows "
+            "(padding rows sit between real ones)"
         )
     for name, t in zip(names, tensors, strict=True):
         _check_device(plan, t, name)

@@ -287,8 +287,10 @@ def _check_heads_tp2_pcp2(rank: int, dev: torch.device, seed: int) -> list[str]:
     assert resolve_dcp_combine(4, 2, "ag_rs") == "ag_ar"
     out = finalize_mla_pcp_decode(o_all, nh, pcp_group=pcp_pg, tp_group=tp_pg)
     assert torch.equal(out, o_tp)
-    # With the all-to-all the heads end split over the DCP group (rank g holds chunk g).
-    assert resolve_dcp_combine(4, 2, "a2a") == "a2a"
+    # An all-to-all would leave DCP rank g with head chunk g. Only in this world, where PCP
+    # varies fastest, would the PCP gather reassemble a TP rank's heads from that (with TP
+    # innermost it does not), so the all-to-all is not chosen here; finalize handles the split.
+    assert resolve_dcp_combine(4, 2, "a2a") == "ag_ar"
     split = o_all[:, rank * 2 : (rank + 1) * 2].contiguous()
     assert torch.equal(finalize_mla_pcp_decode(split, nh, pcp_group=pcp_pg, tp_group=tp_pg), o_tp)
     done.append("heads_dcp_eq_tp_x_pcp")
