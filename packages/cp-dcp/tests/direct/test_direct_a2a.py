@@ -31,14 +31,19 @@ def _a2a(device: torch.device, t_max: int, h_r: int, d: int, dtype: torch.dtype,
 
 
 @pytest.mark.parametrize(
-    ("n", "dtype", "lse_dtype", "base_e", "qpr", "padded_view"),
+    ("n", "dtype", "lse_dtype", "base_e", "qpr", "padded_view", "index_dtype"),
     [
-        pytest.param(2, torch.bfloat16, torch.float32, True, 1, False, id="N2-bf16-e-contig"),
         pytest.param(
-            3, torch.float16, torch.bfloat16, False, 2, True, id="N3-fp16-bf16lse-b2-mtp-padded"
+            2, torch.bfloat16, torch.float32, True, 1, False, torch.int64,
+            id="N2-bf16-e-contig",
+        ),
+        # int16 indices: accepted as by the NCCL path (widened on the device).
+        pytest.param(
+            3, torch.float16, torch.bfloat16, False, 2, True, torch.int16,
+            id="N3-fp16-bf16lse-b2-mtp-padded-int16",
         ),
     ],
-)
+)  # fmt: skip
 def test_direct_a2a_matches_reference_and_nccl_a2a(
     sim_build: Build,
     input_ref: Callable[[Any], tuple[torch.Tensor, torch.Tensor]],
@@ -49,6 +54,7 @@ def test_direct_a2a_matches_reference_and_nccl_a2a(
     base_e: bool,
     qpr: int,
     padded_view: bool,
+    index_dtype: torch.dtype,
 ) -> None:
     h_r, d = 2, 16
     h = n * h_r
@@ -61,7 +67,8 @@ def test_direct_a2a_matches_reference_and_nccl_a2a(
     )  # fmt: skip
     b = case.num_rows
     _, wss = sim_build(n, device, _a2a(device, b + 3, h_r, d, dtype))
-    qsl = case.query_start_loc
+    qsl = case.query_start_loc.to(index_dtype)
+    local_lens = [lens.to(index_dtype) for lens in case.local_seq_lens]
     inputs = []
     for r in range(n):
         out, lse = case.rank_inputs(r)
@@ -71,7 +78,7 @@ def test_direct_a2a_matches_reference_and_nccl_a2a(
             out = storage[:, :h]
         inputs.append((out, lse))
     for r in range(n):
-        wss[r].publish(inputs[r][0], inputs[r][1], case.local_seq_lens[r], qsl)
+        wss[r].publish(inputs[r][0], inputs[r][1], local_lens[r], qsl)
     direct = [
         wss[r].wait_and_combine(b, is_lse_base_on_e=base_e, return_lse=True) for r in range(n)
     ]
@@ -80,9 +87,7 @@ def test_direct_a2a_matches_reference_and_nccl_a2a(
     # all-to-all done as the permutation it is (one launch at a time: the Triton interpreter
     # is not thread-safe, so simulated ranks must not launch concurrently).
     sends = [
-        a2a_pack(
-            inputs[r][0], inputs[r][1], n, seq_lens=case.local_seq_lens[r], query_start_loc=qsl
-        )
+        a2a_pack(inputs[r][0], inputs[r][1], n, seq_lens=local_lens[r], query_start_loc=qsl)
         for r in range(n)
     ]
     nccl = [
@@ -378,6 +383,11 @@ def test_validation_errors(sim_build: Build, device: torch.device) -> None:
         ws.lse_reduce(o, torch.zeros(3, 2, device=device, dtype=torch.int32))
     with pytest.raises(ValueError, match="together"):
         ws.lse_reduce(o, lse, True, torch.ones(1, dtype=torch.int32, device=device), None)
+    with pytest.raises(TypeError, match="seq_lens must be an integer tensor"):
+        ws.lse_reduce(
+            o, lse, True, torch.ones(1, device=device),
+            torch.tensor([0, 3], dtype=torch.int32, device=device),
+        )  # fmt: skip
     with pytest.raises(ValueError, match="one boundary per sequence"):
         ws.lse_reduce(
             o, lse, True, torch.ones(2, dtype=torch.int32, device=device),

@@ -53,6 +53,8 @@ def test_bad_inputs(device: torch.device, op: Callable[..., Any]) -> None:
         op(out.double(), lse, g)
     with pytest.raises(TypeError, match="must be tensors"):
         op(out.tolist(), lse, g)
+    with pytest.raises(ValueError, match=r"head_dim 0|head_dim must be >= 1"):
+        op(out[..., :0], lse, g)
     with pytest.raises(ValueError, match="provided together"):
         op(out, lse, g, seq_lens=torch.tensor([1], device=device))
     with pytest.raises(ValueError, match="one boundary per sequence"):

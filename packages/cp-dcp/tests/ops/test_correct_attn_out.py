@@ -229,6 +229,28 @@ def test_bad_inputs(device: torch.device) -> None:
     if device.type == "cuda":
         with pytest.raises(ValueError, match="device"):
             correct_attn_out(out, lses.cpu(), 0)
+    # D = 0: the global LSE would be returned unwritten.
+    with pytest.raises(ValueError, match="head_dim 0"):
+        correct_attn_out(torch.empty(3, 4, 0, device=device), lses, 0)
+    # Rows sharing memory: an in-place correction would let the last row's weight win.
+    shared = torch.ones(1, 4, 8, device=device).expand(3, 4, 8)
+    with pytest.raises(ValueError, match="share memory"):
+        correct_attn_out(shared, lses, 0)
+    assert correct_attn_out(torch.ones(3, 1, 8, device=device).expand(3, 4, 8).clone(), lses, 0)
+
+
+def test_singleton_lse_dims_follow_out(device: torch.device) -> None:
+    """With H = 1 both ``[N, B, 1, 1]`` forms squeeze to the ``[N, B, H]`` that ``out``
+    has: ``[N, B, H, 1]`` and ``[N, 1, B, H]``."""
+    lses = torch.randn(2, 3, 1, device=device)
+    for lses4 in (lses[..., None], lses[:, None]):
+        out = torch.randn(3, 1, 8, device=device)
+        expect = out.clone()
+        expect_lse = torch.logsumexp(lses, dim=0)
+        expect *= torch.exp(lses[1] - expect_lse)[..., None]
+        got, lse = correct_attn_out(out, lses4, 1)
+        torch.testing.assert_close(lse, expect_lse)
+        torch.testing.assert_close(got, expect)
 
 
 def test_opcheck(device: torch.device) -> None:
@@ -263,7 +285,8 @@ def test_compile_fullgraph(device: torch.device, backend: str) -> None:
 def _accepted(out: object, lses: object, cp_rank: object) -> bool:
     """Whether the full squeeze + validation accepts the arguments."""
     try:
-        _validate(_squeeze_out(out), _squeeze_lses(lses), cp_rank)  # type: ignore[arg-type]
+        out3 = _squeeze_out(out)  # type: ignore[arg-type]
+        _validate(out3, _squeeze_lses(lses, tuple(out3.shape[:2])), cp_rank)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return False
     return True
@@ -280,6 +303,8 @@ def test_fast_check_implies_validation(device: torch.device) -> None:
         (out.to(torch.bfloat16), lses.half(), 1),
         (out[:, :, ::2], lses.transpose(1, 2).contiguous().transpose(1, 2), 1),
         (out, lses, 2),
+        (out[..., :0], lses, 0),
+        (out[:1].expand(3, 4, 8), lses, 0),
         (out, lses, -1),
         (out, lses, True),
         (out, lses, 1.0),

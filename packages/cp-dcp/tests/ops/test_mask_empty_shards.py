@@ -9,7 +9,12 @@ import cpattn_dcp.ops.mask_empty_shards as mask_mod
 from cpattn_common.alloc import get_output_poison
 from cpattn_dcp import mask_dcp_empty_shards_
 from cpattn_dcp.ops._common import check_mask_args
-from cpattn_dcp.ops.mask_empty_shards import _check_lse, _valid_fast, masked_lse_copy
+from cpattn_dcp.ops.mask_empty_shards import (
+    _check_lse,
+    _check_writable,
+    _valid_fast,
+    masked_lse_copy,
+)
 from cpattn_testing.reference import mask_empty_shards_ref
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -182,6 +187,12 @@ def test_bad_inputs(device: torch.device) -> None:
     if device.type == "cuda":
         with pytest.raises(ValueError, match="device"):
             mask_dcp_empty_shards_(lse, sl.cpu(), qsl.cpu())
+    # Rows sharing memory: masking row 0 in place would mask every row. Without masking
+    # nothing is written, so the same view is accepted.
+    shared = torch.randn(1, 2, device=device).expand(4, 2)
+    with pytest.raises(ValueError, match="share memory"):
+        mask_dcp_empty_shards_(shared, sl, qsl)
+    assert mask_dcp_empty_shards_(shared, None, None) is shared
 
 
 def test_opcheck(device: torch.device) -> None:
@@ -211,7 +222,9 @@ def _accepted(lse: object, sl: object, qsl: object) -> bool:
     """Whether the full validation accepts the arguments with masking on."""
     try:
         _check_lse(lse)  # type: ignore[arg-type]
-        return check_mask_args(lse, sl, qsl)  # type: ignore[arg-type]
+        on = check_mask_args(lse, sl, qsl)  # type: ignore[arg-type]
+        _check_writable(lse)  # type: ignore[arg-type]
+        return on
     except (TypeError, ValueError):
         return False
 
@@ -228,6 +241,7 @@ def test_fast_check_implies_validation(device: torch.device) -> None:
         (lse.t(), sl, qsl),
         (lse.half(), sl[:0], qsl[:1]),
         (lse, sl, qsl[:2]),
+        (lse[:1].expand(4, 2), sl, qsl),
         (lse, sl[None], qsl),
         (lse, sl, qsl[None]),
         (lse[0], sl, qsl),

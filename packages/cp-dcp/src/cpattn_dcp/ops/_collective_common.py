@@ -133,6 +133,7 @@ def _valid_cuda(
         and len(lse_shape) == 2
         and lse_shape[0] == o[0]
         and lse_shape[1] == o[1]
+        and o[2] > 0
         and (not heads_divisible or o[1] % world_size == 0)
         and cp_attn_out.dtype in OUT_DTYPES
         and cp_attn_lse.dtype in LSE_DTYPES
@@ -172,13 +173,15 @@ def validate_combine_args(
         )
     if cp_attn_lse.dim() != 2:
         raise ValueError(f"{op}: expected cp_attn_lse [B, H], got shape {tuple(cp_attn_lse.shape)}")
-    b, h, _ = cp_attn_out.shape
+    b, h, d = cp_attn_out.shape
     lse_shape = cp_attn_lse.shape
     if lse_shape[0] != b or lse_shape[1] != h:
         raise ValueError(
             f"{op}: cp_attn_out {tuple(cp_attn_out.shape)} and cp_attn_lse "
             f"{tuple(cp_attn_lse.shape)} disagree on [B, H]"
         )
+    if d == 0:
+        raise ValueError(f"{op}: cp_attn_out {tuple(cp_attn_out.shape)} has head_dim 0; D >= 1")
     if cp_attn_out.dtype not in OUT_DTYPES:
         check_out_dtype("cp_attn_out", cp_attn_out)
     if cp_attn_lse.dtype not in LSE_DTYPES:

@@ -22,6 +22,7 @@ __all__ = [
     "mask_args_proven",
     "next_pow2",
     "search_steps",
+    "shares_elements",
     "tile_config",
 ]
 
@@ -127,6 +128,13 @@ def check_out_dtype(name: str, t: torch.Tensor) -> None:
 def check_lse_dtype(name: str, t: torch.Tensor) -> None:
     """``TypeError`` for a non-floating LSE, ``ValueError`` for an unsupported float dtype."""
     _check_float_dtype(name, t, LSE_DTYPES)
+
+
+def shares_elements(t: torch.Tensor) -> bool:
+    """Whether a dim of size > 1 has stride 0 (an expanded view): then an in-place kernel
+    would write several logical elements to one address. torch's in-place ops refuse the
+    same case (``has_internal_overlap`` says YES); plain shapes and strides, so traceable."""
+    return any(st == 0 and sz > 1 for sz, st in zip(t.shape, t.stride(), strict=True))
 
 
 _Tensor = torch.Tensor

@@ -29,6 +29,7 @@ from cpattn_dcp.ops._common import (
     check_lse_dtype,
     check_out_dtype,
     next_pow2,
+    shares_elements,
     tile_config,
 )
 
@@ -72,16 +73,21 @@ def _squeeze_out(out: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"expected out [B, H, D] or [B, 1, H, D], got shape {tuple(out.shape)}")
 
 
-def _squeeze_lses(lses: torch.Tensor) -> torch.Tensor:
+def _squeeze_lses(lses: torch.Tensor, out_bh: tuple[int, ...]) -> torch.Tensor:
+    """``lses`` as ``[N, B, H]``: ``[N, B, H, 1]`` and ``[N, 1, B, H]`` are squeezed; when
+    both dims are 1 (``H == 1``), the one whose squeeze matches ``out``'s ``[B, H]``."""
     if not isinstance(lses, torch.Tensor):
         raise TypeError(f"lses must be a torch.Tensor, got {type(lses).__name__}")
     if lses.dim() == 3:
         return lses
     if lses.dim() == 4:
-        if lses.shape[3] == 1:
-            return lses.squeeze(3)
-        if lses.shape[1] == 1:
-            return lses.squeeze(1)
+        dims = [dim for dim in (3, 1) if lses.shape[dim] == 1]
+        for dim in dims:
+            squeezed = lses.squeeze(dim)
+            if tuple(squeezed.shape[1:]) == out_bh:
+                return squeezed
+        if dims:
+            return lses.squeeze(dims[0])  # a mismatch _validate reports with both shapes
     raise ValueError(
         "expected lses [N, B, H] (optionally with a 1-sized extra dim), got shape "
         f"{tuple(lses.shape)}"
@@ -99,6 +105,14 @@ def _validate(out: torch.Tensor, lses: torch.Tensor, cp_rank: int) -> None:
         raise ValueError(
             f"out {tuple(out.shape)} and lses {tuple(lses.shape)} disagree: expected out "
             f"[B={b}, H={h}, D]"
+        )
+    if out_shape[2] == 0:
+        raise ValueError(f"out {tuple(out.shape)} has head_dim 0; D must be >= 1")
+    if shares_elements(out):
+        raise ValueError(
+            f"out (shape {tuple(out.shape)}, strides {out.stride()}) has elements that share "
+            "memory (e.g. an expand): an in-place correction would write them together; "
+            "pass out.clone()"
         )
     if out.device != lses.device:
         raise ValueError(f"out is on device {out.device} but lses is on device {lses.device}")
@@ -124,6 +138,8 @@ def _valid_fast(out: torch.Tensor, lses: torch.Tensor, cp_rank: int) -> bool:
         and len(s) == 3
         and s[1] == o[0]
         and s[2] == o[1]
+        and o[2] > 0
+        and 0 not in out.stride()  # possibly shared elements: _validate decides
         and 0 <= cp_rank < s[0]
         and out.dtype in OUT_DTYPES
         and lses.dtype in LSE_DTYPES
@@ -387,7 +403,8 @@ def correct_attn_out(
 
     Args:
         out: ``[B, H, D]`` or ``[B, 1, H, D]`` partial output of this rank (fp16/bf16/fp32,
-            any strides, any D); modified in place.
+            any strides without elements that share memory, any ``D >= 1``); modified in
+            place.
         lses: ``[N, B, H]`` all-gathered LSEs (also ``[N, B, H, 1]`` or ``[N, 1, B, H]``),
             fp32/fp16/bf16, any strides, any N.
         cp_rank: index of this rank's LSE in ``lses``.
@@ -398,6 +415,12 @@ def correct_attn_out(
         ``(out, lse)``: ``out`` as the ``[B, H, D]`` view that was scaled in place and the
         global ``lse [B, H]`` (contiguous, ``lses.dtype``).
 
+    Raises:
+        ValueError: shapes that disagree, ``D == 0``, an ``out`` whose elements share memory
+            (an expanded view), tensors on different devices, ``cp_rank`` out of range, a
+            floating dtype other than fp16/bf16/fp32.
+        TypeError: non-tensor or non-floating arguments, a ``cp_rank`` that is not an int.
+
     Example:
         >>> lses = torch.stack([lse_rank0, lse_rank1])         # [2, B, H]
         >>> out, lse = correct_attn_out(out_rank1, lses, cp_rank=1)
@@ -405,7 +428,7 @@ def correct_attn_out(
     del ctx
     if torch.compiler.is_compiling():
         out3 = _squeeze_out(out)
-        lses3 = _squeeze_lses(lses)
+        lses3 = _squeeze_lses(lses, tuple(out3.shape[:2]))
         _validate(out3, lses3, cp_rank)
         lse: torch.Tensor = torch.ops.cpattn_dcp.correct_attn_out(
             out3, lses3, cp_rank, bool(is_lse_base_on_e)
@@ -418,7 +441,7 @@ def correct_attn_out(
         return out, hit[0]
     if not _valid_fast(out, lses, cp_rank):
         out = _squeeze_out(out)
-        lses = _squeeze_lses(lses)
+        lses = _squeeze_lses(lses, tuple(out.shape[:2]))
         _validate(out, lses, cp_rank)
         return out, correct_attn_out_fwd(out, lses, cp_rank, bool(is_lse_base_on_e))
     rec = _plans.recorder(hit, out, lses, cp_rank, is_lse_base_on_e) if _plans.on else None

@@ -32,6 +32,7 @@ from cpattn_dcp.ops._common import (
     mask_args_proven,
     next_pow2,
     search_steps,
+    shares_elements,
 )
 
 __all__ = ["mask_dcp_empty_shards_", "masked_lse_copy"]
@@ -68,6 +69,15 @@ def _check_lse(lse: torch.Tensor) -> None:
     check_lse_dtype("lse", lse)
 
 
+def _check_writable(lse: torch.Tensor) -> None:
+    if shares_elements(lse):
+        raise ValueError(
+            f"lse (shape {tuple(lse.shape)}, strides {lse.stride()}) has elements that share "
+            "memory (e.g. an expand): masking one row in place would mask the others; pass "
+            "lse.clone()"
+        )
+
+
 def _valid_fast(lse: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor) -> bool:
     """Cheap check: arguments that ``_check_lse`` and ``check_mask_args`` accept with
     masking on (a plain ``lse [B, H]`` of a supported dtype, and ``mask_args_proven``).
@@ -79,6 +89,7 @@ def _valid_fast(lse: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torc
         lse.__class__ is _Tensor
         and lse.dim() == 2
         and lse.dtype in LSE_DTYPES
+        and 0 not in lse.stride()  # possibly shared elements: _check_writable decides
         and mask_args_proven(lse, seq_lens, query_start_loc)
     )
 
@@ -243,7 +254,8 @@ def mask_dcp_empty_shards_(
     """Set the LSE of empty rows to -inf, in place.
 
     Args:
-        lse: ``[B, H]`` partial LSE of this rank (fp32/fp16/bf16, any strides); modified.
+        lse: ``[B, H]`` partial LSE of this rank (fp32/fp16/bf16, any strides without
+            elements that share memory); modified.
         seq_lens: ``[R]`` integer, this rank's *local* KV length per request.
         query_start_loc: ``[R + 1]`` integer cumulative query offsets of the requests.
 
@@ -254,7 +266,8 @@ def mask_dcp_empty_shards_(
 
     Raises:
         ValueError: exactly one of ``seq_lens``/``query_start_loc`` is ``None``, they are
-            not 1-D, ``len(query_start_loc) != len(seq_lens) + 1``, or devices differ.
+            not 1-D, ``len(query_start_loc) != len(seq_lens) + 1``, devices differ, or
+            (masking on) ``lse`` has elements that share memory (an expanded view).
         TypeError: non-floating ``lse`` or non-integer ``seq_lens``/``query_start_loc``.
 
     Example:
@@ -280,6 +293,7 @@ def mask_dcp_empty_shards_(
     _check_lse(lse)
     if not check_mask_args(lse, seq_lens, query_start_loc):
         return lse
+    _check_writable(lse)
     assert seq_lens is not None
     assert query_start_loc is not None
     if torch.compiler.is_compiling():
