@@ -2,9 +2,11 @@
 
 - ``merge_attn_states`` (re-exported from ``cpattn_common.ops.merge_attn_states``): Triton
   kernel on CUDA / under ``TRITON_INTERPRET=1``, this module's torch twin elsewhere.
-- ``merge_attn_states_torch``: the readable math in plain torch, with exactly the numerics of
-  the Triton kernel (``cpattn_common.kernels.merge_attn_states``); see
-  ``docs/packages/common.md`` for the formula.
+- ``merge_attn_states_torch``: the readable math in plain torch: the formula, guards and
+  fp32 arithmetic of the Triton kernel (``cpattn_common.kernels.merge_attn_states``; weights
+  as ``b^(l - m) * (1 / S)``). Results can differ from the kernel's in the last bit (the
+  order of the sum over N, the rounding of ``exp`` / ``log``): fp32 outputs by an ulp, 16-bit
+  outputs by one unit of their last place. See ``docs/packages/common.md`` for the formula.
 """
 
 from __future__ import annotations
@@ -19,6 +21,34 @@ __all__ = ["merge_attn_states", "merge_attn_states_torch", "sanitize_lse"]
 def sanitize_lse(lse: torch.Tensor) -> torch.Tensor:
     """Return ``lse`` with NaN and +inf replaced by -inf (they contribute nothing)."""
     return torch.where(torch.isnan(lse) | (lse == float("inf")), float("-inf"), lse)
+
+
+def _validate_shapes(partial_outs: torch.Tensor, partial_lses: torch.Tensor) -> None:
+    """The twin's checks: ``merge_attn_states``' shapes and devices, any floating dtype."""
+    if not isinstance(partial_outs, torch.Tensor) or not isinstance(partial_lses, torch.Tensor):
+        raise TypeError(
+            "partial_outs and partial_lses must be tensors, got "
+            f"{type(partial_outs).__name__} and {type(partial_lses).__name__}"
+        )
+    for name, t in (("partial_outs", partial_outs), ("partial_lses", partial_lses)):
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating tensor, got {t.dtype}")
+    if partial_outs.dim() != 4 or partial_lses.dim() != 3:
+        raise ValueError(
+            "expected partial_outs [N, B, H, D] and partial_lses [N, B, H], got shapes "
+            f"{tuple(partial_outs.shape)} and {tuple(partial_lses.shape)}"
+        )
+    if tuple(partial_outs.shape[:3]) != tuple(partial_lses.shape):
+        raise ValueError(
+            f"partial_outs {tuple(partial_outs.shape)} and partial_lses "
+            f"{tuple(partial_lses.shape)} disagree on [N, B, H]"
+        )
+    if partial_outs.shape[0] < 1:
+        raise ValueError("merging needs N >= 1 partial states, got N = 0")
+    if partial_outs.device != partial_lses.device:
+        raise ValueError(
+            f"partial_outs on {partial_outs.device} but partial_lses on {partial_lses.device}"
+        )
 
 
 def merge_attn_states_torch(
@@ -39,7 +69,13 @@ def merge_attn_states_torch(
         ``(out [B, H, D]`` in ``partial_outs.dtype``, ``lse [B, H]`` fp32 (fp64 for fp64 input)).
         NaN / +inf LSEs count as -inf; a row whose LSEs are all -inf gets output 0 and LSE -inf;
         a source with weight 0 contributes exactly 0 even if its partial holds NaN.
+
+    Raises:
+        ValueError: shapes other than ``[N, B, H, D]`` / ``[N, B, H]`` or that disagree,
+            ``N == 0``, tensors on different devices.
+        TypeError: non-tensor or non-floating arguments.
     """
+    _validate_shapes(partial_outs, partial_lses)
     compute = torch.float64 if partial_outs.dtype == torch.float64 else torch.float32
     lses = sanitize_lse(partial_lses.to(compute))
     neg_inf = float("-inf")
@@ -50,7 +86,7 @@ def merge_attn_states_torch(
     scaled = torch.exp(lses - m) if is_lse_base_on_e else torch.exp2(lses - m)
     total = scaled.sum(dim=0)
     lse = (torch.log(total) if is_lse_base_on_e else torch.log2(total)) + m  # -inf if all empty
-    weights = scaled / total
+    weights = scaled * (1.0 / total)  # as the kernel: one reciprocal per row
     weights = torch.where(lses == neg_inf, 0.0, weights)  # also kills -inf - (-inf) = NaN
     w = weights.unsqueeze(-1)
     contrib = torch.where(w == 0.0, 0.0, partial_outs.to(compute) * w)

@@ -238,6 +238,22 @@ def test_empty_batch(device: torch.device) -> None:
 def test_bad_shapes(outs_shape: tuple[int, ...], lses_shape: tuple[int, ...], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         merge_attn_states(torch.randn(outs_shape), torch.randn(lses_shape))
+    with pytest.raises(ValueError, match=match):  # the twin checks the same (no broadcasting)
+        merge_attn_states_torch(torch.randn(outs_shape), torch.randn(lses_shape))
+
+
+def test_torch_twin_bad_input() -> None:
+    """The twin takes any floating dtype (fp64 for references) but not integers."""
+    with pytest.raises(ValueError, match="disagree"):
+        merge_attn_states_torch(torch.randn(2, 3, 4, 5), torch.randn(2, 1, 4))
+    with pytest.raises(TypeError, match="floating"):
+        merge_attn_states_torch(torch.ones(2, 1, 1, 4, dtype=torch.int64), torch.randn(2, 1, 1))
+    with pytest.raises(TypeError, match="must be tensors"):
+        merge_attn_states_torch([[1.0]], torch.randn(2, 1, 1))  # type: ignore[arg-type]
+    out, lse = merge_attn_states_torch(
+        torch.randn(2, 1, 1, 4, dtype=torch.float64), torch.randn(2, 1, 1, dtype=torch.float64)
+    )
+    assert (out.dtype, lse.dtype) == (torch.float64, torch.float64)
 
 
 def test_bad_dtypes() -> None:
