@@ -22,16 +22,22 @@ def test_layout_tp_only() -> None:
 def test_layout_dcp_is_tp_subgroup_without_pcp() -> None:
     layout = cp_layout(8, tp_size=8, dcp_size=4)
     assert layout.dcp_groups == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert layout.tp_inner_groups == layout.dcp_groups
     assert all(set(g) <= set(layout.group_of("tp", g[0])) for g in layout.dcp_groups)
 
 
 def test_layout_dcp_spans_pcp_before_tp() -> None:
     layout = cp_layout(8, tp_size=4, pcp_size=2, dcp_size=2)  # DCP == PCP
     assert layout.dcp_groups == layout.pcp_groups == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert layout.tp_inner_groups == [[r] for r in range(8)]
     layout = cp_layout(8, tp_size=4, pcp_size=2, dcp_size=4)
     assert layout.dcp_groups == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    # The TP ranks of a DCP group within one PCP slice: the query-gather group.
+    assert layout.tp_inner_groups == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert layout.group_of("tp_inner", 5) == [4, 5]
     layout = cp_layout(8, tp_size=4, pcp_size=2, dcp_size=8)  # DCP == TP x PCP
     assert layout.dcp_groups == [list(range(8))]
+    assert layout.tp_inner_groups == layout.tp_groups
 
 
 @pytest.mark.parametrize(
@@ -43,6 +49,7 @@ def test_layout_partitions_the_world(world: int, tp: int, pcp: int, dcp: int) ->
         (layout.tp_groups, tp),
         (layout.pcp_groups, pcp),
         (layout.dcp_groups, dcp),
+        (layout.tp_inner_groups, dcp // pcp if dcp > 1 else 1),
     ):
         assert sorted(r for g in groups for r in g) == list(range(world))
         assert all(len(g) == size for g in groups)
@@ -89,7 +96,12 @@ def topology_ranks(rank: int, world_size: int, device_type: str) -> list[str]:
         if use_mesh and groups.mesh is None:
             failures.append(f"{(tp, pcp, dcp)}: DeviceMesh path not taken")
         layout = cp_layout(world_size, tp_size=tp, pcp_size=pcp, dcp_size=dcp)
-        for kind, g in (("tp", groups.tp), ("pcp", groups.pcp), ("dcp", groups.dcp)):
+        for kind, g in (
+            ("tp", groups.tp),
+            ("pcp", groups.pcp),
+            ("dcp", groups.dcp),
+            ("tp_inner", groups.tp_inner),
+        ):
             want = layout.group_of(kind, rank)
             if g.ranks != want or g.rank_in_group != want.index(rank):
                 failures.append(f"{(tp, pcp, dcp)} {kind}: {g.ranks} vs {want}")

@@ -11,22 +11,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 
-# (tp, pcp, dcp) on a world of 4: DCP inside TP, DCP = PCP, DCP = TP x PCP.
-LAYOUTS = ((4, 1, 2), (4, 1, 4), (2, 2, 2), (2, 2, 4), (1, 4, 4))
+# (tp, pcp, dcp) per world size: DCP inside TP, DCP = PCP, DCP = TP x PCP (all of TP, or a
+# part of it: TP 4 x PCP 2 with DCP 4 gathers over 2 TP ranks), with replicas.
+LAYOUTS = {
+    4: ((4, 1, 2), (4, 1, 4), (2, 2, 2), (2, 2, 4), (1, 4, 4)),
+    8: ((4, 2, 4), (4, 2, 8), (2, 4, 8), (2, 2, 4)),
+}
 HEADS_PER_TP_RANK = 4
 
 
-def _expected_gathered_heads(tp: int, pcp: int, dcp: int, tp_rank: int, dcp_rank: int) -> list[int]:
-    """Global head ids of the gathered query, in order (heads ``t * nh ..`` on TP rank t)."""
+def _expected_gathered_heads(
+    pcp: int, dcp: int, tp_rank: int, inner_rank: int, inner_size: int
+) -> list[int]:
+    """Global head ids of the gathered query, in order (heads ``t * nh ..`` on TP rank t):
+    gathered over the TP-inner group (consecutive TP ranks) unless DCP = PCP or DCP = 1."""
     nh = HEADS_PER_TP_RANK
-    if pcp == 1 and dcp > 1:  # gathered over the DCP group: consecutive TP ranks
-        first = tp_rank - dcp_rank
-        return list(range(first * nh, (first + dcp) * nh))
-    if dcp > pcp > 1:  # gathered over the TP group (here all of TP)
-        return list(range(tp * nh))
-    return list(range(tp_rank * nh, (tp_rank + 1) * nh))  # DCP = PCP: nothing gathered
+    if dcp > 1 and dcp != pcp:
+        first = tp_rank - inner_rank
+        return list(range(first * nh, (first + inner_size) * nh))
+    return list(range(tp_rank * nh, (tp_rank + 1) * nh))
 
 
 def _check_layouts(rank: int, world_size: int, seed: int) -> list[str]:
@@ -41,16 +47,17 @@ def _check_layouts(rank: int, world_size: int, seed: int) -> list[str]:
     }
     nh, b, d = HEADS_PER_TP_RANK, 3, 8
     done = []
-    for index, (tp, pcp, dcp) in enumerate(LAYOUTS):
+    for index, (tp, pcp, dcp) in enumerate(LAYOUTS[world_size]):
         groups = build_cp_groups(tp_size=tp, pcp_size=pcp, dcp_size=dcp, device_type="cpu")
         tp_rank, dcp_rank = groups.tp.rank_in_group, groups.dcp.rank_in_group
+        inner = groups.tp_inner
         gen = torch.Generator().manual_seed(seed + index)
         q_all = torch.randn(b, tp * nh, 16, generator=gen)  # every TP rank's query heads
         q = maybe_all_gather_q_for_dcp(
             q_all[:, tp_rank * nh : (tp_rank + 1) * nh].contiguous(), dcp, pcp,
-            tp_group=groups.tp, dcp_group=groups.dcp,
+            tp_group=inner, dcp_group=groups.dcp,
         )  # fmt: skip
-        ids = _expected_gathered_heads(tp, pcp, dcp, tp_rank, dcp_rank)
+        ids = _expected_gathered_heads(pcp, dcp, tp_rank, inner.rank_in_group, inner.world_size)
         assert isinstance(q, torch.Tensor)
         assert torch.equal(q, q_all[:, ids]), (tp, pcp, dcp)
 
@@ -68,7 +75,7 @@ def _check_layouts(rank: int, world_size: int, seed: int) -> list[str]:
         for backend in ("ag_rs", "a2a"):
             name = resolve_dcp_combine(dcp, pcp, backend)
             combined = ops[name](outs[dcp_rank].float(), lses[dcp_rank].float(), groups.dcp)
-            final = finalize_mla_pcp_decode(combined, nh, pcp_group=groups.pcp, tp_group=groups.tp)
+            final = finalize_mla_pcp_decode(combined, nh, pcp_group=groups.pcp, tp_group=inner)
             torch.testing.assert_close(
                 final.double(), merged[:, mine], rtol=1e-5, atol=1e-5,
                 msg=lambda m, n=name, layout=(tp, pcp, dcp): f"{layout} {n}: {m}",
@@ -77,14 +84,15 @@ def _check_layouts(rank: int, world_size: int, seed: int) -> list[str]:
     return done
 
 
-def test_each_tp_rank_gets_its_heads(run_ranks: Callable[..., list[Any]]) -> None:
-    results = run_ranks(_check_layouts, 4, 2026, timeout=300.0)
+@pytest.mark.parametrize("world_size", sorted(LAYOUTS))
+def test_each_tp_rank_gets_its_heads(run_ranks: Callable[..., list[Any]], world_size: int) -> None:
+    results = run_ranks(_check_layouts, world_size, 2026, timeout=300.0)
     expected = [
         f"tp{tp}_pcp{pcp}_dcp{dcp}_{backend}_{name}"
-        for tp, pcp, dcp in LAYOUTS
+        for tp, pcp, dcp in LAYOUTS[world_size]
         for backend, name in (
             ("ag_rs", "ag_ar" if pcp > 1 else "ag_rs"),
             ("a2a", "ag_ar" if dcp > pcp > 1 else "a2a"),
         )
     ]
-    assert results == [expected] * 4
+    assert results == [expected] * world_size

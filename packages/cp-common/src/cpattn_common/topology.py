@@ -10,6 +10,10 @@ rank = ``((r * PCP + p) * TP + t)``), where ``R = world / (PCP * TP)`` counts th
   - ``PCP == 1``: ``T_in = DCP``: a TP sub-group of ``DCP`` consecutive ranks;
   - ``PCP > 1``: the group spans the PCP axis before TP: ``T_in = DCP / PCP`` consecutive TP
     ranks in every PCP slice (``DCP == PCP``: the PCP group; ``DCP == PCP * TP``: all of it).
+- **TP-inner group** (size ``T_in``): the ``T_in`` consecutive TP ranks of this rank's DCP
+  group that share its PCP rank; the group ``cpattn_pcp`` gathers the query heads over (and
+  slices them back with) when the DCP group spans TP x PCP. It is the TP group when
+  ``DCP == PCP * TP``, and the DCP group when ``PCP == 1``.
 
 Inside every group the group rank follows ascending global rank. ``cp_layout`` is the pure
 rank arithmetic; ``build_cp_groups`` creates the process groups through ``DeviceMesh``
@@ -37,6 +41,7 @@ class CPLayout:
         world_size, tp_size, pcp_size, dcp_size: the sizes.
         mesh_shape: ``(R, PCP, TP // T_in, T_in)``, the mesh the groups are cut from.
         tp_groups, pcp_groups, dcp_groups: every group's global ranks, ascending.
+        tp_inner_groups: the TP-inner groups (module docstring), ascending.
     """
 
     world_size: int
@@ -47,10 +52,17 @@ class CPLayout:
     tp_groups: list[list[int]]
     pcp_groups: list[list[int]]
     dcp_groups: list[list[int]]
+    tp_inner_groups: list[list[int]]
 
     def group_of(self, kind: str, rank: int) -> list[int]:
-        """The ``kind`` (``"tp"``, ``"pcp"``, ``"dcp"``) group that holds global ``rank``."""
-        groups = {"tp": self.tp_groups, "pcp": self.pcp_groups, "dcp": self.dcp_groups}[kind]
+        """The ``kind`` (``"tp"``, ``"pcp"``, ``"dcp"``, ``"tp_inner"``) group that holds
+        global ``rank``."""
+        groups = {
+            "tp": self.tp_groups,
+            "pcp": self.pcp_groups,
+            "dcp": self.dcp_groups,
+            "tp_inner": self.tp_inner_groups,
+        }[kind]
         for g in groups:
             if rank in g:
                 return g
@@ -119,7 +131,8 @@ def cp_layout(world_size: int, *, tp_size: int, pcp_size: int = 1, dcp_size: int
     pcp = groups(mesh.permute(0, 2, 3, 1), pcp_size)
     dcp_size_eff = pcp_size * t_in if dcp_size > 1 else 1
     dcp = groups(mesh.permute(0, 2, 1, 3), dcp_size_eff)
-    return CPLayout(world_size, tp_size, pcp_size, dcp_size, shape, tp, pcp, dcp)
+    tp_inner = groups(mesh, t_in)  # dim 3 innermost
+    return CPLayout(world_size, tp_size, pcp_size, dcp_size, shape, tp, pcp, dcp, tp_inner)
 
 
 @dataclass
@@ -130,6 +143,9 @@ class CPGroups:
         tp, pcp, dcp: ``CPGroup`` wrappers of this rank's TP, PCP and DCP groups.
         layout: the full ``CPLayout``.
         mesh: the ``DeviceMesh`` the groups were cut from (``None`` where it was not usable).
+        tp_inner: this rank's TP-inner group (module docstring): pass it as ``tp_group`` to
+            ``cpattn_pcp``'s query gather and ``finalize_mla_pcp_decode`` when the DCP group
+            spans TP x PCP.
     """
 
     tp: CPGroup
@@ -137,6 +153,7 @@ class CPGroups:
     dcp: CPGroup
     layout: CPLayout
     mesh: Any
+    tp_inner: CPGroup
 
 
 def _enumerate_group(groups: list[list[int]], rank: int) -> Any:
@@ -179,6 +196,7 @@ def build_cp_groups(
     tp_pg: Any = None
     pcp_pg: Any = None
     dcp_pg: Any = None
+    tp_inner_pg: Any = None
     try:
         if not use_device_mesh:
             raise NotImplementedError("DeviceMesh not requested")
@@ -189,8 +207,9 @@ def build_cp_groups(
         )
         pcp_pg = mesh.get_group("pcp")
         tp_pg = mesh["tp_outer", "tp_inner"]._flatten("tp").get_group()
+        tp_inner_pg = mesh.get_group("tp_inner")
         if dcp_size == 1:  # singleton DCP groups (tp_inner has size 1)
-            dcp_pg = mesh.get_group("tp_inner")
+            dcp_pg = tp_inner_pg
         else:
             dcp_pg = mesh["pcp", "tp_inner"]._flatten("dcp").get_group()
     except Exception:  # older torch without _flatten / slicing: same layout, plain groups
@@ -198,8 +217,16 @@ def build_cp_groups(
         tp_pg = _enumerate_group(layout.tp_groups, rank)
         pcp_pg = _enumerate_group(layout.pcp_groups, rank)
         dcp_pg = _enumerate_group(layout.dcp_groups, rank)
-    groups = CPGroups(CPGroup(tp_pg), CPGroup(pcp_pg), CPGroup(dcp_pg), layout, mesh)
-    for kind, g in (("tp", groups.tp), ("pcp", groups.pcp), ("dcp", groups.dcp)):
+        tp_inner_pg = _enumerate_group(layout.tp_inner_groups, rank)
+    groups = CPGroups(
+        CPGroup(tp_pg), CPGroup(pcp_pg), CPGroup(dcp_pg), layout, mesh, CPGroup(tp_inner_pg)
+    )
+    for kind, g in (
+        ("tp", groups.tp),
+        ("pcp", groups.pcp),
+        ("dcp", groups.dcp),
+        ("tp_inner", groups.tp_inner),
+    ):
         want = layout.group_of(kind, rank)
         if g.ranks != want:
             raise RuntimeError(f"{kind} group of rank {rank} is {g.ranks}, layout says {want}")

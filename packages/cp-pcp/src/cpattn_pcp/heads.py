@@ -7,7 +7,10 @@ heads its group combines. Which group to all-gather the query over depends on th
 * ``N_pcp == 1``: the DCP group is a subgroup of TP that splits the query heads → gather over
   the DCP group (nothing to do when ``N_dcp == 1``).
 * ``N_dcp > N_pcp`` (DCP = TP x PCP): the query is head-sharded across TP and replicated across
-  PCP → gather over the TP group (gathering over DCP would duplicate heads).
+  PCP → gather over the ``N_dcp / N_pcp`` TP ranks of the DCP group in this rank's PCP slice
+  (gathering over DCP would duplicate heads): ``cpattn_common.CPGroups.tp_inner``, which is
+  the whole TP group when ``N_dcp == N_pcp * N_tp``. "The TP group" (``tp_group=``) below
+  means that group.
 * ``N_dcp == N_pcp`` (DCP group = PCP group): every head is already present → no gather.
 
 After the DCP combine the output may hold fewer heads than this TP rank owns (a reduce-scatter
@@ -77,7 +80,8 @@ def dcp_q_gather_group(
     Args:
         dcp_world_size: ``N_dcp >= 1``.
         pcp_world_size: ``N_pcp >= 1``.
-        tp_group: the TP group; required when ``N_dcp > N_pcp > 1`` (size ``N_dcp / N_pcp``).
+        tp_group: the TP ranks of the DCP group in this PCP slice (``CPGroups.tp_inner``);
+            required when ``N_dcp > N_pcp > 1`` (size ``N_dcp / N_pcp``).
         dcp_group: the DCP group; required when ``N_pcp == 1 < N_dcp`` (size ``N_dcp``).
 
     Returns:
@@ -215,7 +219,8 @@ def finalize_mla_pcp_decode(
         output: ``[B, H_out, D]``.
         num_heads: heads this TP rank owns.
         pcp_group: the PCP group (needed when ``H_out < num_heads``).
-        tp_group: the TP group (needed when ``H_out > num_heads``).
+        tp_group: the group the query was gathered over (needed when ``H_out > num_heads``;
+            ``CPGroups.tp_inner``, see the module docstring).
 
     Returns:
         ``[B, num_heads, D]`` (``output`` itself when already right; a view when sliced).
