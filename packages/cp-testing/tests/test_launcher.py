@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import pathlib
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from typing import Any
 
 import pytest
@@ -285,6 +287,27 @@ from cpattn_testing.launcher import run_distributed
 if __name__ == "__main__":
     run_distributed(mod.record_pid_and_hang, 2, "gloo", args=({pid_dir!r},), timeout=300)
 """
+
+
+def test_test_module_with_a_dotted_name_loads_in_the_workers(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pytest's importlib mode names a test file after its path (``tests.test_x``), with no
+    importable ``tests`` package; the workers register the missing parent before unpickling
+    (plain ``pytest`` in a downstream project failed with "No module named 'tests'")."""
+    package, name = "cpattn_no_such_package", "cpattn_no_such_package.test_dotted"
+    path = tmp_path / "test_dotted.py"
+    path.write_text("def body(rank, world_size):\n    return 10 * rank + world_size\n")
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    parent = types.ModuleType(package)  # what pytest registers in the launching process
+    parent.__path__ = []
+    monkeypatch.setitem(sys.modules, package, parent)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    assert run_distributed(module.body, 2, "gloo", timeout=120) == [2, 12]
 
 
 def test_workers_die_with_the_launching_process(tmp_path: pathlib.Path) -> None:

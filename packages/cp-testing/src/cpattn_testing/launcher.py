@@ -40,6 +40,7 @@ import tempfile
 import threading
 import time
 import traceback
+import types
 import unittest
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -184,20 +185,34 @@ def _module_files(fn: Callable[..., Any]) -> dict[str, str]:
     return {}
 
 
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _ensure_importable(files: Mapping[str, str]) -> None:
     for name, path in files.items():
-        if name in sys.modules:
+        if name in sys.modules or _importable(name):
             continue
-        try:
-            if importlib.util.find_spec(name) is not None:
-                continue
-        except (ImportError, ValueError):
-            pass
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
             continue
         module = importlib.util.module_from_spec(spec)
+        # Unpickling imports the parents of a dotted name first (``tests`` of ``tests.test_x``,
+        # pytest's importlib-mode name for a test file), which need not exist as packages:
+        # register empty ones, as pytest does in the launching process.
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            prefix = ".".join(parts[:i])
+            if prefix not in sys.modules and not _importable(prefix):
+                package = types.ModuleType(prefix)
+                package.__path__ = []
+                sys.modules[prefix] = package
         sys.modules[name] = module
+        if len(parts) > 1:
+            setattr(sys.modules[".".join(parts[:-1])], parts[-1], module)
         spec.loader.exec_module(module)
 
 
