@@ -15,7 +15,7 @@ from cpattn_dcp.direct import DIRECT_A2A_DTYPES, DirectDCPA2AWorkspace
 from cpattn_dcp.manager import DCPConfig, DCPManager
 from cpattn_testing.cases import make_dcp_decode_case
 from cpattn_testing.pytest_plugin import RunRanks
-from cpattn_testing.simulated import SimulatedWorld
+from cpattn_testing.simulated import SimulatedGroup, SimulatedWorld
 from cpattn_testing.tolerances import assert_close_to_ref
 
 
@@ -149,6 +149,71 @@ def test_auto_never_takes_a_direct_path_on_a_cpu_device(monkeypatch: pytest.Monk
         lambda g: get_direct_dcp_a2a_workspace(g, "cpu", 2, 1, 8, torch.bfloat16, 1, True)
     )
     assert all(isinstance(ws, DirectDCPA2AWorkspace) for ws in forced)
+
+
+def _gate_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The capability gate says yes, as on a one-node GPU machine, also for a CPU device."""
+    from cpattn_dcp.direct import factories
+
+    for var in capability.MULTICAST_ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(capability, "direct_cp_enabled", lambda *a, **k: True)
+    monkeypatch.setattr(capability, "direct_cp_multicast_enabled", lambda *a, **k: True)
+    monkeypatch.setattr(factories, "_automatic_reason", lambda *a, **k: None)
+
+
+def test_auto_falls_back_when_a_direct_workspace_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gate on, but the direct A2A cannot take the geometry (rows of 24 bytes, not 16-byte
+    aligned) and the multicast gathers get no multicast address: the automatic choice keeps
+    the NCCL paths (it raised instead); forcing still raises."""
+    from cpattn_dcp.direct import DirectPathUnavailable
+
+    _gate_on(monkeypatch)
+
+    def no_multicast(*args: Any, **kwargs: Any) -> Any:
+        raise DirectPathUnavailable("requires NVLS symmetric-memory multicast.")
+
+    monkeypatch.setattr(manager_mod, "get_direct_dcp_q_gather_workspace", no_multicast)
+    monkeypatch.setattr(manager_mod, "get_direct_dcp_kv_gather_workspace", no_multicast)
+    world = SimulatedWorld(2, "cpu")
+    kw = {"head_dim": 12, "kv_token_dim": 8, "max_gathered_kv_tokens": 4}
+    for m in _managers(world, DCPConfig(comm_backend="a2a"), **kw):
+        assert m.combine_path == "a2a"
+        assert "16-byte" in m.selection.combine_reason
+        assert m.query_gather_path == "all_gather"
+        assert "multicast" in m.selection.query_gather_reason
+        assert m.kv_gather_path == "all_gather_into_tensor"
+        assert "multicast" in m.selection.kv_gather_reason
+    with pytest.raises(ValueError, match="16-byte"):
+        _managers(world, DCPConfig(comm_backend="a2a", use_direct_a2a=True), **kw)
+    with pytest.raises(DirectPathUnavailable):
+        _managers(world, DCPConfig(comm_backend="a2a", use_direct_q_gather=True), **kw)
+
+
+def test_wrappers_of_one_group_share_a_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layer that wraps the group anew (``as_cp_group(pg)`` per layer) gets the workspace
+    the first wrapper built, not one more set of symmetric buffers."""
+    from cpattn_dcp.direct import factories
+
+    class Wrapper(SimulatedGroup):
+        @property
+        def device_group(self) -> Any:  # the process group both wrappers stand for
+            return shared
+
+    shared = object()
+    world = SimulatedWorld(1, "cpu")
+    built: list[int] = []
+
+    def build() -> int:
+        built.append(1)
+        return len(built)
+
+    first, second = (Wrapper(world, 0) for _ in range(2))
+    assert factories._memo("t", first, (1,), build) == 1
+    assert factories._memo("t", second, (1,), build) == 1
+    assert factories._memo("t", second, (2,), build) == 2  # another geometry
+    assert factories._memo("t", world.groups[0], (1,), build) == 3  # no process group: its own
+    assert len(built) == 3
 
 
 def test_bare_device_is_normalised(device: torch.device) -> None:

@@ -37,7 +37,7 @@ from typing import Any, Literal
 import torch
 
 from cpattn_common.group import as_cp_group
-from cpattn_dcp.direct._base import indexed_device
+from cpattn_dcp.direct._base import DirectPathUnavailable, indexed_device
 from cpattn_dcp.direct.a2a import DirectDCPA2AWorkspace
 from cpattn_dcp.direct.factories import (
     direct_a2a_unavailable_reason,
@@ -258,17 +258,22 @@ class DCPManager:
             self.group, self.dtype, cfg.use_direct_a2a, device=self.device
         )
         if reason is None:
-            ws = get_direct_dcp_a2a_workspace(
-                self.group, self.device, cfg.max_num_tokens, self.num_heads, self.head_dim,
-                self.dtype, cfg.num_ubatches, cfg.use_direct_a2a,
-            )  # fmt: skip
+            try:
+                ws = get_direct_dcp_a2a_workspace(
+                    self.group, self.device, cfg.max_num_tokens, self.num_heads, self.head_dim,
+                    self.dtype, cfg.num_ubatches, cfg.use_direct_a2a,
+                )  # fmt: skip
+            except (ValueError, DirectPathUnavailable) as exc:
+                if cfg.use_direct_a2a:
+                    raise
+                ws, reason = None, f"the workspace refused: {exc}"
             if ws is not None:
                 self.direct_a2a = ws
                 return "direct_a2a", (
                     f"{why}; direct symmetric-memory A2A for up to {cfg.max_num_tokens} rows, "
                     "packed NCCL A2A beyond"
                 )
-            reason = "capability gating said no"
+            reason = reason or "capability gating said no"
         return "a2a", f"{why}; packed NCCL A2A (direct A2A off: {reason})"
 
     def _select_query_gather(self) -> tuple[QueryGatherPath, str]:
@@ -288,10 +293,10 @@ class DCPManager:
                     self.query_head_dim, self.query_dtype, cfg.num_ubatches,
                     self.padded_num_heads, cfg.use_direct_q_gather,
                 )  # fmt: skip
-            except ValueError as exc:
+            except (ValueError, DirectPathUnavailable) as exc:
                 if cfg.use_direct_q_gather:
                     raise
-                ws, reason = None, f"unsupported geometry: {exc}"
+                ws, reason = None, f"the workspace refused: {exc}"
             if ws is not None:
                 self.direct_q_gather = ws
                 return "direct", f"direct multicast q-gather for up to {cfg.max_num_tokens} rows"
@@ -314,10 +319,10 @@ class DCPManager:
                     self.group, self.device, self.max_gathered_kv_tokens, self.kv_token_dim,
                     self.kv_dtype, cfg.num_ubatches, cfg.use_direct_kv_gather,
                 )  # fmt: skip
-            except ValueError as exc:
+            except (ValueError, DirectPathUnavailable) as exc:
                 if cfg.use_direct_kv_gather:
                     raise
-                ws, reason = None, f"unsupported geometry: {exc}"
+                ws, reason = None, f"the workspace refused: {exc}"
             if ws is not None:
                 self.direct_kv_gather = ws
                 return (

@@ -6,7 +6,7 @@ flags carrying a device-side epoch; waits are bounded and report a timeout on th
 return ``None`` when it says no) and always has an NCCL fallback (``cpattn_dcp.DCPManager``).
 """
 
-from cpattn_dcp.direct._base import DEFAULT_MAX_SPINS, DirectProtocolError
+from cpattn_dcp.direct._base import DEFAULT_MAX_SPINS, DirectPathUnavailable, DirectProtocolError
 from cpattn_dcp.direct.a2a import DIRECT_A2A_DTYPES, DirectDCPA2AWorkspace
 from cpattn_dcp.direct.factories import (
     clear_direct_workspace_cache,
@@ -26,6 +26,7 @@ __all__ = [
     "DirectDCPA2AWorkspace",
     "DirectDCPKVGatherWorkspace",
     "DirectDCPQGatherWorkspace",
+    "DirectPathUnavailable",
     "DirectProtocolError",
     "clear_direct_workspace_cache",
     "direct_a2a_unavailable_reason",

@@ -29,12 +29,24 @@ from cpattn_common.group import CPGroupLike, as_cp_group
 from cpattn_common.ubatch import current_ubatch_id
 from cpattn_common.workspace import DirectCPWorkspace
 
-__all__ = ["DEFAULT_MAX_SPINS", "DirectProtocolError", "DirectWorkspaceBase", "indexed_device"]
+__all__ = [
+    "DEFAULT_MAX_SPINS",
+    "DirectPathUnavailable",
+    "DirectProtocolError",
+    "DirectWorkspaceBase",
+    "indexed_device",
+]
 
 #: Bounded wait: polls of the signal words before a wait gives up (≈ seconds on a GPU).
 DEFAULT_MAX_SPINS = 1 << 26
 #: Eager calls between two non-blocking copies of the error record to the host.
 DEFAULT_ERROR_CHECK_INTERVAL = 64
+
+
+class DirectPathUnavailable(RuntimeError):
+    """A direct workspace found at construction that this machine cannot run it (no
+    multicast address for its buffers). ``DCPManager`` falls back to NCCL on it unless the
+    path was forced (``use_direct_*=True``)."""
 
 
 class DirectProtocolError(RuntimeError):

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 _lock = threading.Lock()
-# key -> (group kept alive so its id() cannot be reused, workspace)
+# key -> (the keyed group, kept alive so that its id() cannot be reused, workspace)
 _cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
 
@@ -124,14 +124,22 @@ def direct_gather_unavailable_reason(
     return _capability_detail(group, dtype, use_direct, supported_dtypes, multicast=True)
 
 
-def _memo(key: tuple[Any, ...], group: Any, build: Any) -> Any:
+def _group_identity(group: Any) -> Any:
+    """What a workspace is shared by: the process group under ``group`` (several wrappers of
+    one group, e.g. a ``CPGroup`` made per layer, share one workspace), else ``group``."""
+    return getattr(as_cp_group(group), "device_group", None) or group
+
+
+def _memo(kind: str, group: Any, geometry: tuple[Any, ...], build: Any) -> Any:
+    owner = _group_identity(group)
+    key = (kind, id(owner), *geometry)
     with _lock:
         hit = _cache.get(key)
     if hit is not None:
         return hit[1]
     ws = build()
     with _lock:
-        _cache[key] = (group, ws)
+        _cache[key] = (owner, ws)
     return ws
 
 
@@ -158,19 +166,11 @@ def get_direct_dcp_a2a_workspace(
         raise ValueError(f"Direct DCP A2A requires at least one ubatch slot, got {num_ubatches}")
     if direct_a2a_unavailable_reason(group, dtype, use_direct, device=device) is not None:
         return None
-    key = (
-        "a2a",
-        id(group),
-        _device_key(device),
-        max_num_tokens,
-        heads_per_rank,
-        head_dim,
-        dtype,
-        num_ubatches,
-    )
+    geometry = (_device_key(device), max_num_tokens, heads_per_rank, head_dim, dtype, num_ubatches)
     ws: DirectDCPA2AWorkspace = _memo(
-        key,
+        "a2a",
         group,
+        geometry,
         lambda: DirectDCPA2AWorkspace(
             group, device, max_num_tokens, heads_per_rank, head_dim, dtype, num_ubatches
         ),
@@ -197,13 +197,14 @@ def get_direct_dcp_q_gather_workspace(
         is not None
     ):
         return None
-    key = (
-        "q", id(group), _device_key(device), max_num_tokens, heads_per_rank, head_dim, dtype,
-        num_ubatches, padded_num_heads,
+    geometry = (
+        _device_key(device), max_num_tokens, heads_per_rank, head_dim, dtype, num_ubatches,
+        padded_num_heads,
     )  # fmt: skip
     ws: DirectDCPQGatherWorkspace = _memo(
-        key,
+        "q",
         group,
+        geometry,
         lambda: DirectDCPQGatherWorkspace(
             group,
             device,
@@ -233,18 +234,11 @@ def get_direct_dcp_kv_gather_workspace(
     )
     if reason is not None:
         return None
-    key = (
-        "kv",
-        id(group),
-        _device_key(device),
-        max_gathered_tokens,
-        token_dim,
-        dtype,
-        num_ubatches,
-    )
+    geometry = (_device_key(device), max_gathered_tokens, token_dim, dtype, num_ubatches)
     ws: DirectDCPKVGatherWorkspace = _memo(
-        key,
+        "kv",
         group,
+        geometry,
         lambda: DirectDCPKVGatherWorkspace(
             group, device, max_gathered_tokens, token_dim, dtype, num_ubatches
         ),

@@ -25,6 +25,7 @@ from cpattn_common.launch import launch_cached
 from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
     DEFAULT_MAX_SPINS,
+    DirectPathUnavailable,
     DirectWorkspaceBase,
     check_16b_aligned,
     next_pow2,
@@ -40,18 +41,19 @@ _MAX_PUBLISH_PROGRAMS = 32
 
 
 def _require_multicast(name: str, symm: Any, storages: list[torch.Tensor]) -> None:
-    """Raise ``RuntimeError`` unless every storage has a multicast pointer for every ubatch.
+    """Raise ``DirectPathUnavailable`` (a ``RuntimeError``) unless every storage has a
+    multicast pointer for every ubatch.
 
     The environment check comes first so no multicast query is made where it is disabled.
     """
     if multicast_disabled_by_env():
-        raise RuntimeError(
+        raise DirectPathUnavailable(
             f"{name} requires NVLS symmetric-memory multicast, which the environment disables"
         )
     for storage in storages:
         ptrs = symm.multicast_ptrs(storage)
         if not ptrs or any(int(p) == 0 for p in ptrs):
-            raise RuntimeError(f"{name} requires NVLS symmetric-memory multicast.")
+            raise DirectPathUnavailable(f"{name} requires NVLS symmetric-memory multicast.")
 
 
 class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
