@@ -16,11 +16,13 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import triton
 import triton.language as tl
 
+from cpattn_common import alloc as alloc_mod
 from cpattn_common import launch as launch_mod
 from cpattn_common import launch_plans as lp
 from cpattn_common.alloc import new_output, poison_outputs
@@ -231,20 +233,40 @@ def test_any_key_change_misses(fake_plan_runtime: dict[str, Any], change: str) -
         "stride": (torch.randn(600)[::2], 200, 0.5),
         "device index": (x, 200, 0.5),
     }
-    if change == "device index":
+    if change == "device index":  # the current device is part of the key
         getters = lp._runtime_getters()[2:]
         lp._native_module().set_runtime(lambda: 1, lambda device: 777, *getters)  # device moved
-        assert _plans.replay(*args[change]) is None  # the plan's key, on another device
-    else:
-        assert _plans.replay(*args[change]) is False  # a new key: its first call
+    assert _plans.replay(*args[change]) is False  # a new key: its first call
 
 
-def test_unkeyed_arguments_miss(plans_on: Any) -> None:
+def test_each_current_device_gets_its_own_plan(plans_on: Any) -> None:
+    """The same arguments under two current devices are two keys, each with its own plan (a
+    plan of one device was re-recorded at every switch)."""
+    ext = plans_on
+    getters = lp._runtime_getters()[2:]
+    ext.set_dry_run([])
+    op = OpPlans("tests.devices").op_id
+    for device in (0, 1):
+        ext.set_runtime(lambda d=device: d, lambda d: 777, *getters)
+        assert ext.replay(op, 5) is False  # a new key on this device
+        ext.register(op, device, (5,), [], [], ())
+    for device in (0, 1, 0):
+        ext.set_runtime(lambda d=device: d, lambda d: 777, *getters)
+        assert ext.replay(op, 5) == ()
+    assert ext.info()["plans"] == 2
+
+
+def test_unkeyed_arguments_miss_without_recording(plans_on: Any) -> None:
+    """Arguments plans cannot key are a miss not to record (``False``): recording them would
+    fail at registration, every call."""
+    plans_on.set_runtime(lambda: 0, lambda device: 777, *lp._runtime_getters()[2:])
     x = torch.randn(8)
-    assert _plans.replay(torch.nn.Parameter(x), 8, 1.0) is None  # not exactly torch.Tensor
-    assert _plans.replay(x, "8", 1.0) is None
-    assert _plans.replay(x, 2**70, 1.0) is None
-    assert _plans.replay(x.to_sparse(), 8, 1.0) is None
+    assert _plans.replay(torch.nn.Parameter(x), 8, 1.0) is False  # not exactly torch.Tensor
+    assert _plans.replay(x, "8", 1.0) is False
+    assert _plans.replay(x, 2**70, 1.0) is False
+    assert _plans.replay(x, 8, np.float64(1.0)) is False  # a float subclass
+    assert _plans.replay(x, 8, np.True_) is False
+    assert _plans.replay(x.to_sparse(), 8, 1.0) is False
 
 
 def test_torch_operations_refuse_and_keys_give_up(fake_plan_runtime: dict[str, Any]) -> None:
@@ -259,14 +281,22 @@ def test_torch_operations_refuse_and_keys_give_up(fake_plan_runtime: dict[str, A
     assert _plans.recorder(False, x, 100, 2.0) is None
 
 
-def test_poisoned_outputs_are_not_recorded(fake_plan_runtime: dict[str, Any]) -> None:
+def test_poisoned_calls_are_neither_recorded_nor_refused(
+    fake_plan_runtime: dict[str, Any],
+) -> None:
+    """While outputs are poisoned, calls take the Python path without a recording (its fill
+    would refuse it, and three such calls refused the key for good); plans resume after."""
     spec = fake_plan_runtime["spec"]
     x = torch.randn(300)
     _scale_copy(spec, x, 100, 2.0)
     with poison_outputs():
-        _scale_copy(spec, x, 100, 2.0)
-    assert "fill_" in launch_plans_info()["last_refusal"]["tests.scale_copy"]
-    assert launch_plans_info()["plans"] == 0
+        for _ in range(lp._MAX_FAILURES + 1):
+            y = _scale_copy(spec, x, 100, 2.0)
+            assert y.shape == (100,)
+    info = launch_plans_info()
+    assert (info["plans"], info["refused"], info["refusals"]) == (0, 0, 0)
+    _scale_copy(spec, x, 100, 2.0)  # the key's second call outside poisoning: recorded
+    assert launch_plans_info()["plans"] == 1
 
 
 def test_aliased_arguments_and_foreign_pointers_refuse(fake_plan_runtime: dict[str, Any]) -> None:
@@ -438,6 +468,43 @@ def test_gpu_merge_and_describe_real_kernels(device: torch.device) -> None:
 
 
 @pytest.mark.gpu
+def test_gpu_a_new_thread_gets_the_same_results(device: torch.device) -> None:
+    """A thread whose first CUDA work is a recorded call: a replay there needs a current CUDA
+    context, which Triton's launcher makes and a replay does not (without one the call takes
+    the Python path once)."""
+    if not set_launch_plans_enabled(True):
+        pytest.skip(f"launch plans unavailable here: {launch_plans_reason()}")
+    try:
+        clear_launch_plans()
+        spec = strided_scale.specialize(BLOCK=64, num_warps=4)
+        x = torch.randn(300, device=device)
+        for _ in range(3):
+            _scale_copy(spec, x, 200, 0.5)
+        assert launch_plans_info()["hits"] == 1
+        results: list[Any] = []
+
+        def work() -> None:
+            try:
+                torch.cuda.set_stream(torch.cuda.Stream(device))
+                for _ in range(3):
+                    results.append(_scale_copy(spec, x, 200, 0.5))
+                torch.cuda.current_stream(device).synchronize()
+            except Exception as exc:  # reported below
+                results.append(exc)
+
+        torch.cuda.synchronize(device)
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+        assert len(results) == 3, results
+        for y in results:
+            torch.testing.assert_close(y, x[:200] * 0.5, rtol=0, atol=0)
+    finally:
+        clear_launch_plans()
+        set_launch_plans_enabled(False)
+
+
+@pytest.mark.gpu
 def test_gpu_failed_allocation_is_a_miss(device: torch.device) -> None:
     """An allocation the native replay cannot make (here: 128 TiB) is caught inside the
     module and reported as a miss, so the Python path runs and raises torch's own error."""
@@ -472,7 +539,7 @@ def test_poisoning_turns_replays_off(fake_plan_runtime: dict[str, Any]) -> None:
         _scale_copy(spec, x, 100, 2.0)
     assert launch_plans_info()["plans"] == 1
     with poison_outputs():
-        assert _plans.replay(x, 100, 2.0) is None
+        assert _plans.replay(x, 100, 2.0) is False
     assert _plans.replay(x, 100, 2.0).__class__ is tuple
 
 
@@ -488,14 +555,101 @@ def test_launch_hooks_turn_replays_off(fake_plan_runtime: dict[str, Any]) -> Non
     previous = knobs.launch_enter_hook
     knobs.launch_enter_hook = lambda *args: None
     try:
-        assert _plans.replay(x, 100, 2.0) is None
+        assert _plans.replay(x, 100, 2.0) is False
     finally:
         knobs.launch_enter_hook = previous
     assert _plans.replay(x, 100, 2.0).__class__ is tuple
 
 
+def test_other_threads_work_during_a_recording_is_ignored(
+    fake_plan_runtime: dict[str, Any],
+) -> None:
+    """Another thread's allocations and launches while a call is recorded are not part of
+    that call (Triton releases the GIL while it launches, so they happen): the recording
+    succeeds (it was refused, and after three such calls the key was refused for good)."""
+    spec = fake_plan_runtime["spec"]
+    x, other = torch.randn(300), torch.randn(300)
+    _scale_copy(spec, x, 200, 0.5)
+    rec = _plans.recorder(None, x, 200, 0.5)
+    assert rec is not None
+    with rec:
+        y = new_output(x, (200,))
+        worker = threading.Thread(target=lambda: _scale_copy(spec, other, 100, 2.0))
+        worker.start()
+        worker.join()
+        spec((4,), x, y, 200, 1, 0.5)
+        rec.returns(y)
+    info = launch_plans_info()
+    assert (info["recorded"], info["refusals"]) == (1, 0), info
+    assert len(rec.allocs) == 1
+    assert len(rec.launches) == 1
+
+
+def test_a_recorder_that_loses_the_race_records_nothing(
+    fake_plan_runtime: dict[str, Any],
+) -> None:
+    """Two threads may both get a recorder before either enters it; the second to enter
+    records nothing (it raised into the op call)."""
+    spec = fake_plan_runtime["spec"]
+    x = torch.randn(300)
+    _scale_copy(spec, x, 200, 0.5)
+    first = _plans.recorder(None, x, 200, 0.5)
+    second = _plans.recorder(None, x, 200, 0.5)
+    assert first is not None
+    assert second is not None
+    with first:
+        with second:  # as if from another thread
+            y = _scale_copy(spec, x, 200, 0.5)
+            second.returns(y)
+        first.returns(y)
+    assert launch_plans_info()["recorded"] == 1
+
+
+def test_a_plan_that_cannot_be_built_is_a_refusal(fake_plan_runtime: dict[str, Any]) -> None:
+    """A constant the kernel parameter cannot hold (3e39 overflows the fp32 packing) makes a
+    refusal, never an exception in the op call."""
+    spec = fake_plan_runtime["spec"]
+    x = torch.randn(300)
+    for _ in range(3):
+        y = _scale_copy(spec, x, 200, 3e39)
+        assert y.shape == (200,)
+    info = launch_plans_info()
+    assert (info["plans"], info["refusals"]) == (0, 2)
+    assert "could not be built" in info["last_refusal"]["tests.scale_copy"]
+
+
+def test_empty_grid_launches_are_not_replayed(fake_plan_runtime: dict[str, Any]) -> None:
+    """Triton launches nothing for an empty grid; the replay launches nothing either."""
+    spec = fake_plan_runtime["spec"]
+    x = torch.randn(300)
+    for _ in range(3):
+        y = _scale_copy(spec, x, 0, 0.5)
+    assert y.shape == (0,)
+    assert launch_plans_info()["hits"] == 1
+    assert fake_plan_runtime["dry"] == []
+
+
+def test_a_fork_during_a_recording_leaves_the_child_free_to_record(
+    fake_plan_runtime: dict[str, Any],
+) -> None:
+    spec = fake_plan_runtime["spec"]
+    x = torch.randn(300)
+    _scale_copy(spec, x, 200, 0.5)
+    rec = _plans.recorder(None, x, 200, 0.5)
+    assert rec is not None
+    with rec:
+        pid = os.fork()
+        if pid == 0:  # the child: no recording of its own is running
+            ok = lp._active is None and alloc_mod._recorder is None
+            os._exit(0 if ok and launch_mod._launch_recorder is None else 1)
+        _, status = os.waitpid(pid, 0)
+        y = _scale_copy(spec, x, 200, 0.5)
+        rec.returns(y)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_plans_cleared_during_a_replay(fake_plan_runtime: dict[str, Any]) -> None:
-    """A replay calls back into Python (the device getter), where another thread may clear or
+    """A replay calls back into Python (the stream getter), where another thread may clear or
     replace plans: the replay finishes with the plan it found."""
     spec = fake_plan_runtime["spec"]
     ext = lp._native_module()
@@ -503,11 +657,11 @@ def test_plans_cleared_during_a_replay(fake_plan_runtime: dict[str, Any]) -> Non
     for _ in range(2):
         _scale_copy(spec, x, 200, 0.5)
 
-    def device_getter_that_clears() -> int:
+    def stream_getter_that_clears(device: int) -> int:
         ext.clear()
-        return 0
+        return 777
 
-    ext.set_runtime(device_getter_that_clears, lambda device: 777, *lp._runtime_getters()[2:])
+    ext.set_runtime(lambda: 0, stream_getter_that_clears, *lp._runtime_getters()[2:])
     y = _plans.replay(x, 200, 0.5)
     assert y.__class__ is tuple
     assert fake_plan_runtime["dry"][-1][-1][:2] == (x.data_ptr(), y[0].data_ptr())

@@ -38,19 +38,24 @@ refuses (the call still completes in Python) when anything else happens: a launc
 not take the cached fast path (the first, compiling call of a configuration), a torch
 operation other than an allocation or a view (a copy, a fill: output poisoning is such a fill),
 a kernel pointer that is neither an argument, an output nor a view of exactly one of them, two
-tensor arguments sharing storage, a launch from another thread, a compiled kernel needing
-more than a plain ``cuLaunchKernel`` (clusters, cooperative or PDL launches, scratch memory).
-After ``_MAX_FAILURES`` refusals a key is not recorded again.
+tensor arguments sharing storage, a compiled kernel needing more than a plain
+``cuLaunchKernel`` (clusters, cooperative or PDL launches, scratch memory), a plan the native
+module rejects. After ``_MAX_FAILURES`` refusals a key is not recorded again. Allocations and
+launches of other threads during a recording are not part of the call and are ignored; one
+recording runs at a time. Nothing a recording does raises into the op call.
 
-**What a replay does not do.** It does not call Triton's launch hooks (a replay is skipped
-while any is installed, so profilers see Python-path launches, and while output poisoning is
-on, so poisoned outputs stay poisoned), does not re-read module knobs
+**What a replay does not do.** It does not call Triton's launch hooks (while any is installed,
+and while output poisoning is on, calls take the Python path and are not recorded, so
+profilers see Python-path launches and poisoned outputs stay poisoned; afterwards plans
+resume), does not make a CUDA context current (a thread with none takes the Python path,
+whose launcher does), does not re-read module knobs
 or Triton settings (call ``clear_launch_plans()`` after changing them), and launches on the
 current device's current stream like the Python path (CUDA-graph capturable).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -197,8 +202,9 @@ class OpPlans:
     op's behaviour depends on, in the same order in both.
 
     ``replay(*args)`` returns the plan's outputs (a tuple) on a hit, ``None`` on a miss to
-    record (the key's second call; also plans off, output poisoning on, a Triton launch hook
-    installed) and ``False`` on a miss not to record (the key's first call, a refused key). With plans on it is the native function itself, bound to this op (no Python
+    record (the key's second call; also plans off) and ``False`` on a miss not to record (the
+    key's first call, a refused key, arguments plans do not key, output poisoning on, a Triton
+    launch hook installed, a thread with no current CUDA context yet). With plans on it is the native function itself, bound to this op (no Python
     frame between the op and the native look-up).
     """
 
@@ -229,7 +235,8 @@ class OpPlans:
     def recorder(self, hit: object, *args: Any) -> Recorder | None:
         """A recorder for this call (use as a context manager), or ``None`` when the call
         should not be recorded: plans off, ``hit`` (what ``replay`` returned) not ``None``,
-        a recording already running."""
+        a recording already running (in any thread: one records at a time; a recorder that
+        loses that race at ``__enter__`` records nothing)."""
         if hit is not None or _ext is None or _active is not None:
             return None
         return Recorder(self, args)
@@ -358,6 +365,7 @@ class Recorder:
         self.reason: str | None = None
         self._thread = threading.get_ident()
         self._guard: _OpGuard | None = None
+        self._inert = False  # another recording was running at __enter__: record nothing
 
     def refuse(self, reason: str) -> None:
         if self.reason is None:
@@ -370,8 +378,9 @@ class Recorder:
     def __enter__(self) -> Recorder:
         global _active
         with _lock:
-            if _active is not None:
-                raise RuntimeError("a launch-plan recording is already running")
+            if _active is not None:  # another thread started one since recorder() looked
+                self._inert = True
+                return self
             _active = self
         _alloc._recorder = self._on_alloc
         _launch._launch_recorder = self._on_launch
@@ -386,6 +395,8 @@ class Recorder:
         tb: TracebackType | None,
     ) -> None:
         global _active
+        if self._inert:
+            return
         try:
             if self._guard is not None:
                 self._guard.__exit__(exc_type, exc, tb)  # type: ignore[no-untyped-call]
@@ -397,39 +408,43 @@ class Recorder:
         if exc_type is None:
             self._commit()
 
+    # The hooks are process-wide, but the call being recorded runs in this recorder's thread
+    # (its op guard is thread-local too): other threads' allocations and launches are not part
+    # of it and are ignored (Triton releases the GIL while it launches, so they do happen).
     def _on_alloc(self, tensor: torch.Tensor) -> None:
-        if threading.get_ident() != self._thread:
-            self.refuse("allocated from another thread")
-        self.allocs.append(tensor)
+        if threading.get_ident() == self._thread:
+            self.allocs.append(tensor)
 
     def _on_launch(
         self, function: int | None, grid: tuple[int, ...], device: int, all_args: tuple[Any, ...]
     ) -> None:
         if threading.get_ident() != self._thread:
-            self.refuse("launched from another thread")
-        elif function is None:
+            return
+        if function is None:
             self.refuse("a launch did not take the cached fast path")
         else:
             self.launches.append((function, grid, device, all_args))
 
     def _commit(self) -> None:
+        """Register the plan, or count a refusal; runs at the end of an op call, so nothing
+        may raise out of it (a plan the native module rejects is a refusal too)."""
         ext = _ext
         if ext is None:
             return
-        plan = None
         if self.reason is None:
             try:
-                plan = self._plan(ext)
+                device, allocs, launches, returns = self._plan(ext)
+                ext.register(self.plans.op_id, device, self.args, allocs, launches, returns)
+                _stats["recorded"] += 1
+                return
             except _Refused as exc:
                 self.reason = str(exc)
-        if plan is None:
+            except Exception as exc:  # e.g. a constant a kernel parameter cannot hold
+                self.reason = f"the plan could not be built ({type(exc).__name__}: {exc})"
+        _stats["refusals"] += 1
+        _last_refusal[self.plans.name] = self.reason or "unknown"
+        with contextlib.suppress(Exception):
             ext.refuse(self.plans.op_id, self.args, _MAX_FAILURES)
-            _stats["refusals"] += 1
-            _last_refusal[self.plans.name] = self.reason or "unknown"
-            return
-        device, allocs, launches, returns = plan
-        ext.register(self.plans.op_id, device, self.args, allocs, launches, returns)
-        _stats["recorded"] += 1
 
     def _plan(self, ext: Any) -> tuple[int, list[Any], list[Any], list[int]]:
         if self.returned is None:
@@ -460,7 +475,11 @@ class Recorder:
         # What a kernel pointer may be: an argument or an allocation (or a view of one).
         owners = [(_ARG_PTR, i, a) for i, a in args]
         owners += [(_OUT_PTR, j, t) for j, t in enumerate(self.allocs)]
-        launches = [self._launch(owners, f, grid, args_) for f, grid, _, args_ in self.launches]
+        launches = [
+            self._launch(owners, f, grid, args_)
+            for f, grid, _, args_ in self.launches
+            if 0 not in grid  # Triton launches nothing for an empty grid; nor does a replay
+        ]
         return devices.pop(), allocs, launches, returns
 
     def _launch(
@@ -626,8 +645,12 @@ def clear_launch_plans() -> None:
 def _after_fork_in_child() -> None:
     """A forked child gets fresh locks (another thread may have held them at the fork) and,
     if a background build was running, waits for its own first op call to start one."""
-    global _lock, _build_lock, _auto, _reason
+    global _lock, _build_lock, _auto, _reason, _active
     _lock, _build_lock = threading.Lock(), threading.Lock()
+    # A recording another thread was running at the fork never ends in the child.
+    _active = None
+    _alloc._recorder = None
+    _launch._launch_recorder = None
     if _auto == "building":
         _auto, _reason = "waiting", _WAITING
         _rebind()

@@ -2,9 +2,9 @@
 // first). Built at run time by cpattn_common.native_build against torch's headers only (no
 // CUDA headers, no link to libcuda: cuLaunchKernel is found with dlopen, as Triton does).
 //
-// A plan belongs to one op and one call key: the metadata of every argument (tensor: exact
-// torch.Tensor class, dtype, device, sizes, strides, pointer alignment mod 16, neg/conj bits;
-// int / bool / float: value; None) plus the current device. The op's Python path validated
+// A plan belongs to one op and one call key: the current device plus the metadata of every
+// argument (tensor: exact torch.Tensor class, dtype, device, sizes, strides, pointer alignment
+// mod 16, neg/conj bits; int / bool / float: value; None). The op's Python path validated
 // and ran one call with that key under a recorder; the plan holds what that call did: the
 // outputs it allocated and the kernels it launched, each launch parameter tied to an argument
 // tensor's pointer, an allocated output's pointer, or a constant. A later call with the same
@@ -32,9 +32,10 @@
 
 namespace {
 
-// cuLaunchKernel's signature with the driver's handle types spelled as void*.
+// cuLaunchKernel's and cuCtxGetCurrent's signatures with the driver's handle types as void*.
 using LaunchFn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                          unsigned, void*, void**, void**);
+using CtxGetCurrentFn = int (*)(void**);
 
 enum KeyTag : int64_t { kTensor = 1, kInt = 2, kBool = 3, kFloat = 4, kNone = 5 };
 enum ParamKind : int { kArgPtr = 0, kOutPtr = 1, kConst = 2 };
@@ -101,6 +102,7 @@ PyObject* hook_knobs = nullptr;     // triton.knobs.runtime (None: no hooks to l
 PyObject* hook_chain = nullptr;     // the HookChain type (None on Tritons without it)
 PyObject* dry_log = nullptr;      // a list: launches are appended there instead of run
 LaunchFn launch_fn = nullptr;
+CtxGetCurrentFn ctx_get_current_fn = nullptr;
 int64_t n_hits = 0;
 int64_t n_misses = 0;
 int64_t n_evicted = 0;
@@ -126,10 +128,13 @@ void make_room() {
   n_evicted += static_cast<int64_t>(before - plans.size());
 }
 
-// The key of (op, args); false when an argument is of a kind plans never cover.
-bool build_key(int64_t op, PyObject* const* args, Py_ssize_t nargs, std::vector<int64_t>& key) {
+// The key of (op, current device, args); false when an argument is of a kind plans never
+// cover.
+bool build_key(int64_t op, int64_t device, PyObject* const* args, Py_ssize_t nargs,
+               std::vector<int64_t>& key) {
   key.clear();
   key.push_back(op);
+  key.push_back(device);
   key.push_back(nargs);
   for (Py_ssize_t i = 0; i < nargs; ++i) {
     PyObject* obj = args[i];
@@ -215,11 +220,22 @@ bool resolve_launch() {
     return false;
   }
   launch_fn = reinterpret_cast<LaunchFn>(dlsym(lib, "cuLaunchKernel"));
-  if (launch_fn == nullptr) {
-    PyErr_SetString(PyExc_RuntimeError, "launch plans: libcuda.so.1 has no cuLaunchKernel");
+  ctx_get_current_fn = reinterpret_cast<CtxGetCurrentFn>(dlsym(lib, "cuCtxGetCurrent"));
+  if (launch_fn == nullptr || ctx_get_current_fn == nullptr) {
+    launch_fn = nullptr;
+    PyErr_SetString(PyExc_RuntimeError,
+                    "launch plans: libcuda.so.1 has no cuLaunchKernel / cuCtxGetCurrent");
     return false;
   }
   return true;
+}
+
+// Whether this thread has a current CUDA context. Triton's launcher makes the device's
+// primary context current before its first launch in a thread; a replay does not, so a
+// thread whose first CUDA work would be a replay takes the Python path once instead.
+bool context_current() {
+  void* ctx = nullptr;
+  return ctx_get_current_fn(&ctx) == 0 && ctx != nullptr;
 }
 
 // What the Python path checks before a cached launch, here before a replay: output poisoning
@@ -262,9 +278,9 @@ int64_t pointer_of(const at::Tensor& t, int64_t offset) {
   return static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr())) + offset;
 }
 
-// replay(op, *args) -> tuple of outputs (hit), None (miss: no plan, output poisoning on, a
-// Triton launch hook installed), False (a miss not to record: the key's first call, or a
-// refused key)
+// replay(op, *args) -> tuple of outputs (hit), None (a miss to record: the key's second
+// call), False (a miss not to record: the key's first call, a refused key, arguments plans do
+// not key, output poisoning on, a Triton launch hook installed, no current CUDA context)
 PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   try {
     if (nargs < 1) {
@@ -277,11 +293,13 @@ PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (allowed < 0) return nullptr;
     if (allowed == 0) {
       ++n_misses;
-      Py_RETURN_NONE;
+      Py_RETURN_FALSE;  // the Python path poisons or calls the hook; nothing to record
     }
-    if (!build_key(op, args + 1, nargs - 1, key_buffer)) {
+    const int64_t device = current_device();
+    if (device == -1 && PyErr_Occurred()) return nullptr;
+    if (!build_key(op, device, args + 1, nargs - 1, key_buffer)) {
       ++n_misses;
-      Py_RETURN_NONE;
+      Py_RETURN_FALSE;
     }
     auto it = plans.find(key_buffer);
     if (it == plans.end()) {
@@ -299,11 +317,16 @@ PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
     const std::shared_ptr<const Plan> held = it->second;
     const Plan& plan = *held;
-    const int64_t device = current_device();
-    if (device == -1 && PyErr_Occurred()) return nullptr;
-    if (device != plan.device) {
+    if (device != plan.device) {  // not expected: the key holds the current device
       ++n_misses;
-      Py_RETURN_NONE;
+      Py_RETURN_FALSE;
+    }
+    if (dry_log == nullptr && !plan.launches.empty()) {
+      if (!resolve_launch()) return nullptr;
+      if (!context_current()) {
+        ++n_misses;
+        Py_RETURN_FALSE;
+      }
     }
     void* stream = nullptr;
     if (!current_stream(device, &stream)) return nullptr;
@@ -318,7 +341,6 @@ PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       ++n_misses;  // e.g. out of memory: the Python path raises torch's own error
       Py_RETURN_NONE;
     }
-    if (dry_log == nullptr && !plan.launches.empty() && !resolve_launch()) return nullptr;
     int64_t values[kMaxParams];
     void* params[kMaxParams];
     for (const Launch& l : plan.launches) {
@@ -412,7 +434,7 @@ PyObject* register_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyObject* call_args = args[2];
     const Py_ssize_t n_call = PyTuple_GET_SIZE(call_args);
     std::vector<int64_t> key;
-    if (!build_key(op, &PyTuple_GET_ITEM(call_args, 0), n_call, key)) {
+    if (!build_key(op, device, &PyTuple_GET_ITEM(call_args, 0), n_call, key)) {
       PyErr_SetString(PyExc_ValueError, "launch plans: arguments of a kind plans do not key");
       return nullptr;
     }
@@ -500,8 +522,9 @@ PyObject* register_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
 }
 
-// refuse(op, args, limit): counts a failed recording under the key; after `limit` of them
-// the key is refused (replay returns False, and the op stops trying to record it).
+// refuse(op, args, limit): counts a failed recording under the key (with the current device);
+// after `limit` of them the key is refused (replay returns False, and the op stops trying to
+// record it).
 PyObject* refuse(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   try {
     if (nargs != 3 || !PyTuple_Check(args[1])) {
@@ -510,8 +533,10 @@ PyObject* refuse(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
     int64_t op, limit;
     if (!int_arg(args[0], "op", &op) || !int_arg(args[2], "limit", &limit)) return nullptr;
+    const int64_t device = current_device();
+    if (device == -1 && PyErr_Occurred()) return nullptr;
     std::vector<int64_t> key;
-    if (!build_key(op, &PyTuple_GET_ITEM(args[1], 0), PyTuple_GET_SIZE(args[1]), key)) {
+    if (!build_key(op, device, &PyTuple_GET_ITEM(args[1], 0), PyTuple_GET_SIZE(args[1]), key)) {
       Py_RETURN_NONE;
     }
     if (plans.find(key) == plans.end()) make_room();
