@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from cpattn_common.ops.merge_attn_states import merge_attn_states
+from cpattn_common.ops.merge_attn_states import _validate, merge_attn_states
 
 __all__ = ["merge_attn_states", "merge_attn_states_torch", "sanitize_lse"]
 
@@ -21,34 +21,6 @@ __all__ = ["merge_attn_states", "merge_attn_states_torch", "sanitize_lse"]
 def sanitize_lse(lse: torch.Tensor) -> torch.Tensor:
     """Return ``lse`` with NaN and +inf replaced by -inf (they contribute nothing)."""
     return torch.where(torch.isnan(lse) | (lse == float("inf")), float("-inf"), lse)
-
-
-def _validate_shapes(partial_outs: torch.Tensor, partial_lses: torch.Tensor) -> None:
-    """The twin's checks: ``merge_attn_states``' shapes and devices, any floating dtype."""
-    if not isinstance(partial_outs, torch.Tensor) or not isinstance(partial_lses, torch.Tensor):
-        raise TypeError(
-            "partial_outs and partial_lses must be tensors, got "
-            f"{type(partial_outs).__name__} and {type(partial_lses).__name__}"
-        )
-    for name, t in (("partial_outs", partial_outs), ("partial_lses", partial_lses)):
-        if not t.dtype.is_floating_point:
-            raise TypeError(f"{name} must be a floating tensor, got {t.dtype}")
-    if partial_outs.dim() != 4 or partial_lses.dim() != 3:
-        raise ValueError(
-            "expected partial_outs [N, B, H, D] and partial_lses [N, B, H], got shapes "
-            f"{tuple(partial_outs.shape)} and {tuple(partial_lses.shape)}"
-        )
-    if tuple(partial_outs.shape[:3]) != tuple(partial_lses.shape):
-        raise ValueError(
-            f"partial_outs {tuple(partial_outs.shape)} and partial_lses "
-            f"{tuple(partial_lses.shape)} disagree on [N, B, H]"
-        )
-    if partial_outs.shape[0] < 1:
-        raise ValueError("merging needs N >= 1 partial states, got N = 0")
-    if partial_outs.device != partial_lses.device:
-        raise ValueError(
-            f"partial_outs on {partial_outs.device} but partial_lses on {partial_lses.device}"
-        )
 
 
 def merge_attn_states_torch(
@@ -75,7 +47,7 @@ def merge_attn_states_torch(
             ``N == 0``, tensors on different devices.
         TypeError: non-tensor or non-floating arguments.
     """
-    _validate_shapes(partial_outs, partial_lses)
+    _validate(partial_outs, partial_lses, any_float=True)
     compute = torch.float64 if partial_outs.dtype == torch.float64 else torch.float32
     lses = sanitize_lse(partial_lses.to(compute))
     neg_inf = float("-inf")

@@ -32,7 +32,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 import torch
 
@@ -147,6 +148,21 @@ class DCPSelection:
         )
 
 
+_W = TypeVar("_W")
+
+
+def _build_direct(build: Callable[[], _W], forced: bool | None) -> tuple[_W | None, str | None]:
+    """Build a direct workspace (``None`` where gating said no). Unless the path is forced, a
+    workspace that refuses this setup at construction (an unsupported geometry, no multicast
+    address) is ``(None, why)``, so the manager keeps the NCCL path."""
+    try:
+        return build(), None
+    except (ValueError, DirectPathUnavailable) as exc:
+        if forced:
+            raise
+        return None, f"the workspace refused: {exc}"
+
+
 class DCPManager:
     """Selects and owns the query gather, output combine and KV gather of one DCP layer.
 
@@ -258,15 +274,13 @@ class DCPManager:
             self.group, self.dtype, cfg.use_direct_a2a, device=self.device
         )
         if reason is None:
-            try:
-                ws = get_direct_dcp_a2a_workspace(
+            ws, reason = _build_direct(
+                lambda: get_direct_dcp_a2a_workspace(
                     self.group, self.device, cfg.max_num_tokens, self.num_heads, self.head_dim,
                     self.dtype, cfg.num_ubatches, cfg.use_direct_a2a,
-                )  # fmt: skip
-            except (ValueError, DirectPathUnavailable) as exc:
-                if cfg.use_direct_a2a:
-                    raise
-                ws, reason = None, f"the workspace refused: {exc}"
+                ),
+                cfg.use_direct_a2a,
+            )  # fmt: skip
             if ws is not None:
                 self.direct_a2a = ws
                 return "direct_a2a", (
@@ -287,16 +301,14 @@ class DCPManager:
             device=self.device,
         )  # fmt: skip
         if reason is None:
-            try:
-                ws = get_direct_dcp_q_gather_workspace(
+            ws, reason = _build_direct(
+                lambda: get_direct_dcp_q_gather_workspace(
                     self.group, self.device, cfg.max_num_tokens, self.num_heads,
                     self.query_head_dim, self.query_dtype, cfg.num_ubatches,
                     self.padded_num_heads, cfg.use_direct_q_gather,
-                )  # fmt: skip
-            except (ValueError, DirectPathUnavailable) as exc:
-                if cfg.use_direct_q_gather:
-                    raise
-                ws, reason = None, f"the workspace refused: {exc}"
+                ),
+                cfg.use_direct_q_gather,
+            )  # fmt: skip
             if ws is not None:
                 self.direct_q_gather = ws
                 return "direct", f"direct multicast q-gather for up to {cfg.max_num_tokens} rows"
@@ -307,22 +319,21 @@ class DCPManager:
         cfg = self.config
         if self.world_size < 2:
             return "all_gather_into_tensor", "world size 1 (no communication)"
-        if self.max_gathered_kv_tokens == 0 or self.kv_token_dim is None:
+        token_dim = self.kv_token_dim
+        if self.max_gathered_kv_tokens == 0 or token_dim is None:
             return "all_gather_into_tensor", "no direct KV-gather geometry configured"
         reason = direct_gather_unavailable_reason(
             self.group, self.kv_dtype, cfg.use_direct_kv_gather, DIRECT_KV_GATHER_DTYPES,
             what="direct kv-gather", device=self.device,
         )  # fmt: skip
         if reason is None:
-            try:
-                ws = get_direct_dcp_kv_gather_workspace(
-                    self.group, self.device, self.max_gathered_kv_tokens, self.kv_token_dim,
+            ws, reason = _build_direct(
+                lambda: get_direct_dcp_kv_gather_workspace(
+                    self.group, self.device, self.max_gathered_kv_tokens, token_dim,
                     self.kv_dtype, cfg.num_ubatches, cfg.use_direct_kv_gather,
-                )  # fmt: skip
-            except (ValueError, DirectPathUnavailable) as exc:
-                if cfg.use_direct_kv_gather:
-                    raise
-                ws, reason = None, f"the workspace refused: {exc}"
+                ),
+                cfg.use_direct_kv_gather,
+            )  # fmt: skip
             if ws is not None:
                 self.direct_kv_gather = ws
                 return (

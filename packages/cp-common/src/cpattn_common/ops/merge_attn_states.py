@@ -146,7 +146,11 @@ def merge_attn_states_config(
     return block_h, block_d, num_warps, eager
 
 
-def _validate(partial_outs: torch.Tensor, partial_lses: torch.Tensor) -> None:
+def _validate(
+    partial_outs: torch.Tensor, partial_lses: torch.Tensor, *, any_float: bool = False
+) -> None:
+    """The checks of ``merge_attn_states`` (``any_float``: of its torch twin, which takes any
+    floating dtype, fp64 references included)."""
     if not isinstance(partial_outs, torch.Tensor) or not isinstance(partial_lses, torch.Tensor):
         raise TypeError("partial_outs and partial_lses must be torch.Tensor")
     if partial_outs.dim() != 4:
@@ -162,9 +166,13 @@ def _validate(partial_outs: torch.Tensor, partial_lses: torch.Tensor) -> None:
         )
     if partial_outs.shape[0] < 1:
         raise ValueError("merge_attn_states needs N >= 1 partial states, got N = 0")
-    if partial_outs.dtype not in OUT_DTYPES:
+    if any_float:
+        for name, t in (("partial_outs", partial_outs), ("partial_lses", partial_lses)):
+            if not t.dtype.is_floating_point:
+                raise TypeError(f"{name} must be a floating tensor, got {t.dtype}")
+    elif partial_outs.dtype not in OUT_DTYPES:
         raise TypeError(f"partial_outs dtype {partial_outs.dtype} not in {OUT_DTYPES}")
-    if partial_lses.dtype not in LSE_DTYPES:
+    elif partial_lses.dtype not in LSE_DTYPES:
         raise TypeError(f"partial_lses dtype {partial_lses.dtype} not in {LSE_DTYPES}")
     if partial_outs.device != partial_lses.device:
         raise ValueError(
