@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from cpattn_common import CPGroup, CPGroupLike, as_cp_group
-from cpattn_common.group import normalize_dim
+from cpattn_common.group import cache_owner, normalize_dim
 
 SHAPE = (4, 6, 8)
 
@@ -160,6 +160,18 @@ def test_normalize_dim() -> None:
         normalize_dim(0, 0)
     with pytest.raises(TypeError):
         normalize_dim(True, 3)
+
+
+def test_cache_owner_is_the_process_group_under_a_wrapper() -> None:
+    class Wrapper:
+        def __init__(self, pg: object) -> None:
+            self.device_group = pg
+
+    pg = object()
+    assert cache_owner(Wrapper(pg)) is pg  # type: ignore[arg-type]
+    assert cache_owner(Wrapper(pg)) is cache_owner(Wrapper(pg))  # type: ignore[arg-type]
+    bare = Wrapper(None)  # no process group (a simulated group): the wrapper itself
+    assert cache_owner(bare) is bare  # type: ignore[arg-type]
 
 
 def test_as_cp_group_rejects_other_types() -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cpattn_common.group import CPGroupLike, as_cp_group
+from cpattn_common.group import CPGroupLike, as_cp_group, cache_owner
 
 __all__ = [
     "MULTICAST_ENV_VARS",
@@ -110,7 +110,7 @@ class GroupProbe:
     reason: str | None
 
 
-_cache: dict[Any, tuple[Any, GroupProbe]] = {}
+_cache: dict[int, tuple[object, GroupProbe]] = {}
 _lock = threading.Lock()
 
 
@@ -118,11 +118,6 @@ def clear_capability_cache() -> None:
     """Forget every cached group probe (tests; a rebuilt group gets probed again)."""
     with _lock:
         _cache.clear()
-
-
-def _group_key(group: CPGroupLike) -> Any:
-    pg = getattr(group, "device_group", None)
-    return ("pg", id(pg)) if pg is not None else ("obj", id(group))
 
 
 # ---- individual probes (module-level so tests can replace them) -----------------------------
@@ -217,7 +212,8 @@ def group_probe(group: Any) -> GroupProbe:
         cp_group = as_cp_group(group)
     except Exception as exc:
         return GroupProbe(False, False, False, f"not a group: {type(exc).__name__}: {exc}")
-    key = _group_key(cp_group)
+    owner = cache_owner(cp_group)
+    key = id(owner)
     with _lock:
         hit = _cache.get(key)
     if hit is not None:
@@ -227,8 +223,7 @@ def group_probe(group: Any) -> GroupProbe:
     except Exception as exc:  # belt and braces: the probe never raises
         probe = GroupProbe(False, False, False, f"probe failed: {type(exc).__name__}: {exc}")
     with _lock:
-        # keep the group object alive so its id() is not reused while cached
-        _cache[key] = (getattr(cp_group, "device_group", None) or cp_group, probe)
+        _cache[key] = (owner, probe)  # the owner stays alive: its id() is not reused
     return probe
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "CPGroup",
     "CPGroupLike",
     "as_cp_group",
+    "cache_owner",
     "check_all_gather_into_tensor_args",
     "check_all_to_all_single_args",
     "normalize_dim",
@@ -386,3 +387,11 @@ def as_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGroupL
         "expected a ProcessGroup, a DeviceMesh or a CPGroupLike group wrapper, got "
         f"{type(x).__name__}"
     )
+
+
+def cache_owner(group: CPGroupLike) -> object:
+    """What per-group caches key by (and keep alive, so that its ``id()`` is not reused): the
+    process group under ``group``, so that several wrappers of one process group (a
+    ``CPGroup`` made per layer, say) share one entry; ``group`` itself when it has none
+    (simulated groups)."""
+    return getattr(group, "device_group", None) or group

@@ -204,8 +204,9 @@ class OpPlans:
     ``replay(*args)`` returns the plan's outputs (a tuple) on a hit, ``None`` on a miss to
     record (the key's second call; also plans off) and ``False`` on a miss not to record (the
     key's first call, a refused key, arguments plans do not key, output poisoning on, a Triton
-    launch hook installed, a thread with no current CUDA context yet). With plans on it is the native function itself, bound to this op (no Python
-    frame between the op and the native look-up).
+    launch hook installed, a thread with no current CUDA context yet). With plans on it is the
+    native function itself, bound to this op (no Python frame between the op and the native
+    look-up).
     """
 
     __slots__ = ("__weakref__", "name", "on", "op_id", "replay")

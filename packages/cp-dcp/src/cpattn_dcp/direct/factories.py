@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from cpattn_common import as_cp_group, capability
+from cpattn_common.group import cache_owner
 from cpattn_dcp.direct._base import indexed_device
 from cpattn_dcp.direct.a2a import DIRECT_A2A_DTYPES, DirectDCPA2AWorkspace
 from cpattn_dcp.direct.kv_gather import DIRECT_KV_GATHER_DTYPES, DirectDCPKVGatherWorkspace
@@ -124,14 +125,8 @@ def direct_gather_unavailable_reason(
     return _capability_detail(group, dtype, use_direct, supported_dtypes, multicast=True)
 
 
-def _group_identity(group: Any) -> Any:
-    """What a workspace is shared by: the process group under ``group`` (several wrappers of
-    one group, e.g. a ``CPGroup`` made per layer, share one workspace), else ``group``."""
-    return getattr(as_cp_group(group), "device_group", None) or group
-
-
 def _memo(kind: str, group: Any, geometry: tuple[Any, ...], build: Any) -> Any:
-    owner = _group_identity(group)
+    owner = cache_owner(as_cp_group(group))  # wrappers of one process group share a workspace
     key = (kind, id(owner), *geometry)
     with _lock:
         hit = _cache.get(key)
