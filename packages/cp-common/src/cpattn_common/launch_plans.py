@@ -624,7 +624,7 @@ def launch_plans_info() -> dict[str, Any]:
     """Counters: ``plans`` (recorded keys), ``refused`` (keys no longer recorded),
     ``seen_once`` (keys met once, to be recorded at their next call), ``hits``, ``misses``
     (native look-ups), ``evicted`` (plans and refused keys dropped to make room: the table
-    holds 8192 keys and keeps those used since its previous eviction), ``recorded`` /
+    holds 8192 keys; a full one drops its least recently used quarter), ``recorded`` /
     ``refusals`` (recordings this process), and
     ``last_refusal`` (op name -> reason of its latest refused recording)."""
     info: dict[str, Any] = dict(_ext.info()) if _ext is not None else {}

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -71,7 +72,7 @@ struct Alloc {
 
 struct Plan {
   bool ready = false;  // false: only failed recordings are counted under this key
-  bool used = true;    // replayed, recorded or refused since make_room last looked
+  uint64_t last_used = 0;  // use_clock at its latest replay, recording or refusal
   int64_t failures = 0;
   int64_t device = -1;
   std::vector<Alloc> allocs;
@@ -107,25 +108,26 @@ int64_t n_hits = 0;
 int64_t n_misses = 0;
 int64_t n_evicted = 0;
 
-// Makes room for one more key in a full plan table, second-chance style: the plans used since
-// the previous eviction stay (and are marked unused), the others go; if that frees less than a
-// quarter of the table, more go in table order. Every eviction frees at least a quarter, so
-// its O(table) walk is paid for by the insertions that filled the table again, and a working
-// set that fits is never flushed by a stream of new keys (the former clear-all did that).
+// Ticks at every replay, recording and refusal of a key in the plan table (Plan::last_used).
+uint64_t use_clock = 0;
+
+// Makes room for one more key in a full plan table: the least recently used quarter goes (at
+// least one key), so a working set of up to three quarters of the table that keeps being
+// replayed is never flushed by a stream of new keys, whatever their order. One O(table) walk
+// and selection per eviction, paid for by the insertions that filled the table again.
 void make_room() {
   if (plans.size() < max_plans) return;
   const size_t keep = max_plans - std::max<size_t>(1, max_plans / 4);
-  const size_t before = plans.size();
+  const size_t drop = plans.size() - keep;
+  std::vector<uint64_t> ages;
+  ages.reserve(plans.size());
+  for (const auto& kv : plans) ages.push_back(kv.second->last_used);
+  std::nth_element(ages.begin(), ages.begin() + static_cast<std::ptrdiff_t>(drop - 1), ages.end());
+  const uint64_t newest_dropped = ages[drop - 1];  // ticks are unique: exactly `drop` go
   for (auto it = plans.begin(); it != plans.end();) {
-    if (it->second->used) {
-      it->second->used = false;
-      ++it;
-    } else {
-      it = plans.erase(it);
-    }
+    it = it->second->last_used <= newest_dropped ? plans.erase(it) : std::next(it);
   }
-  for (auto it = plans.begin(); plans.size() > keep && it != plans.end();) it = plans.erase(it);
-  n_evicted += static_cast<int64_t>(before - plans.size());
+  n_evicted += static_cast<int64_t>(drop);
 }
 
 // The key of (op, current device, args); false when an argument is of a kind plans never
@@ -309,7 +311,7 @@ PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       seen.insert(key_buffer);
       Py_RETURN_FALSE;
     }
-    it->second->used = true;
+    it->second->last_used = ++use_clock;
     if (!it->second->ready) {
       ++n_misses;
       if (it->second->failures < 0) Py_RETURN_FALSE;  // refused key
@@ -511,6 +513,7 @@ PyObject* register_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       plan.returns.push_back(static_cast<int>(r));
     }
     if (plans.find(key) == plans.end()) make_room();
+    plan.last_used = ++use_clock;
     plans[std::move(key)] = std::make_shared<Plan>(std::move(plan));
     Py_RETURN_NONE;
   } catch (const std::exception& e) {
@@ -542,7 +545,7 @@ PyObject* refuse(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (plans.find(key) == plans.end()) make_room();
     std::shared_ptr<Plan>& slot = plans[std::move(key)];
     if (!slot) slot = std::make_shared<Plan>();
-    slot->used = true;
+    slot->last_used = ++use_clock;
     if (!slot->ready && slot->failures >= 0 && ++slot->failures >= limit) slot->failures = -1;
     Py_RETURN_NONE;
   } catch (const std::exception& e) {
