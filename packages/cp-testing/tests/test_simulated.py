@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -130,8 +131,61 @@ def _mismatch(group: SimulatedGroup) -> None:
 
 
 def test_mismatched_collectives_raise() -> None:
-    with pytest.raises(RuntimeError, match=r"collective mismatch .* \['all_reduce', 'barrier'\]"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"collective mismatch .* \['all_reduce of \(2,\) torch.float32', 'barrier'\]",
+    ):
         SimulatedWorld(2, timeout=10).run(_mismatch)
+
+
+def _ragged(group: SimulatedGroup, op: str, mismatch: str) -> None:
+    rank = group.rank_in_group
+    shape = (2 + rank, 4) if mismatch == "shape" else (2, 4)
+    dtype = torch.bfloat16 if mismatch == "dtype" and rank == 1 else torch.float32
+    x = torch.ones(shape, dtype=dtype)
+    if op == "all_gather_into_tensor":
+        group.all_gather_into_tensor(torch.empty((4 * shape[0], 4), dtype=dtype), x)
+    else:
+        getattr(group, op)(x)
+
+
+@pytest.mark.parametrize("mismatch", ["shape", "dtype"])
+@pytest.mark.parametrize(
+    "op", ["all_reduce", "all_gather", "reduce_scatter", "all_gather_into_tensor"]
+)
+def test_ranks_disagreeing_on_shape_or_dtype_raise(op: str, mismatch: str) -> None:
+    """gloo and NCCL reject such calls; the simulated group must not broadcast or concatenate
+    them into a plausible result."""
+    with pytest.raises(RuntimeError, match="collective mismatch"):
+        SimulatedWorld(4, timeout=10).run(_ragged, op, mismatch)
+
+
+def _reuse_input_at_once(group: SimulatedGroup, op: str) -> list[float]:
+    """Each rank overwrites its input right after the collective, as a caller reusing a
+    buffer does; a slow rank 0 must still receive the values as they were at the call."""
+    rank = group.rank_in_group
+    x = torch.full((4,), float(rank + 1))
+    if op == "all_to_all_single":
+        out = torch.empty(4)
+        group.all_to_all_single(out, x)
+    else:
+        out = getattr(group, op)(x) if op != "all_gather" else group.all_gather(x, 0)
+    x.fill_(-100.0)
+    if rank == 0:
+        time.sleep(0.05)
+    return out.tolist()
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all_single"])
+def test_collectives_see_inputs_as_they_were_at_the_call(op: str) -> None:
+    results = SimulatedWorld(4, timeout=10).run(_reuse_input_at_once, op)
+    expected = {
+        "all_reduce": [[10.0] * 4] * 4,
+        "all_gather": [[float(r) for r in (1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4)]] * 4,
+        "reduce_scatter": [[10.0]] * 4,
+        "all_to_all_single": [[1.0, 2.0, 3.0, 4.0]] * 4,
+    }[op]
+    assert results == expected
 
 
 def _raise_on_one(group: SimulatedGroup) -> None:

@@ -16,9 +16,14 @@ a collective that gives each rank its own zero-filled buffer plus the buffers of
 of the peers' buffers forms a valid peer-pointer table on a single device, so kernels that
 take peer pointers can be checked on one GPU or on the CPU.
 
-Collective misuse fails loudly instead of hanging: ranks that call different collectives get
-a ``RuntimeError`` naming what each rank called; a rank that raises aborts the others; a rank
-that never arrives makes the others raise ``TimeoutError`` after ``timeout`` seconds.
+Every collective works on the ranks' inputs as they were when each rank called it (a rank
+that returns first and reuses its input does not change what slower ranks receive), and the
+ranks' inputs must agree in shape and dtype, as gloo and NCCL require.
+
+Collective misuse fails loudly instead of hanging: ranks that call different collectives, or
+the same one with inputs of different shapes or dtypes, get a ``RuntimeError`` naming what
+each rank passed; a rank that raises aborts the others; a rank that never arrives makes the
+others raise ``TimeoutError`` after ``timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -80,17 +85,25 @@ class _Rendezvous:
             ) from None
 
     def exchange(self, rank: int, op: str, value: Any) -> list[Any]:
-        """Deposit ``value`` for collective ``op``; return every rank's value, in rank order."""
+        """Deposit ``value`` for collective ``op``; return every rank's value, in rank order.
+
+        A tensor is deposited as a snapshot (a copy, unless it is symmetric memory being
+        shared), and ``op`` is compared across ranks together with its shape and dtype."""
+        call = op
+        if isinstance(value, torch.Tensor):
+            call = f"{op} of {tuple(value.shape)} {value.dtype}"
+            if not op.startswith("allocate_symmetric"):
+                value = value.detach().clone()
         self.current[rank] = op
-        self._slots[rank] = (op, value)
+        self._slots[rank] = (call, value)
         self._wait(rank, op)
         items = list(self._slots)
         self._wait(rank, op)  # nobody overwrites a slot before everyone has read it
         self.current[rank] = None
-        ops = [name for name, _ in items]
-        if any(name != op for name in ops):
+        calls = [name for name, _ in items]
+        if any(name != call for name in calls):
             raise RuntimeError(
-                f"collective mismatch on simulated rank {rank}: ranks called {ops} (by rank)"
+                f"collective mismatch on simulated rank {rank}: ranks called {calls} (by rank)"
             )
         return [v for _, v in items]
 
