@@ -466,7 +466,12 @@ def run_kernels(
             if t.method == "cuda_graph":
                 key = (row.bytes, n_sets)
                 if key not in graph_copy_bps:
-                    moved, tc = hb.measure_copy_graph(device, nbytes=row.bytes // 2, sets=n_sets)
+                    moved, tc = hb.measure_copy_graph(
+                        device,
+                        nbytes=row.bytes // 2,
+                        sets=n_sets,
+                        calls_per_graph=plan.calls_per_graph,
+                    )
                     graph_copy_bps[key] = moved / (tc.median_ms * 1e-3)
                 row.size_copy_ratio = row.bytes_per_s / graph_copy_bps[key]
             if t.method == "cuda_graph" and refs.empty_graph_us:

@@ -3,10 +3,12 @@ target evaluation, markdown page and PNG from a fake result set, CPU timing fall
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -284,6 +286,27 @@ def test_copy_graph_counts_read_and_write_and_checks_sets() -> None:
     assert tc.median_ms > 0
     with pytest.raises(ValueError, match="sets"):
         hb.measure_copy_graph(torch.device("cpu"), nbytes=64, sets=0)
+    with pytest.raises(ValueError, match="calls_per_graph"):
+        hb.measure_copy_graph(torch.device("cpu"), nbytes=64, sets=1, calls_per_graph=0)
+
+
+def test_copy_graph_holds_as_many_calls_as_the_rows_it_is_compared_with(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A row's graph holds ``calls_per_graph`` calls; the copy it is compared with must too
+    (fewer calls spread the replay's own cost over fewer copies, flattering the row)."""
+    captured: list[int] = []
+
+    def fake_graph(fns: Any, **kwargs: Any) -> hb.Timing:
+        captured.append(len(fns))
+        return hb.Timing(1.0, 1.0, 1.0, "cuda_graph")
+
+    monkeypatch.setattr(hb, "time_cuda_graph", fake_graph)
+    monkeypatch.setattr(torch, "randn", lambda n, device: torch.zeros(n))
+    monkeypatch.setattr(torch, "empty", lambda n, device, dtype: torch.zeros(n, dtype=dtype))
+    for sets, calls, want in ((1, 64, 64), (4, 64, 64), (32, 16, 32)):
+        hb.measure_copy_graph(torch.device("cuda"), nbytes=64, sets=sets, calls_per_graph=calls)
+        assert captured[-1] == want
 
 
 @pytest.mark.gpu
@@ -460,6 +483,16 @@ def test_merge_results_takes_missing_rows_and_collectives() -> None:
     assert "merged rows" in merged.notes[-1]
     assert len(base.kernels) == len(fake_results().kernels)  # inputs untouched
     assert hb.merge_results([base]) == base
+
+
+def test_merge_results_replaces_a_failed_host_row_by_a_measured_one() -> None:
+    base = fake_results()
+    failed = dataclasses.replace(base.host[0], host_us=None, status="error: boom")
+    base.host = [failed, *base.host[1:]]
+    other = fake_results()
+    merged = hb.merge_results([base, other])
+    rows = [r for r in merged.host if (r.kernel, r.B) == (failed.kernel, failed.B)]
+    assert [r.status for r in rows] == ["ok"]
 
 
 @pytest.mark.slow

@@ -439,16 +439,20 @@ def measure_copy_ceiling(
     return moved, timing
 
 
-def measure_copy_graph(device: torch.device, *, nbytes: int, sets: int) -> tuple[int, Timing]:
+def measure_copy_graph(
+    device: torch.device, *, nbytes: int, sets: int, calls_per_graph: int = 1
+) -> tuple[int, Timing]:
     """Graph-replay time per call of a device copy of ``nbytes`` (``dst.copy_(src)``, bf16)
-    over ``sets`` rotating buffer pairs (:func:`time_cuda_graph`, like a decode-size row).
+    over ``sets`` rotating buffer pairs (:func:`time_cuda_graph`, like a decode-size row),
+    ``max(calls_per_graph, sets)`` calls per graph: pass the rows' count, since the replay's
+    own launch cost is spread over the calls of a graph.
 
     The floor of a decode-size kernel that moves the same bytes: launch, DRAM latency and
     ramp included. Returns ``(bytes_moved, timing)`` with ``bytes_moved = 2 * nbytes`` rounded
     to whole elements (read + write), as :func:`measure_copy_ceiling`.
     """
-    if sets < 1:
-        raise ValueError(f"sets must be >= 1, got {sets}")
+    if sets < 1 or calls_per_graph < 1:
+        raise ValueError(f"sets and calls_per_graph must be >= 1, got {sets}, {calls_per_graph}")
     numel = max(1, nbytes // 2)
     pairs = [
         (
@@ -458,7 +462,8 @@ def measure_copy_graph(device: torch.device, *, nbytes: int, sets: int) -> tuple
         for _ in range(sets)
     ]
     fns = [functools.partial(dst.copy_, src) for src, dst in pairs]
-    timing = time_cuda_graph(fns) if device.type == "cuda" else time_wall(fns[0])
+    calls = [fns[i % sets] for i in range(max(calls_per_graph, sets))]
+    timing = time_cuda_graph(calls) if device.type == "cuda" else time_wall(fns[0])
     return 4 * numel, timing
 
 
@@ -515,8 +520,9 @@ def measure_touch_kernel_graph(
 ) -> Timing:
     """Per-launch time inside a replayed CUDA graph of the smallest kernel that reads and
     writes memory: each of ``grid`` programs loads one 16-byte vector and stores it (rotating
-    over ``calls_per_graph`` buffer pairs, so the load is not an L2 hit left by the previous
-    call).
+    over ``calls_per_graph`` buffer pairs, as decode-size rows rotate their inputs; at these
+    sizes both stay in L2 across replays, so this is the floor of an L2 round trip, the one
+    those rows pay).
 
     The difference to :func:`measure_empty_kernel_graph` is one memory round trip plus a store
     that must complete before the kernel ends: a floor for every decode-size op, none of which
@@ -890,7 +896,8 @@ def merge_results(parts: Sequence[Results]) -> Results:
         added = [r for r in extra.kernels if kkey(r) not in have_k and r.status == "ok"]
         base.kernels = [r for r in base.kernels if kkey(r) not in {kkey(a) for a in added}] + added
         have_h = {hkey(r) for r in base.host if r.status == "ok"}
-        base.host += [r for r in extra.host if hkey(r) not in have_h and r.status == "ok"]
+        added_h = [r for r in extra.host if hkey(r) not in have_h and r.status == "ok"]
+        base.host = [r for r in base.host if hkey(r) not in {hkey(a) for a in added_h}] + added_h
         for name, status in extra.kernel_status.items():
             if base.kernel_status.get(name) != "ok":
                 base.kernel_status[name] = status

@@ -6,16 +6,22 @@ the GPU, so that CPU test runs check what a GPU computes.
 exponent range, so the GPU widening is exact: the bf16 bits shifted left by 16. Kernels that
 widen a bf16 LSE (the A2A pack, ``correct_attn_out``, the merge) then disagreed with their
 float64 references on bf16 subnormal LSEs, which the property tests draw.
+
+``rtne_bf16_narrowing``: the interpreter narrows float32 to bfloat16 by truncation, both in
+``.to(tl.bfloat16)`` and in the implicit cast of a ``tl.store`` (Triton 3.9: 1 + 2**-8 + 2**-10
+becomes 1.0, not 1.0078125), where the GPU rounds to nearest, ties to even. CPU runs of every
+kernel with a bf16 output were biased toward zero by up to one bf16 ulp.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["apply_interpreter_fixes", "exact_bf16_widening"]
+__all__ = ["apply_interpreter_fixes", "exact_bf16_widening", "rtne_bf16_narrowing"]
 
-_installed = False
+_installed: set[str] = set()
 
 
 def apply_interpreter_fixes() -> None:
@@ -24,20 +30,85 @@ def apply_interpreter_fixes() -> None:
     workers call it."""
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         exact_bf16_widening()
+        rtne_bf16_narrowing()
 
 
 def exact_bf16_widening() -> bool:
     """Make the interpreter widen bfloat16 to float32 exactly (a 16-bit shift of the bits),
     leaving every other conversion as it is.
 
-    Wraps ``triton.runtime.interpreter._convert_float`` in this process, once. Does nothing
-    when that converter is missing or already exact for a bf16 subnormal (a fixed Triton).
+    Wraps ``triton.runtime.interpreter._convert_float`` in this process, once, unless that
+    converter is already exact for bf16 subnormals (a fixed Triton).
 
     Returns:
-        Whether the exact widening is in place (installed now or before).
+        Whether the interpreter's widening is exact now (``False`` only when its converter is
+        missing).
     """
-    global _installed
-    if _installed:
+    try:
+        import numpy as np
+    except ImportError:
+        return False
+
+    def exact(value: Any) -> Any:
+        return (np.asarray(value, dtype=np.uint16).astype(np.uint32) << 16).reshape(value.shape)
+
+    return _wrap_converter(
+        "widening",
+        np.array([0x0003, 0x8001, 0x3F80], dtype=np.uint16),
+        lambda tl, input_dtype, output_dtype: (
+            input_dtype == tl.bfloat16 and output_dtype == tl.float32
+        ),
+        lambda value, rounding_mode: exact(value),
+    )
+
+
+def rtne_bf16_narrowing() -> bool:
+    """Make the interpreter narrow float32 to bfloat16 as the GPU does: round to nearest, ties
+    to even (its default and ``"rtne"`` casts; overflow becomes infinity) or toward zero
+    (``"rtz"``: the interpreter's own truncation mishandles subnormals); NaN stays a quiet NaN
+    of the same sign.
+
+    Wraps ``triton.runtime.interpreter._convert_float`` in this process, once, unless that
+    converter already rounds (a fixed Triton).
+
+    Returns:
+        Whether the interpreter's narrowing rounds to nearest-even now (``False`` only when
+        its converter is missing).
+    """
+    try:
+        import numpy as np
+        from triton._C.libtriton import ir
+    except ImportError:
+        return False
+
+    def narrow(value: Any, rounding_mode: Any) -> Any:
+        bits = np.frombuffer(np.ascontiguousarray(value, dtype=np.float32).tobytes(), np.uint32)
+        wide = bits.astype(np.uint64)
+        if rounding_mode == ir.ROUNDING_MODE.RTZ:
+            rounded = wide >> 16
+        else:
+            rounded = (wide + 0x7FFF + ((wide >> 16) & 1)) >> 16
+        nan = (bits & 0x7FFFFFFF) > 0x7F800000
+        out = np.where(nan, (wide >> 16) | 0x0040, rounded).astype(np.uint16)
+        return out.reshape(np.shape(value))
+
+    def applies(tl: Any, input_dtype: Any, output_dtype: Any) -> bool:
+        return bool(input_dtype == tl.float32 and output_dtype == tl.bfloat16)
+
+    probe = np.array([1.0 + 2.0**-8 + 2.0**-10, -(1.0 + 3 * 2.0**-9), 3.3961e38], np.float32)
+    return _wrap_converter("narrowing", probe, applies, narrow)
+
+
+def _wrap_converter(
+    name: str,
+    probe: Any,
+    applies: Callable[[Any, Any, Any], bool],
+    correct: Callable[[Any, Any], Any],
+) -> bool:
+    """Route the interpreter's float conversions for which ``applies(tl, in_dtype, out_dtype)``
+    to ``correct(value, rounding_mode)``, unless its converter already agrees with ``correct``
+    on ``probe`` (converted with rounding mode ``None``)."""
+    if name in _installed:
         return True
     try:
         import numpy as np
@@ -48,19 +119,17 @@ def exact_bf16_widening() -> bool:
     convert = getattr(interpreter, "_convert_float", None)
     if convert is None:
         return False
-
-    def exact(value: Any) -> Any:
-        return (np.asarray(value, dtype=np.uint16).astype(np.uint32) << 16).reshape(value.shape)
-
-    probe = np.array([0x0003, 0x8001, 0x3F80], dtype=np.uint16)
-    if np.array_equal(convert(probe, tl.bfloat16, tl.float32, None), exact(probe)):
-        return False
+    input_dtype = tl.bfloat16 if probe.dtype == np.uint16 else tl.float32
+    output_dtype = tl.float32 if input_dtype == tl.bfloat16 else tl.bfloat16
+    if np.array_equal(convert(probe, input_dtype, output_dtype, None), correct(probe, None)):
+        _installed.add(name)  # this Triton gets it right
+        return True
 
     def converted(value: Any, input_dtype: Any, output_dtype: Any, rounding_mode: Any) -> Any:
-        if input_dtype == tl.bfloat16 and output_dtype == tl.float32:
-            return exact(value)
+        if applies(tl, input_dtype, output_dtype):
+            return correct(value, rounding_mode)
         return convert(value, input_dtype, output_dtype, rounding_mode)
 
     interpreter._convert_float = converted
-    _installed = True
+    _installed.add(name)
     return True
