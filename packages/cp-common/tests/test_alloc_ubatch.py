@@ -46,6 +46,38 @@ def test_poison_off_and_on(device: torch.device) -> None:
         set_output_poison(previous)
 
 
+@pytest.mark.no_output_poison
+def test_poison_contexts_of_threads_exiting_out_of_order_restore_the_setting() -> None:
+    """Thread A enters, thread B enters, A exits, B exits: poisoning is off afterwards (a
+    save-and-restore context left B's saved value, A's poison, on for good)."""
+    import threading
+
+    assert get_output_poison() is None
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen: list[float | None] = []
+
+    def thread_a() -> None:
+        with poison_outputs(1.0):
+            a_in.set()
+            b_in.wait(10)
+        a_out.set()
+
+    def thread_b() -> None:
+        a_in.wait(10)
+        with poison_outputs(2.0):
+            b_in.set()
+            a_out.wait(10)
+            seen.append(get_output_poison())  # B's context is still open: its value
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert seen == [2.0]
+    assert get_output_poison() is None
+
+
 def test_plugin_poisons_by_default(device: torch.device) -> None:
     """The cpattn_testing plugin turns NaN poisoning on for every test."""
     assert torch.isnan(empty_output((3,), dtype=torch.float32, device=device)).all()

@@ -177,9 +177,9 @@ def test_auto_decision_with_fake_cuda(no_multicast_env: None, fake_cuda: dict[st
 
 @pytest.mark.parametrize(
     ("same_node", "reached", "expected"),
-    [(True, False, True), (False, True, True), (False, False, False)],
+    [(True, True, True), (True, False, False), (False, True, True), (False, False, False)],
 )
-def test_multi_node_needs_symm_mem_reach(
+def test_the_direct_path_needs_a_working_rendezvous(
     no_multicast_env: None,
     fake_cuda: dict[str, Any],
     same_node: bool,
@@ -189,6 +189,37 @@ def test_multi_node_needs_symm_mem_reach(
     fake_cuda["same_node_value"] = same_node
     fake_cuda["reached"] = reached
     assert direct_cp_enabled(_Group(), torch.bfloat16, None) is expected
+
+
+def test_a_raising_rendezvous_turns_the_direct_path_off(
+    monkeypatch: pytest.MonkeyPatch, no_multicast_env: None, fake_cuda: dict[str, Any]
+) -> None:
+    """One host, but the rendezvous raised: the workspaces would fail the same way, so the
+    automatic decision is off, with the reason."""
+
+    def boom(*args: Any) -> Any:
+        raise RuntimeError("planted rendezvous failure")
+
+    monkeypatch.setattr(capability, "_rendezvous_probe", boom)
+    assert group_probe(_Group()).rendezvous_failed is True
+    assert direct_cp_enabled(_Group(), torch.bfloat16, None) is False
+    assert "planted" in str(direct_cp_disabled_reason(_Group(), torch.bfloat16, None))
+    assert direct_cp_enabled(_Group(), torch.bfloat16, True) is True  # forced: as asked
+
+
+def test_a_group_without_a_process_group_is_on_without_a_rendezvous(
+    no_multicast_env: None, fake_cuda: dict[str, Any]
+) -> None:
+    """Simulated ranks in one process: nothing to rendezvous on, one host."""
+    assert direct_cp_enabled(_Group(with_pg=False), torch.bfloat16, None) is True
+    assert fake_cuda["rendezvous"] == []
+
+
+@pytest.mark.parametrize("use_direct", ["false", "0", 0, 1, 1.0])
+def test_use_direct_must_be_a_bool_or_none(use_direct: Any) -> None:
+    for check in (direct_cp_enabled, direct_cp_disabled_reason, direct_cp_multicast_enabled):
+        with pytest.raises(TypeError, match="use_direct"):
+            check(_Group(), torch.bfloat16, use_direct)
 
 
 def test_probe_never_raises(
@@ -235,7 +266,10 @@ def test_multicast_off_reaches_torch_symm_mem(
     import os
 
     assert os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    assert os.environ["NVSHMEM_DISABLE_NVLS"] == "1"  # torch's NVSHMEM backend reads this one
     monkeypatch.delenv("TORCH_SYMM_MEM_DISABLE_MULTICAST")
+    monkeypatch.delenv("NVSHMEM_DISABLE_NVLS")
     monkeypatch.delenv("NCCL_NVLS_ENABLE")
     capability.propagate_multicast_off()
     assert "TORCH_SYMM_MEM_DISABLE_MULTICAST" not in os.environ
+    assert "NVSHMEM_DISABLE_NVLS" not in os.environ

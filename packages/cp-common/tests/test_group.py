@@ -184,3 +184,36 @@ def test_cpgroup_needs_initialised_dist() -> None:
         pytest.skip("a process group is initialised in this process")
     with pytest.raises(RuntimeError, match="initialised"):
         CPGroup()
+
+
+def non_member_ranks(rank: int, world_size: int) -> str:
+    pg = dist.new_group([0])  # collective: every rank calls it; rank 1 is not a member
+    if rank == 0:
+        return "member"
+    try:
+        CPGroup(pg)
+    except ValueError as exc:
+        return str(exc)
+    return "accepted"
+
+
+def test_a_group_this_rank_is_not_in_is_rejected(run_ranks: Callable[..., list[Any]]) -> None:
+    """torch answers world size and rank -1 there; the wrapper's collectives then returned
+    the input unreduced (all_reduce) or failed obscurely."""
+    results = run_ranks(non_member_ranks, 2)
+    assert results[0] == "member"
+    assert "not a member of the group with ranks [0]" in results[1]
+
+
+def test_all_to_all_single_rejects_an_output_overlapping_its_input() -> None:
+    """gloo's native all-to-all returned wrong chunks in place; no backend promises it."""
+    from cpattn_common.group import check_all_to_all_single_args
+
+    buf = torch.arange(8.0)
+    with pytest.raises(ValueError, match="overlaps"):
+        check_all_to_all_single_args(buf, buf, 2)
+    wide = torch.zeros(8, 2)
+    with pytest.raises(ValueError, match="overlaps"):  # strided views sharing a span
+        check_all_to_all_single_args(wide[:, 0], wide[:, 1], 2)
+    check_all_to_all_single_args(wide[:4].reshape(8), wide[4:].reshape(8), 2)  # disjoint
+    check_all_to_all_single_args(torch.empty(0), torch.empty(0), 2)

@@ -59,6 +59,34 @@ def test_builds_once_then_loads_from_the_cache(
     assert again.answer == 41
 
 
+def test_a_cached_build_loads_without_a_compiler_and_from_another_source_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Built once (in an image, say), loaded where no compiler is on PATH and the package
+    sits elsewhere: the key holds no compiler and no path."""
+    cache = tmp_path / "cache"
+    native_build.load_extension("cpattn_tiny_k", _source(tmp_path, 17), directory=cache)
+    moved = tmp_path / "site-packages-elsewhere"
+    moved.mkdir()
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-tools-here"))
+    module = native_build.load_extension("cpattn_tiny_k", _source(moved, 17), directory=cache)
+    assert module.answer == 17
+    assert len(_built(cache)) == 1
+
+
+def test_a_build_is_readable_by_others_as_the_umask_allows(tmp_path: Path) -> None:
+    """mkstemp creates 0600 files; a build shared through CPATTN_CACHE_DIR must not stay so."""
+    cache = tmp_path / "cache"
+    previous = os.umask(0o022)
+    try:
+        native_build.load_extension("cpattn_tiny_m", _source(tmp_path, 19), directory=cache)
+    finally:
+        os.umask(previous)
+    (built,) = _built(cache)
+    assert built.stat().st_mode & 0o777 == 0o755
+
+
 def test_a_changed_source_is_a_new_build(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     native_build.load_extension("cpattn_tiny_b", _source(tmp_path, 1), directory=cache)
@@ -131,11 +159,7 @@ def test_a_build_that_does_not_finish_is_not_waited_for_long(
     cache = tmp_path / "cache"
     cache.mkdir()
     source = _source(tmp_path, 13)
-    key = native_build._build_key(
-        "cpattn_tiny_h",
-        source.read_bytes(),
-        native_build._command("cpattn_tiny_h", source, Path("OUTPUT")),
-    )
+    key = native_build._build_key("cpattn_tiny_h", source.read_bytes())
     (cache / f".cpattn_tiny_h_{key}.killed.tmp").write_bytes(b"never finished")
     monkeypatch.setattr(native_build, "_PEER_WAIT_S", 0.5)
     start = time.monotonic()

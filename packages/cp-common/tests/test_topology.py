@@ -24,6 +24,8 @@ def test_layout_dcp_is_tp_subgroup_without_pcp() -> None:
     assert layout.dcp_groups == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert layout.tp_inner_groups == layout.dcp_groups
     assert all(set(g) <= set(layout.group_of("tp", g[0])) for g in layout.dcp_groups)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        layout.group_of("cp", 0)
 
 
 def test_layout_dcp_spans_pcp_before_tp() -> None:

@@ -82,6 +82,9 @@ def test_validation(device: torch.device) -> None:
         ws.allocate((2, 0), torch.float32)
     with pytest.raises(TypeError, match=r"torch\.dtype"):
         ws.allocate((2, 4), "float32")  # type: ignore[arg-type]
+    for shape in ((2, 4.7), (2, True), (2, "3")):  # int() would truncate or parse them
+        with pytest.raises(TypeError, match="must hold ints"):
+            ws.allocate(shape, torch.float32)  # type: ignore[arg-type]
     assert ws.multicast_ptrs(torch.empty(2, 4)) == [0, 0]  # unknown storage
 
 

@@ -28,10 +28,11 @@ _recorder: Callable[[torch.Tensor], None] | None = None
 
 
 def set_output_poison(value: float | None) -> None:
-    """Set the fill value of every later ``empty_output`` (``None`` turns poisoning off)."""
-    global _poison
+    """Set the fill value of every later ``empty_output`` (``None`` turns poisoning off), at
+    once; it stays after the ``poison_outputs`` contexts open now have exited."""
+    global _base, _poison
     with _lock:
-        _poison = None if value is None else float(value)
+        _base = _poison = None if value is None else float(value)
 
 
 def get_output_poison() -> float | None:
@@ -39,15 +40,31 @@ def get_output_poison() -> float | None:
     return _poison
 
 
+# The open poison_outputs contexts, in the order they were entered (any thread), and the value
+# set_output_poison set; _poison is the newest open context's value, else _base. Contexts of
+# several threads may exit in any order and still leave _poison as it was before them all.
+_base: float | None = None
+_open: list[tuple[object, float]] = []
+
+
+def _publish() -> None:
+    global _poison
+    _poison = _open[-1][1] if _open else _base
+
+
 @contextlib.contextmanager
 def poison_outputs(value: float = float("nan")) -> Iterator[None]:
     """Context manager: fill outputs allocated inside it with ``value`` (NaN by default)."""
-    previous = _poison
-    set_output_poison(value)
+    token = object()
+    with _lock:
+        _open.append((token, float(value)))
+        _publish()
     try:
         yield
     finally:
-        set_output_poison(previous)
+        with _lock:
+            _open[:] = [entry for entry in _open if entry[0] is not token]
+            _publish()
 
 
 def empty_output(

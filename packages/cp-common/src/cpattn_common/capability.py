@@ -4,7 +4,8 @@
 this dtype?", ``direct_cp_multicast_enabled`` additionally requires NVLink multicast (NVLS), and
 ``direct_cp_disabled_reason`` says why a path is off. An explicit ``use_direct`` always wins
 for the unicast paths; the automatic decision needs symmetric memory, CUDA, a supported dtype,
-and a group that is either on one node or reachable through symmetric memory.
+and a group over which a symmetric-memory rendezvous works (a group with no process group,
+such as simulated ranks in one process: on one node).
 
 Multicast is **never probed** (no ``has_multicast_support``, no multicast rendezvous, no
 ``multicast_ptr`` read) when the environment disables it: ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``,
@@ -78,18 +79,28 @@ def multicast_env_reason() -> str | None:
     return None
 
 
-def propagate_multicast_off() -> None:
-    """If any variable disables multicast, also set ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``.
+# What each symmetric-memory backend of torch reads to stay off multicast: its CUDA backend
+# and its NVSHMEM backend (read when NVSHMEM starts up).
+_SYMM_MEM_MULTICAST_OFF = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
-    torch's symmetric memory only reads its own variable; without it a plain rendezvous may set
-    up multicast objects on a device that supports them. Called before every rendezvous.
+
+def propagate_multicast_off() -> None:
+    """If any variable disables multicast, also set ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` and
+    ``NVSHMEM_DISABLE_NVLS=1``.
+
+    Each symmetric-memory backend only reads its own variable; without it a plain rendezvous
+    may set up multicast objects on a device that supports them. Called before every
+    rendezvous. (NCCL's own ``NCCL_NVLS_ENABLE`` is the user's to set: it governs their
+    collectives, not ours.)
     """
-    if multicast_disabled_by_env() and os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST") != "1":
-        logger.debug(
-            "multicast disabled by %s: setting TORCH_SYMM_MEM_DISABLE_MULTICAST=1",
-            multicast_env_reason(),
-        )
-        os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+    if not multicast_disabled_by_env():
+        return
+    for name, value in _SYMM_MEM_MULTICAST_OFF.items():
+        if os.environ.get(name) != value:
+            logger.debug(
+                "multicast disabled by %s: setting %s=%s", multicast_env_reason(), name, value
+            )
+            os.environ[name] = value
 
 
 @dataclass(frozen=True)
@@ -102,12 +113,15 @@ class GroupProbe:
         multicast: a multicast address is available for the group (always False when the
             environment disables multicast).
         reason: why ``symm_mem_reaches_group`` or ``multicast`` is False, if one of them is.
+        rendezvous_failed: a symmetric-memory rendezvous over the group was tried and raised
+            or returned no handle (the direct path's workspaces would fail the same way).
     """
 
     same_node: bool
     symm_mem_reaches_group: bool
     multicast: bool
     reason: str | None
+    rendezvous_failed: bool = False
 
 
 _cache: dict[int, tuple[object, GroupProbe]] = {}
@@ -191,16 +205,15 @@ def _probe_group(group: CPGroupLike) -> GroupProbe:
         reached, multicast = _rendezvous_probe(group, device, want_multicast)
     except Exception as exc:
         logger.debug("symmetric-memory probe failed: %r", exc)
-        return GroupProbe(
-            same_node, False, False, f"symmetric-memory probe failed: {type(exc).__name__}: {exc}"
-        )
+        reason = f"symmetric-memory probe failed: {type(exc).__name__}: {exc}"
+        return GroupProbe(same_node, False, False, reason, rendezvous_failed=True)
     if env_off is not None:
         reason = f"multicast disabled by {env_off}"
     elif not reached:
         reason = "symmetric-memory rendezvous returned no handle"
     elif not multicast and reason is None:
         reason = "the symmetric-memory handle has no multicast address"
-    return GroupProbe(same_node, reached, multicast, reason)
+    return GroupProbe(same_node, reached, multicast, reason, rendezvous_failed=not reached)
 
 
 def group_probe(group: Any) -> GroupProbe:
@@ -227,6 +240,12 @@ def group_probe(group: Any) -> GroupProbe:
     return probe
 
 
+def _check_use_direct(use_direct: object) -> None:
+    # A string such as "false" or an int 0 would otherwise force a decision nobody asked for.
+    if use_direct is not None and use_direct is not True and use_direct is not False:
+        raise TypeError(f"use_direct must be True, False or None, got {use_direct!r}")
+
+
 def direct_cp_disabled_reason(
     group: Any,
     dtype: torch.dtype,
@@ -243,7 +262,11 @@ def direct_cp_disabled_reason(
         use_direct: ``True`` / ``False`` force the unicast decision; ``None`` decides.
         supported_dtypes: the dtypes the path supports (``None``: any).
         multicast: ask about the multicast variant.
+
+    Raises:
+        TypeError: ``use_direct`` is not ``True``, ``False`` or ``None``.
     """
+    _check_use_direct(use_direct)
     if multicast:
         env_off = multicast_env_reason()
         if env_off is not None:
@@ -261,7 +284,9 @@ def direct_cp_disabled_reason(
         if use_direct is True:
             return None
         probe = group_probe(group)
-        if probe.same_node or probe.symm_mem_reaches_group:
+        # A group without a process group (simulated ranks in one process) has nothing to
+        # rendezvous on; any other group is on when its rendezvous worked.
+        if probe.symm_mem_reaches_group or (probe.same_node and not probe.rendezvous_failed):
             return None
         return probe.reason or "the group spans nodes that symmetric memory does not reach"
     probe = group_probe(group)
@@ -279,9 +304,13 @@ def direct_cp_enabled(
     """May ``group`` use the direct symmetric-memory collectives for ``dtype``?
 
     An explicit ``use_direct`` (True/False) is returned as is. ``None`` decides: symmetric
-    memory importable, CUDA available, ``dtype`` in ``supported_dtypes`` (if given), and the
-    group on one node or reachable through symmetric memory (collective probe, cached).
+    memory importable, CUDA available, ``dtype`` in ``supported_dtypes`` (if given), and a
+    symmetric-memory rendezvous over the group working (collective probe, cached).
+
+    Raises:
+        TypeError: ``use_direct`` is not ``True``, ``False`` or ``None``.
     """
+    _check_use_direct(use_direct)
     if use_direct is not None:
         return bool(use_direct)
     return direct_cp_disabled_reason(group, dtype, None, supported_dtypes) is None
@@ -297,7 +326,11 @@ def direct_cp_multicast_enabled(
 
     False without any multicast call when the environment disables multicast; a forced
     ``use_direct=True`` on a fabric without multicast gives False (fall back), not an error.
+
+    Raises:
+        TypeError: ``use_direct`` is not ``True``, ``False`` or ``None``.
     """
+    _check_use_direct(use_direct)
     if multicast_disabled_by_env():
         return False
     if not direct_cp_enabled(group, dtype, use_direct, supported_dtypes):

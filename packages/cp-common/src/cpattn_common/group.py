@@ -122,8 +122,14 @@ def check_all_gather_into_tensor_args(
 def check_all_to_all_single_args(
     output: torch.Tensor, input: torch.Tensor, world_size: int
 ) -> None:
-    """Validate equal-split ``all_to_all_single(output [N*C, ...], input [N*C, ...])`` arguments."""
+    """Validate equal-split ``all_to_all_single(output [N*C, ...], input [N*C, ...])`` arguments.
+
+    ``output`` must not overlap ``input``: a backend writing received chunks while it still
+    sends from the same memory returns wrong data (gloo's native all-to-all does).
+    """
     _check_same(output, input, "all_to_all_single")
+    if _may_overlap(output, input):
+        raise ValueError("all_to_all_single: output overlaps input; pass separate buffers")
     if output.shape != input.shape:
         raise ValueError(
             f"all_to_all_single: output shape {tuple(output.shape)} != input shape "
@@ -134,6 +140,23 @@ def check_all_to_all_single_args(
             f"all_to_all_single: dim 0 of shape {tuple(input.shape)} must be divisible by "
             f"world_size {world_size}"
         )
+
+
+def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` may share an element: the same storage and intersecting byte
+    spans (conservative for interleaved strided views)."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+
+    def span(t: torch.Tensor) -> tuple[int, int]:  # torch strides are never negative
+        extent = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+        last = t.storage_offset() + extent
+        return int(t.storage_offset()) * t.element_size(), int(last + 1) * t.element_size()
+
+    (a_lo, a_hi), (b_lo, b_hi) = span(a), span(b)
+    return a_lo < b_hi and b_lo < a_hi
 
 
 def _contiguous_target(output: torch.Tensor) -> torch.Tensor:
@@ -168,6 +191,13 @@ class CPGroup:
         self._group: ProcessGroup = pg
         self._world_size = dist.get_world_size(pg)
         self._rank_in_group = dist.get_rank(pg)
+        if self._rank_in_group < 0:
+            # torch answers -1 on a rank outside the group; every collective would then be
+            # wrong or fail obscurely (an all_reduce returned the input unreduced).
+            raise ValueError(
+                f"this process (global rank {dist.get_rank()}) is not a member of the group "
+                f"with ranks {list(dist.get_process_group_ranks(pg))}"
+            )
         self.ranks: list[int] = list(dist.get_process_group_ranks(pg))
         self._native = native_collectives
         self._unsupported: set[str] = set()

@@ -9,8 +9,11 @@ file, written in the last ``_PEER_WAIT_S`` seconds) waits for it, at most that l
 than compile the same thing again (the ranks of one job start together); if it does not
 finish, the process builds itself.
 
-The cache file's name carries a hash of everything the binary depends on: the source, the
-torch build, the Python ABI, the compiler command and flags. Where it lives:
+The cache file's name carries a hash of everything the binary's validity depends on: the
+source, the torch build, the Python ABI and the compile flags; not which compiler built it nor
+where torch is installed, so that a build made once (``python -m cpattn_common
+build-launch-plans`` in an image) loads where no compiler is installed. The file is readable by
+everyone the umask lets read it, as a compiler's own output is. Where it lives:
 ``$CPATTN_CACHE_DIR``, else ``$XDG_CACHE_HOME/cpattn``, else ``~/.cache/cpattn``.
 """
 
@@ -63,12 +66,20 @@ def _compiler() -> list[str]:
     raise RuntimeError("no C++ compiler found (set CXX, or put c++ / g++ / clang++ on PATH)")
 
 
+def _flags(name: str) -> list[str]:
+    """The compile flags, without paths (part of the cache key)."""
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [
+        *("-O2", "-std=c++17", "-shared", "-fPIC", "-w"),
+        f"-DTORCH_EXTENSION_NAME={name}",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+    ]
+
+
 def _command(name: str, source: Path, output: Path) -> list[str]:
     from torch.utils.cpp_extension import include_paths, library_paths
 
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    cmd = [*_compiler(), "-O2", "-std=c++17", "-shared", "-fPIC", "-w"]
-    cmd += [f"-DTORCH_EXTENSION_NAME={name}", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+    cmd = [*_compiler(), *_flags(name)]
     # -isystem: torch's headers warn under some compilers; they are not ours to fix.
     for inc in [*include_paths(), sysconfig.get_paths()["include"]]:
         cmd += ["-isystem", inc]
@@ -80,7 +91,7 @@ def _command(name: str, source: Path, output: Path) -> list[str]:
     return cmd
 
 
-def _build_key(name: str, source_text: bytes, cmd: list[str]) -> str:
+def _build_key(name: str, source_text: bytes) -> str:
     h = hashlib.sha256()
     for part in (
         name.encode(),
@@ -89,12 +100,20 @@ def _build_key(name: str, source_text: bytes, cmd: list[str]) -> str:
         str(torch.version.git_version).encode(),
         str(sys.implementation.cache_tag).encode(),
         str(sysconfig.get_config_var("EXT_SUFFIX")).encode(),
-        # The command, with a placeholder for the output (whose name is derived from this key).
-        "\0".join(cmd).encode(),
+        "\0".join(_flags(name)).encode(),
     ):
         h.update(len(part).to_bytes(8, "little"))
         h.update(part)
     return h.hexdigest()[:20]
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (Linux), else the usual 0o022."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o022
 
 
 def _import(name: str, path: Path) -> ModuleType:
@@ -146,7 +165,7 @@ def load_extension(name: str, source: Path, *, directory: Path | None = None) ->
     directory = cache_dir() if directory is None else directory
     source_text = source.read_bytes()
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    key = _build_key(name, source_text, _command(name, source, Path("OUTPUT")))
+    key = _build_key(name, source_text)
     target = directory / f"{name}_{key}{suffix}"
     prefix = f".{name}_{key}."
     if not target.is_file():
@@ -174,6 +193,8 @@ def load_extension(name: str, source: Path, *, directory: Path | None = None) ->
                 raise RuntimeError(
                     f"compiling {source.name} failed (exit {done.returncode}): {tail}"
                 )
+            # mkstemp made the file 0600 and the linker only added execute bits.
+            tmp.chmod(0o755 & ~_umask())
             os.replace(tmp, target)  # atomic: a reader sees no file or a whole one
         finally:
             tmp.unlink(missing_ok=True)

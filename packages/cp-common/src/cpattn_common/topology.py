@@ -57,13 +57,15 @@ class CPLayout:
     def group_of(self, kind: str, rank: int) -> list[int]:
         """The ``kind`` (``"tp"``, ``"pcp"``, ``"dcp"``, ``"tp_inner"``) group that holds
         global ``rank``."""
-        groups = {
+        by_kind = {
             "tp": self.tp_groups,
             "pcp": self.pcp_groups,
             "dcp": self.dcp_groups,
             "tp_inner": self.tp_inner_groups,
-        }[kind]
-        for g in groups:
+        }
+        if kind not in by_kind:
+            raise ValueError(f"kind must be one of {sorted(by_kind)}, got {kind!r}")
+        for g in by_kind[kind]:
             if rank in g:
                 return g
         raise ValueError(f"rank {rank} is not in the world of size {self.world_size}")

@@ -21,6 +21,7 @@ Allocation backends:
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -119,7 +120,12 @@ class DirectCPWorkspace:
         """
         if self._closed:
             raise RuntimeError("DirectCPWorkspace is closed")
-        shape = tuple(int(s) for s in shape)
+        try:  # a float or a string is an error, not a truncated size
+            if any(isinstance(s, bool) for s in shape):
+                raise TypeError
+            shape = tuple(operator.index(s) for s in shape)
+        except TypeError:
+            raise TypeError(f"workspace shape {tuple(shape)} must hold ints") from None
         if len(shape) < 1 or shape[0] != self.num_ubatches:
             raise ValueError(
                 f"workspace shape {shape} must start with the ubatch dim num_ubatches="
