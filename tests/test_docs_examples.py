@@ -1,6 +1,8 @@
-"""Every ```python block in docs/**/*.md runs as is, so the documentation cannot rot.
+"""Every ```python block in docs/**/*.md and in the READMEs runs as is, so the documentation
+cannot rot.
 
-One test per block, named ``<page>:<line>`` (for example ``packages/dcp.md:41``). A block runs in
+One test per block, named ``<page>:<line>`` (for example ``packages/dcp.md:41``; a README is
+named by its path from the repository root, ``README.md`` or ``packages/cp-dcp/README.md``). A block runs in
 this process with a fresh namespace, except a block that guards its body with
 ``if __name__ == "__main__":`` (needed when it launches ranks with
 ``cpattn_testing.launcher.run_distributed``, whose rank function must be importable by the
@@ -97,6 +99,9 @@ def _all_blocks() -> list[Block]:
     blocks: list[Block] = []
     for path in sorted(DOCS.rglob("*.md")):
         page = path.relative_to(DOCS).as_posix()
+        blocks.extend(extract_blocks(path.read_text(encoding="utf-8"), page))
+    for path in [ROOT / "README.md", *sorted(ROOT.glob("packages/*/README.md"))]:
+        page = path.relative_to(ROOT).as_posix()
         blocks.extend(extract_blocks(path.read_text(encoding="utf-8"), page))
     return blocks
 

@@ -75,6 +75,13 @@ def test_layout_rejects(kwargs: dict[str, int], match: str) -> None:
         cp_layout(**kwargs)
 
 
+def test_layout_sizes_must_be_ints() -> None:
+    with pytest.raises(TypeError, match="tp_size must be an int, got '4'"):
+        cp_layout(8, tp_size="4")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="world_size must be an int, got True"):
+        cp_layout(True, tp_size=1)  # type: ignore[arg-type]
+
+
 CONFIGS = [(4, 1, 1), (2, 1, 2), (2, 2, 1), (2, 2, 2), (2, 2, 4), (1, 4, 4), (1, 1, 1)]
 
 

@@ -262,6 +262,11 @@ def test_bad_arguments(kwargs: dict[str, Any], match: str) -> None:
         run_distributed(collective_checks, **kwargs)
 
 
+def test_a_world_size_that_is_not_an_int_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="world_size must be an int, got '2'"):
+        run_distributed(collective_checks, "2")  # type: ignore[arg-type]
+
+
 def test_unpicklable_function_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="needs a module-level function"):
         run_distributed(lambda rank, world_size: rank, 2)

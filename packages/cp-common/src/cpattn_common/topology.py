@@ -72,7 +72,9 @@ class CPLayout:
 
 
 def _positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
@@ -104,6 +106,10 @@ def cp_layout(world_size: int, *, tp_size: int, pcp_size: int = 1, dcp_size: int
 
     Returns:
         A ``CPLayout``.
+
+    Raises:
+        TypeError: a size that is not an int.
+        ValueError: a size < 1, or sizes that do not fit together.
 
     Example:
         >>> cp_layout(8, tp_size=4, pcp_size=2, dcp_size=4).dcp_groups

@@ -425,7 +425,8 @@ def run_distributed(
 
     Raises:
         ValueError: bad ``world_size``, ``backend``, ``timeout`` or ``start_method``.
-        TypeError: ``fn`` (a lambda, a local function) or ``args`` cannot be pickled.
+        TypeError: ``world_size`` is not an int; ``fn`` (a lambda, a local function) or
+            ``args`` cannot be pickled.
         NotEnoughDevicesError: nccl with more ranks than visible GPUs (a ``unittest.SkipTest``,
             so pytest reports a skip).
         DistributedError: a rank raised or died, or the deadline passed. Every worker has
@@ -439,7 +440,9 @@ def run_distributed(
         >>> run_distributed(fn, 4)  # doctest: +SKIP
         [6, 6, 6, 6]
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int, got {world_size!r}")
+    if world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")

@@ -248,7 +248,9 @@ class SimulatedWorld:
     def __init__(
         self, world_size: int, device: torch.device | str = "cpu", *, timeout: float = 60.0
     ) -> None:
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        if isinstance(world_size, bool) or not isinstance(world_size, int):
+            raise TypeError(f"world_size must be an int, got {world_size!r}")
+        if world_size < 1:
             raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
