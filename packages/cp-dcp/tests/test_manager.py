@@ -69,6 +69,8 @@ def test_config_validation() -> None:
         DCPConfig(max_num_tokens=0)
     with pytest.raises(ValueError, match="num_ubatches"):
         DCPConfig(num_ubatches=0)
+    with pytest.raises(TypeError, match="max_num_tokens must be an int, got '64'"):
+        DCPConfig(max_num_tokens="64")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="use_direct_a2a"):
         DCPConfig(use_direct_a2a=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="use_pcp"):

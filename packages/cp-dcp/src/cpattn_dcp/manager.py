@@ -104,6 +104,10 @@ class DCPConfig:
         use_direct_a2a: tri-state switch of the direct A2A (None = capability probing).
         use_direct_q_gather: tri-state switch of the direct (multicast) query gather.
         use_direct_kv_gather: tri-state switch of the direct (multicast) KV gather.
+
+    Raises:
+        ValueError: an unknown ``comm_backend``, a count < 1.
+        TypeError: a count that is not an int, a switch that is not a bool (or ``None``).
     """
 
     comm_backend: CombineBackend = "ag_rs"
@@ -121,7 +125,9 @@ class DCPConfig:
             raise TypeError(f"use_pcp must be a bool, got {self.use_pcp!r}")
         for name in ("max_num_tokens", "num_ubatches"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+            if value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         _check_tristate("use_direct_a2a", self.use_direct_a2a)
         _check_tristate("use_direct_q_gather", self.use_direct_q_gather)
