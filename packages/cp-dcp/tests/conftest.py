@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 
 from cpattn_testing.pytest_plugin import require_ptxas
@@ -33,3 +34,61 @@ def run_sm90_script() -> Callable[[pathlib.Path], Any]:
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     return run
+
+
+WatchAccesses = Callable[[str, Any, int, int], list[np.ndarray]]
+
+
+@pytest.fixture
+def watch_interpreted_accesses(monkeypatch: pytest.MonkeyPatch) -> WatchAccesses:
+    """``watch(kind, element_ty, base, elem_size) -> offsets``: Triton's interpreter records
+    the element offsets from ``base`` (a data pointer) of every active lane of each masked
+    ``kind`` (``"load"`` / ``"store"``) through a pointer to ``element_ty`` (``tl.float32``,
+    ...) instead of making the access (a load gives 0 on its active lanes, ``other`` on the
+    rest); other accesses run as usual.
+
+    For checks of offsets past 2**31 elements without a tensor that large: the kernel gets a
+    small tensor at ``base`` and the watched accesses never dereference. The list grows by
+    one int64 array per watched access, while the test runs. Skips outside the interpreter
+    (``TRITON_INTERPRET=1``).
+    """
+    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+        pytest.skip("records accesses in Triton's interpreter (TRITON_INTERPRET=1)")
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+
+    def watch(kind: str, element_ty: Any, base: int, elem_size: int) -> list[np.ndarray]:
+        seen: list[np.ndarray] = []
+
+        def offsets(ptrs: Any, mask: Any) -> None:
+            addr = ptrs.data.astype(np.int64)[np.broadcast_to(mask.data, ptrs.data.shape)]
+            seen.append((addr - np.int64(base)) // elem_size)
+
+        if kind == "load":
+            load = builder.create_masked_load
+
+            def watched_load(self: Any, ptrs: Any, mask: Any, other: Any, *args: Any) -> Any:
+                if ptrs.get_element_ty() != element_ty:
+                    return load(self, ptrs, mask, other, *args)
+                offsets(ptrs, mask)
+                zeros = np.zeros(ptrs.data.shape, interpreter._get_np_dtype(element_ty))
+                value = zeros if other is None else np.where(mask.data, zeros, other.data)
+                return interpreter.TensorHandle(value, element_ty)
+
+            monkeypatch.setattr(builder, "create_masked_load", watched_load)
+        elif kind == "store":
+            store = builder.create_masked_store
+
+            def watched_store(self: Any, ptrs: Any, value: Any, mask: Any, *args: Any) -> Any:
+                if ptrs.get_element_ty() != element_ty:
+                    return store(self, ptrs, value, mask, *args)
+                offsets(ptrs, mask)
+                return None
+
+            monkeypatch.setattr(builder, "create_masked_store", watched_store)
+        else:
+            raise ValueError(f"kind must be 'load' or 'store', got {kind!r}")
+        return seen
+
+    return watch

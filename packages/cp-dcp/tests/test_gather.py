@@ -52,6 +52,21 @@ def test_gather_query_simulated(device: torch.device, n: int, padded: int | None
             assert out.untyped_storage().nbytes() >= t * padded * d * out.element_size()
 
 
+def test_gather_query_single_rank_returns_packed_rows(device: torch.device) -> None:
+    """N = 1 without padding: a strided query (the head slice of a fused QKV projection, token
+    stride 3*H*D) comes back contiguous, as from every other path; a contiguous one as is."""
+    t, h, d = 3, 4, 8
+    qkv = torch.randn(t, 3 * h * d, device=device)
+    q = qkv[:, : h * d].view(t, h, d)
+    assert not q.is_contiguous()
+    packed = q.contiguous()
+    world = SimulatedWorld(1, device)
+    [(out, same)] = world.run(lambda g: (dcp_gather_query(q, g), dcp_gather_query(packed, g)))
+    assert out.is_contiguous()
+    assert torch.equal(out, q)
+    assert same is packed  # no copy
+
+
 def test_gather_query_rejects_too_few_padded_heads(device: torch.device) -> None:
     world = SimulatedWorld(2, device)
     with pytest.raises(ValueError, match="padded_num_heads 3 < gathered heads"):

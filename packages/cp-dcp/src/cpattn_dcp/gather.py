@@ -58,7 +58,7 @@ def dcp_gather_query(
 
     Returns:
         ``[T, N*H_r, D]`` contiguous; heads ``[s*H_r, (s+1)*H_r)`` come from rank s. With
-        N = 1 and no padding, ``query`` itself.
+        N = 1 and no padding, ``query`` itself when it is contiguous, else a contiguous copy.
 
     Example:
         >>> q_all = dcp_gather_query(q_local, group)                  # [T, N*H_r, D]
@@ -74,11 +74,11 @@ def dcp_gather_query(
             f"padded_num_heads {padded_num_heads} < gathered heads N*H_r = {n}*{h_r} = {n * h_r}"
         )
     if n == 1:
-        return (
-            query
-            if padded_num_heads is None
-            else reserve_query_head_storage(query, padded_num_heads)
-        )
+        if padded_num_heads is not None:
+            return reserve_query_head_storage(query, padded_num_heads)
+        # Packed rows, as every other path returns (a head slice of a fused QKV projection
+        # keeps its token stride otherwise); no copy when they already are.
+        return query.contiguous()
     if padded_num_heads is None:
         return group.all_gather(query.contiguous(), dim=1)
     # Gather rank-major along dim 0, then one copy into the padded-capacity layout.

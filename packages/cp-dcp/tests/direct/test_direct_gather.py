@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+import triton.language as tl
 
 from cpattn_common import capability
 from cpattn_common.ubatch import ubatch_context
@@ -18,7 +20,9 @@ from cpattn_dcp.direct import (
     get_direct_dcp_kv_gather_workspace,
     get_direct_dcp_q_gather_workspace,
 )
+from cpattn_dcp.direct._base import error_record_width, missing_ranks
 from cpattn_dcp.gather import reserve_query_head_storage
+from cpattn_dcp.kernels.direct_gather import _direct_gather_publish_kernel
 
 Build = Callable[..., tuple[Any, list[Any]]]
 
@@ -266,3 +270,54 @@ def test_gather_factories_return_none_without_multicast(
     assert q == [None, None]
     assert kv == [None, None]
     assert off == [None, None]
+
+
+def test_timeout_names_missing_ranks_of_groups_over_64(
+    sim_build: Build, device: torch.device
+) -> None:
+    """A timed-out wait of a group of more than 64 ranks names exactly the ranks whose signal
+    never came: one bitmask word per 64 sources. One int64 word lost the ranks >= 64 (a shift
+    by 64 or more) and its host decode carried bit 63 into every rank >= 64."""
+    n, missing = 70, [5, 63, 65]
+    _, qs = sim_build(n, device, _q(device, 1, 1, 8, torch.bfloat16, max_spins=2))
+    # Every other source has signalled call 1 (epoch 1, parity slot 1) to rank 0; publishing
+    # from 67 interpreted ranks would take a while and prove nothing more.
+    signals = qs[0].recv_signal[0, 1]
+    signals.fill_(1)
+    signals[missing] = 0
+    qs[0].wait(1)
+    with pytest.raises(DirectProtocolError, match=r"source rank\(s\) \[5, 63, 65\]\. "):
+        qs[0].check_error()
+
+
+@pytest.mark.parametrize(("n", "missing"), [(4, [3]), (64, [0, 63]), (70, [63, 64, 69])], ids=str)
+def test_missing_ranks_decode(n: int, missing: list[int]) -> None:
+    """The host decode of the mask words: bit ``r % 64`` of word ``r // 64``, unsigned."""
+    words = [0] * (error_record_width(n) - 2)
+    for r in missing:
+        words[r // 64] |= 1 << (r % 64)
+    signed = [w - (1 << 64) if w >= 1 << 63 else w for w in words]  # as int64 holds them
+    assert missing_ranks(signed, n) == missing
+
+
+def test_kv_publish_rank_offset_past_int32(watch_interpreted_accesses: Any) -> None:
+    """The KV publish stores rank r's rows at ``parity*G*D + r*T*D + t*D`` in int64: with
+    N=4, D=576 and T*D of about 7.5e8 (a slot of 3e9 elements), rank 3's offset passes 2**31
+    (``rank * T*D`` in int32 wrapped). Interpreter, one program publishing row 0, its payload
+    stores recorded instead of made (no multi-GB slot); the arguments are those of
+    ``DirectDCPKVGatherWorkspace.publish``."""
+    n, rank, d = 4, 3, 576
+    t = 750_000_000 // d + 1
+    cap = n * t
+    src = torch.randn(1, d).to(torch.bfloat16)
+    slot = torch.zeros(64, dtype=torch.bfloat16)  # stands in for every peer's parity slot
+    sig = torch.zeros(2, n, dtype=torch.int64)
+    stores = watch_interpreted_accesses("store", tl.bfloat16, slot.data_ptr(), 2)
+    _direct_gather_publish_kernel[(1, 1)](
+        src, d, torch.full((n,), slot.data_ptr()), torch.full((n,), sig.data_ptr()),
+        torch.zeros(n, dtype=torch.int32), torch.zeros(1, dtype=torch.int64),  # call 1: parity 1
+        1, rank, cap * d, t * d, d, 1, N=n, W=d, BLOCK_W=1024,
+    )  # fmt: skip
+    got = np.concatenate(stores)
+    np.testing.assert_array_equal(got, 1 * cap * d + rank * t * d + np.arange(d))
+    assert sig[1, rank] == 1  # the signal of call 1 was raised

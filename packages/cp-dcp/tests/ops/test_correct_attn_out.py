@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
+import triton.language as tl
 
 from cpattn_common.alloc import get_output_poison
 from cpattn_dcp import CPTritonContext, correct_attn_out
-from cpattn_dcp.ops.correct_attn_out import _squeeze_lses, _squeeze_out, _valid_fast, _validate
+from cpattn_dcp.ops.correct_attn_out import (
+    _contig_plan,
+    _squeeze_lses,
+    _squeeze_out,
+    _valid_fast,
+    _validate,
+)
 from cpattn_testing.reference import correct_attn_out_ref, lse_combine_ref
 from cpattn_testing.tolerances import assert_close_to_ref, coarsest
 
@@ -104,6 +113,28 @@ def test_weight_forms(
     finally:
         correct_mod._contig_spec.cache_clear()
         correct_mod._contig_plan.cache_clear()
+
+
+@pytest.mark.parametrize("n", [3, 9], ids=["lse-rows", "lse-tile"])
+def test_lean_kernel_lse_offsets_past_int32(n: int, watch_interpreted_accesses: Any) -> None:
+    """The lean kernel reads source s's LSEs at ``s*B*H + row`` in int64: with 2*B*H > 2**31
+    source 2's lie past 2**31 (the row-vector form formed ``s * B*H`` in int32, which wrapped).
+    Interpreter, the op's own specialization, first program only, the LSE loads recorded
+    instead of made (no 12 GB LSE tensor; ``test_large_offsets.py`` runs the size on a GPU)."""
+    h, d = 8, 64
+    b = 2**30 // h + 8  # B*H = 2**30 + 64
+    rows = b * h
+    _, spec = _contig_plan(b, h, d, n, 2, True)
+    assert spec.constexprs["LSE_ROWS"] == (n <= 8)
+    block_r = spec.constexprs["BLOCK_R"]
+    out = torch.randn(block_r, d).to(torch.float16)  # the first program's rows
+    lses = torch.zeros(1)  # a base pointer: the LSE loads are recorded, not made
+    lse_out = torch.full((block_r,), math.nan)
+    loads = watch_interpreted_accesses("load", tl.float32, lses.data_ptr(), 4)
+    spec((1,), out, lses, lse_out, rows, 1)
+    got = np.sort(np.concatenate(loads))
+    np.testing.assert_array_equal(got, (np.arange(n)[:, None] * rows + np.arange(block_r)).ravel())
+    assert torch.equal(lse_out, torch.full_like(lse_out, math.log(n)))  # every LSE read as 0
 
 
 @pytest.mark.parametrize("shift", [0.0, 3.0e4, -3.0e4])

@@ -1,10 +1,14 @@
-"""Tensors past 2**31 elements: every cp-dcp kernel where int32 offsets would wrap (GPU only).
+"""Tensors past 2**31 elements: the combine and mask kernels where int32 offsets would wrap
+(GPU only).
 
-Each test builds fresh random inputs whose last rows sit past element offset 2**31, poisons
-the outputs, runs the op once and compares every row with a float64 reference computed in
-chunks on the device (or bit for bit where the op copies). The int32 index paths are
-also forced by a lowered bound in ``test_a2a_kernels.py``; here the real sizes run.
-Needs 9-19 GB of free device memory per test; skips otherwise.
+Each test builds fresh random inputs whose last rows (or, for the LSEs of a later source, all
+rows) sit past element offset 2**31, poisons the outputs, runs the op once and compares every
+row with a float64 reference computed in chunks on the device (or bit for bit where the op
+copies). The int32 index paths are also forced by a lowered bound in ``test_a2a_kernels.py``;
+here the real sizes run. The direct (symmetric-memory) kernels' offsets past 2**31 are checked
+in Triton's interpreter instead (``tests/direct/test_direct_gather.py``: such a slot would
+take several GB per rank), as is the lean ``correct_attn_out`` kernel's LSE offset
+(``test_correct_attn_out.py``). Needs 9-19 GB of free device memory per test; skips otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from cpattn_dcp import (
     mask_dcp_empty_shards_,
 )
 from cpattn_dcp.ops.a2a_combine import a2a_unpack_combine
+from cpattn_dcp.ops.correct_attn_out import _contig_plan
 from cpattn_testing.cases import random_lses
 from cpattn_testing.pytest_plugin import require_device_memory
 from cpattn_testing.reference import correct_attn_out_ref, lse_combine_ref
@@ -55,6 +60,45 @@ def test_correct_attn_out_contiguous(device: torch.device) -> None:
         lambda s, e: correct_attn_out_ref(orig[s:e], lses[:, s:e], rank),
         [ChunkedAgreement(torch.bfloat16, name="out"), ChunkedAgreement(torch.float32, name="lse")],
         chunk_rows=_CHUNK_ROWS,
+    )
+
+
+def _fill_random_lses(lses: torch.Tensor, gen: torch.Generator, chunk: int = 1 << 28) -> None:
+    """Fill contiguous ``lses`` with ``random_lses`` values, ``chunk`` elements at a time: its
+    float32 temporaries for the whole tensor would take several times the tensor's size."""
+    flat = lses.view(-1)
+    for s in range(0, flat.numel(), chunk):
+        e = min(flat.numel(), s + chunk)
+        flat[s:e] = random_lses((e - s,), gen, dtype=lses.dtype)
+
+
+def test_correct_attn_out_contiguous_lse_offsets(device: torch.device) -> None:
+    """The lean kernel's row-vector weights (N <= 8) read every LSE of source 2 past element
+    offset 2**31 (N = 3, 2*B*H > 2**31; ``2 * B*H`` was an int32 product and wrapped).
+
+    D = 1 and bf16 LSEs keep it to about 12 GiB: the output and its copy 2 GiB each, the
+    LSEs 6 GiB, the global LSE 2 GiB.
+    """
+    n, h, d, rank = 3, 8, 1, 2
+    b = _rows_past(2 * h)  # B*H = 2**30 + 512
+    assert (n - 1) * b * h > _INT32_SPAN
+    assert _contig_plan(b, h, d, n, 2, True)[1].constexprs["LSE_ROWS"]
+    require_device_memory(device, 2 * b * h * (2 * d + n + 1) + 3 * 2**30)
+    gen = torch.Generator(device).manual_seed(106)
+    out = torch.randn(b, h, d, generator=gen, device=device, dtype=torch.bfloat16)
+    lses = torch.empty((n, b, h), device=device, dtype=torch.bfloat16)
+    _fill_random_lses(lses, gen)
+    orig = out.clone()
+    res, lse = correct_attn_out(out, lses, rank)
+    assert res.data_ptr() == out.data_ptr()
+    assert_close_by_row_chunks(
+        [out, lse],
+        lambda s, e: correct_attn_out_ref(orig[s:e], lses[:, s:e], rank),
+        [
+            ChunkedAgreement(torch.bfloat16, name="out"),
+            ChunkedAgreement(torch.bfloat16, name="lse"),
+        ],
+        chunk_rows=1 << 20,  # 8 Mi rows of 3 float64 LSEs per chunk: about 200 MB a temporary
     )
 
 

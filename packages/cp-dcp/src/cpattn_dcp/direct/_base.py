@@ -7,8 +7,9 @@ three small local tensors of its own:
 * ``_pub_counter [U, N]`` int32 — per-destination completion counter of the publish launch;
 * ``_wait_done [U]`` int32 — completion counter of the wait launch (its last program advances
   ``epoch[u]``);
-* ``_error [U, 4]`` int64 — ``(flag, epoch, missing-source bitmask, 0)`` written by a wait that
-  timed out.
+* ``_error [U, 2 + W]`` int64 — ``(flag, epoch, missing-source bitmask)`` written by a wait that
+  timed out; the mask is ``W = cdiv(N, 64)`` words, source ``n`` at bit ``n % 64`` of word
+  ``n // 64`` (``error_record_width``).
 
 Error reporting never syncs the host on the hot path. On CUDA the error record is mirrored into
 pinned host memory with a non-blocking copy every ``error_check_interval`` eager calls (never
@@ -21,6 +22,7 @@ check (use it where a timeout must be known at once).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -62,6 +64,28 @@ def indexed_device(device: torch.device | str) -> torch.device:
     if dev.type == "cuda" and index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return dev
+
+
+def error_record_width(world_size: int) -> int:
+    """int64 words of one ubatch's error record: flag, epoch and ``cdiv(N, 64)`` mask words."""
+    return 2 + -(-world_size // 64)
+
+
+def missing_ranks(mask_words: Sequence[int], world_size: int) -> list[int]:
+    """The sources a timed-out wait names: bit ``r % 64`` of word ``r // 64`` for ``r < N``.
+
+    Each word is read as 64 unsigned bits: a Python shift of a negative int64 (bit 63 set)
+    would otherwise carry the sign into every higher rank.
+
+    Args:
+        mask_words: the ``cdiv(N, 64)`` int64 mask words of an error record.
+        world_size: N.
+
+    Returns:
+        The missing source ranks, ascending.
+    """
+    words = [int(w) & 0xFFFF_FFFF_FFFF_FFFF for w in mask_words]
+    return [r for r in range(world_size) if words[r // 64] >> (r % 64) & 1]
 
 
 def next_pow2(x: int) -> int:
@@ -134,10 +158,11 @@ class DirectWorkspaceBase:
         self._symm = DirectCPWorkspace(self.group, self.device, u)
         self._pub_counter = torch.zeros((u, n), dtype=torch.int32, device=self.device)
         self._wait_done = torch.zeros((u,), dtype=torch.int32, device=self.device)
-        self._error = torch.zeros((u, 4), dtype=torch.int64, device=self.device)
+        width = error_record_width(n)
+        self._error = torch.zeros((u, width), dtype=torch.int64, device=self.device)
         self._error_host: torch.Tensor | None = None
         if self.device.type == "cuda":
-            self._error_host = torch.zeros((u, 4), dtype=torch.int64, pin_memory=True)
+            self._error_host = torch.zeros((u, width), dtype=torch.int64, pin_memory=True)
             self._error_view = self._error_host.numpy()
         else:
             self._error_view = self._error.numpy()  # shares memory: no copy, no sync
@@ -214,8 +239,7 @@ class DirectWorkspaceBase:
             return
         u = int(torch.nonzero(flags)[0, 0])
         epoch = int(record[u, 1])
-        mask = int(record[u, 2])
-        missing = [r for r in range(self.world_size) if mask >> r & 1]
+        missing = missing_ranks(record[u, 2:].tolist(), self.world_size)
         self._failure = (
             f"{self.name}: rank {self.rank}, ubatch {u}: bounded wait timed out at epoch {epoch} "
             f"after {self.max_spins} polls; no signal from source rank(s) {missing}. Every rank "

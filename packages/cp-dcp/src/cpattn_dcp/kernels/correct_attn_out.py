@@ -76,6 +76,9 @@ def _lse_weight_rows(lses_ptr, stride_n, o_l, m_r, cp_rank, N: tl.constexpr,
     """``_lse_weight`` for exactly ``N`` sources, one row-vector load per source and
     element-wise math (``lse_math._max_sum_rows``: no reduction across threads, no shared
     memory); this rank's LSE is selected once and weighted like any source."""
+    # ``stride_n`` (= B*H) is an i32 launch argument and ``n`` a constexpr: their product must
+    # be formed in int64, as it passes 2**31 once (N-1)*B*H does (one widening per program).
+    stride_n = tl.cast(stride_n, tl.int64)
     b_ls = ()  # type: tuple[Any, ...]
     for n in tl.static_range(N):
         b_l = tl.load(lses_ptr + (n * stride_n + o_l), mask=m_r, other=float("-inf"))

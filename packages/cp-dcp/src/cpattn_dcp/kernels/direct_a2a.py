@@ -149,9 +149,9 @@ def _direct_a2a_combine_kernel(
     i_db = tl.program_id(2)
     e, parity = _call_epoch(epoch_ptr)
 
-    ok, missing = _wait_all(sig_ptr + parity * N, e, max_spins, N, N_POW2)
+    ok, arrived = _wait_all(sig_ptr + parity * N, e, max_spins, N, N_POW2)
     if ok == 0:
-        _record_timeout(err_ptr, e, missing)
+        _record_timeout(err_ptr, e, arrived, N, N_POW2)
 
     o_n = tl.arange(0, N_POW2)
     o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)

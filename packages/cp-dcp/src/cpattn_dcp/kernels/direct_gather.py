@@ -58,7 +58,9 @@ def _direct_gather_publish_kernel(
 
     dst = tl.multiple_of(tl.load(peer_dst_ptrs + i_d).to(src_ptr.dtype), 16)  # 16-byte aligned
     dst_sig = tl.load(peer_sig_ptrs + i_d).to(tl.pointer_type(tl.int64))
-    base = parity * dst_parity_stride + rank * dst_rank_stride
+    # ``rank`` and ``dst_rank_stride`` (T*D for the KV gather) arrive as i32: widen before the
+    # product, which passes 2**31 for a slot of more than 2**31 elements (``parity`` is int64).
+    base = parity * dst_parity_stride + tl.cast(rank, tl.int64) * dst_rank_stride
     o_w = tl.arange(0, BLOCK_W)
     for t32 in range(i_p, T, NUM_PUB):
         t = tl.cast(t32, tl.int64)
@@ -90,9 +92,9 @@ def _direct_gather_wait_kernel(
 ):
     pid = tl.program_id(0).to(tl.int64)
     e, parity = _call_epoch(epoch_ptr)
-    ok, missing = _wait_all(sig_ptr + parity * N, e, max_spins, N, N_POW2)
+    ok, arrived = _wait_all(sig_ptr + parity * N, e, max_spins, N, N_POW2)
     if ok == 0:
-        _record_timeout(err_ptr, e, missing)
+        _record_timeout(err_ptr, e, arrived, N, N_POW2)
     if HAS_COPY:
         offs = pid * BLOCK + tl.arange(0, BLOCK)
         m = offs < tl.where(ok, num_elems, 0)  # nothing is read after a timeout

@@ -14,8 +14,8 @@ Protocol (one call of one workspace on ubatch ``u``):
    this rank to that destination is visible before the signal is.
 2. Every program of the *wait* launch acquire-polls its local ``signal[u, parity, 0:N]`` until
    each entry equals ``E``, bounded by ``max_spins`` polls. On timeout it records
-   ``err[u] = (1, E, missing-source bitmask)`` and never reads the payload. The last program
-   to finish (local completion counter) stores ``epoch[u] = E``.
+   ``err[u] = (1, E, missing-source bitmask words)`` and never reads the payload. The last
+   program to finish (local completion counter) stores ``epoch[u] = E``.
 
 Epoch 0 is never published (symmetric memory is zero-filled at allocation), so a freshly
 allocated slot never looks ready. Two parity slots suffice because every call is a full
@@ -53,8 +53,9 @@ def _publish_done(counter_ptr, dst_sig_ptr, epoch_value, num_programs):
 def _wait_all(sig_ptr, epoch_value, max_spins, N: tl.constexpr, N_POW2: tl.constexpr):
     """Acquire-poll ``sig_ptr[0:N]`` until all equal ``epoch_value`` or ``max_spins`` polls.
 
-    Returns ``(ok, missing)``: ``ok`` is an int1 scalar, ``missing`` an int64 bitmask of the
-    sources whose signal had not arrived at the last poll.
+    Returns ``(ok, arrived)``: ``ok`` is an int1 scalar, ``arrived`` an int32 ``[N_POW2]``
+    vector, 1 for the sources whose signal had arrived at the last poll (0 past ``N``).
+    The missing-source bitmask is built by ``_record_timeout``, only on a timeout.
     """
     offs = tl.arange(0, N_POW2)
     valid = offs < N
@@ -67,18 +68,25 @@ def _wait_all(sig_ptr, epoch_value, max_spins, N: tl.constexpr, N_POW2: tl.const
         count = tl.sum(arrived, axis=0)
         spins += 1
     tl.debug_barrier()
-    missing = tl.sum(
-        tl.where(valid & (arrived == 0), tl.full([N_POW2], 1, tl.int64) << offs.to(tl.int64), 0),
-        axis=0,
-    )
-    return count == N, missing
+    return count == N, arrived
 
 
 @triton.jit
-def _record_timeout(err_ptr, epoch_value, missing):
-    """Record a bounded-wait timeout: ``err[0:3] = (1, epoch, missing-source bitmask)``."""
+def _record_timeout(err_ptr, epoch_value, arrived, N: tl.constexpr, N_POW2: tl.constexpr):
+    """Record a bounded-wait timeout: ``err[0:2 + W] = (1, epoch, missing-source bitmask)``.
+
+    The mask takes ``W = cdiv(N, 64)`` int64 words: source ``n`` is bit ``n % 64`` of word
+    ``n // 64`` (one word cannot name the sources of a group of more than 64 ranks: a shift by
+    64 or more is undefined). ``arrived`` is ``_wait_all``'s vector. Every program that timed
+    out records; each word is then the view of one of them (a source missing at its last poll).
+    """
+    offs = tl.arange(0, N_POW2)
+    gone = (offs < N) & (arrived == 0)
+    bit = tl.full([N_POW2], 1, tl.int64) << (offs % 64).to(tl.int64)
+    for w in tl.static_range((N + 63) // 64):
+        # Distinct bits: their sum is their OR (bit 63 wraps to the sign bit, as intended).
+        tl.store(err_ptr + 2 + w, tl.sum(tl.where(gone & (offs // 64 == w), bit, 0), axis=0))
     tl.store(err_ptr + 1, epoch_value)
-    tl.store(err_ptr + 2, missing)
     tl.atomic_xchg(err_ptr, 1, sem="release", scope="gpu")
 
 

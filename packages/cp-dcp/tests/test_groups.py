@@ -1,0 +1,90 @@
+"""Group resolution and tokens (``cpattn_dcp.comm.groups``): memoised, and never keeping a
+group alive (real gloo process groups in worker processes; simulated groups in this one)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import pytest
+import torch
+
+from cpattn_dcp.comm import groups
+from cpattn_testing.pytest_plugin import RunRanks
+from cpattn_testing.simulated import SimulatedWorld
+
+
+def _process_groups_body(rank: int, world_size: int, rounds: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from cpattn_common.group import CPGroup
+
+    before = (len(groups._RESOLVED), len(groups._TOKENS))
+    refs: list[weakref.ref[Any]] = []
+    sums: list[float] = []
+    tokens: list[str] = []
+    for _ in range(rounds):
+        pg = dist.new_group(list(range(world_size)), backend="gloo")
+        group = groups.resolve_group(pg)
+        token = groups.group_token(pg)
+        assert groups.resolve_group(pg) is group  # memoised
+        assert groups.group_from_token(token) is group
+        assert group.device_group is pg
+        assert (groups.group_world_size(pg), groups.group_rank(pg)) == (world_size, rank)
+        sums.append(float(group.all_reduce(torch.ones(2))[0]))  # the wrapper reaches its group
+        refs.append(weakref.ref(pg))
+        tokens.append(token)
+        dist.destroy_process_group(pg)
+        del pg, group
+    # A wrapper of the caller's own (CPGroupLike) and the default group (None).
+    wrapper = CPGroup(dist.group.WORLD)
+    assert groups.resolve_group(wrapper) is wrapper
+    wrapper_ref = weakref.ref(wrapper)
+    tokens.append(groups.group_token(wrapper))
+    del wrapper
+    assert groups.resolve_group(None) is groups.resolve_group(dist.group.WORLD)
+    gc.collect()
+    unknown = 0
+    for token in tokens:
+        try:
+            groups.group_from_token(token)
+        except KeyError:
+            unknown += 1
+    return {
+        "alive": sum(r() is not None for r in refs) + (wrapper_ref() is not None),
+        "unknown_tokens": unknown,
+        "sums": sums,
+        # What is left: the default group's entry and its wrapper's token, nothing else.
+        "entries": (len(groups._RESOLVED) - before[0], len(groups._TOKENS) - before[1]),
+    }
+
+
+def test_destroyed_process_groups_leave_no_entries(run_ranks: RunRanks) -> None:
+    """Process groups created, resolved, tokenised and destroyed die once the caller drops
+    them, and so do their memo entries and tokens (the memo's wrapper held its group)."""
+    rounds = 4
+    for res in run_ranks(_process_groups_body, 2, rounds):
+        assert res == {
+            "alive": 0,
+            "unknown_tokens": rounds + 1,
+            "sums": [2.0] * rounds,
+            "entries": (1, 0),
+        }
+
+
+def test_wrapper_entries_die_with_the_wrapper(device: torch.device) -> None:
+    """A ``CPGroupLike`` resolves to itself, memoised without a reference that keeps it."""
+    world = SimulatedWorld(1, device)
+    group = world.groups[0]
+    token = groups.group_token(group)
+    assert groups.resolve_group(group) is group
+    assert groups.group_from_token(token) is group
+    ref = weakref.ref(group)
+    key = id(group)
+    del group, world
+    gc.collect()
+    assert ref() is None
+    assert key not in groups._RESOLVED
+    with pytest.raises(KeyError, match="unknown group token"):
+        groups.group_from_token(token)
