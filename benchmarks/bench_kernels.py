@@ -100,11 +100,17 @@ def _lses(shape: Sequence[int], device: torch.device, gen: torch.Generator) -> T
     return torch.randn(tuple(shape), generator=gen, device=device, dtype=torch.float32) * 3.0 + 4.0
 
 
+def _empty_shards(b: int) -> int:
+    """How many of ``b`` requests have an empty local shard in the decode metadata."""
+    return max(1, b // 4)
+
+
 def _seq_meta(b: int, device: torch.device, gen: torch.Generator) -> tuple[Tensor, Tensor]:
-    """Decode metadata: one query row per request, about a quarter of local shards empty."""
+    """Decode metadata: one query row per request, ``_empty_shards(b)`` (a quarter, at least
+    one) of the local shards empty, at random rows."""
     seq_lens = torch.randint(1, 64, (b,), generator=gen, device=device, dtype=torch.int32)
-    empty = torch.rand((b,), generator=gen, device=device) < 0.25
-    seq_lens = torch.where(empty, 0, seq_lens).to(torch.int32)
+    empty_rows = torch.randperm(b, generator=gen, device=device)[: _empty_shards(b)]
+    seq_lens[empty_rows] = 0
     query_start_loc = torch.arange(b + 1, device=device, dtype=torch.int32)
     return seq_lens, query_start_loc
 
@@ -249,7 +255,8 @@ class MaskSpec(KernelSpec):
     name = "mask_dcp_empty_shards_"
     title = "cp-dcp `mask_dcp_empty_shards_` (in-place LSE mask)"
     byte_formula = (
-        "read B·H·4 (LSE) + B·4 (seq_lens) + (B+1)·4 (query_start_loc); write B·H·4 (LSE, in place)"
+        "read B·4 (seq_lens) + (B+1)·4 (query_start_loc); write E·H·4 (the LSE rows of the "
+        "E = max(1, ⌊B/4⌋) requests with an empty shard, in place; the kernel reads no LSE)"
     )
     uses_n = False
     uses_d = False
@@ -261,7 +268,7 @@ class MaskSpec(KernelSpec):
         ]
 
     def nbytes(self, c: Case) -> int:
-        return 2 * c.B * c.H * 4 + c.B * 4 + (c.B + 1) * 4
+        return _empty_shards(c.B) * c.H * 4 + c.B * 4 + (c.B + 1) * 4
 
     def make_inputs(self, c: Case, device: torch.device, gen: torch.Generator) -> Inputs:
         seq_lens, qsl = _seq_meta(c.B, device, gen)

@@ -211,6 +211,22 @@ def test_target_incomplete_when_rows_missing() -> None:
     assert (r.measured, r.expected) == (4, 6)
 
 
+def test_a_host_target_with_an_errored_row_is_not_met() -> None:
+    """Host targets select rows by kernel only (any shape): a row that errored (a call that
+    did not replay, say) must still count, or the target reads "met" on the rows that
+    worked."""
+    res = fake_results()
+    res.host[0].status = "error: not replayed (planted)"
+    res.host[0].host_us = None
+    target = next(t for t in _targets() if t.name == "host/merge_attn_states")
+    r = hb.evaluate_target(target, res)
+    assert r.status == "not measured"
+    res.host.append(dataclasses.replace(res.host[1], kernel="merge_attn_states", H=64, D=128))
+    r = hb.evaluate_target(target, res)
+    assert r.status == "incomplete"
+    assert (r.measured, r.expected) == (1, 2)
+
+
 def test_markdown_page() -> None:
     res = fake_results()
     md = hb.render_markdown(res, _targets(), png_name="performance.png", regenerate="Run `x`.",
