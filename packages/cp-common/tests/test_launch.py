@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from typing import Any
 
@@ -155,6 +157,21 @@ def test_cache_hits_and_misses(fake_runtime: dict[str, Any]) -> None:
         launch_cached(k, (1,), **kw)  # now cached
         assert len(fake_runtime["plain"]) == 2 + i, kw
     assert launch_cache_info()["compiled"] == 1 + len(misses)
+
+
+def test_keyword_order_is_part_of_the_key(fake_runtime: dict[str, Any]) -> None:
+    """Two call sites passing the same names in another order: ``n=1, stride_x=16`` and
+    ``stride_x=1, n=16`` classify alike position by position (an int equal to 1, then one
+    divisible by 16), but specialise different parameters; each must get its own binary."""
+    k = fake_runtime["kernel"]
+    x, y = torch.empty(100), torch.empty(100)
+    common = dict(x_ptr=x, y_ptr=y, alpha=2.0, BLOCK=64)
+    for _ in range(2):
+        launch_cached(k, (1,), n=1, stride_x=16, **common)
+    for _ in range(2):
+        launch_cached(k, (1,), stride_x=1, n=16, **common)
+    assert [(kw["n"], kw["stride_x"]) for kw in fake_runtime["plain"]] == [(1, 16), (16, 1)]
+    assert [call[0] for call in fake_runtime["fast"]] == [1, 2]
 
 
 def test_same_class_ints_share_entry(fake_runtime: dict[str, Any]) -> None:
@@ -743,3 +760,30 @@ def test_gpu_host_overhead_vs_add(device: torch.device) -> None:
         print(f"  {name:18s} {us:6.1f} us  = {us / add:4.2f} x add_")
     print(f"  fast path: {launch_fast_path_reason(scale_copy_fixed_ck) or 'on'}")
     assert rows["Specialization"] < rows["triton plain"]
+
+
+def test_a_fork_while_another_thread_holds_the_launch_locks_leaves_the_child_free() -> None:
+    """The child of a fork taken while another thread was inside an interpreted launch (or
+    held the cache lock) must not wait forever on a lock no thread of its own will release."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with launch_mod._interpreter_lock, launch_mod._lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            ok = launch_mod._interpreter_lock.acquire(timeout=5) and launch_mod._lock.acquire(
+                timeout=5
+            )
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        holder.join(10)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -281,6 +281,25 @@ def test_torch_operations_refuse_and_keys_give_up(fake_plan_runtime: dict[str, A
     assert _plans.recorder(False, x, 100, 2.0) is None
 
 
+def test_a_view_with_an_explicit_storage_offset_refuses(fake_plan_runtime: dict[str, Any]) -> None:
+    """``as_strided`` with a storage offset points at a fixed place of the storage, not at an
+    offset from its base: a plan would replay it relative to the argument's pointer (wrong
+    for an argument at another storage offset, which the key does not hold)."""
+    spec = fake_plan_runtime["spec"]
+    x = torch.randn(300)
+    _scale_copy(spec, x, 100, 2.0)
+    other = OpPlans("tests.absolute_view")
+    for offset, refused in ((None, False), (8, True)):
+        rec = other.recorder(None, x, 100)
+        assert rec is not None
+        with rec:
+            view = x.as_strided((100,), (1,)) if offset is None else x.as_strided((100,), (1,), 8)
+            y = new_output(x, (100,))
+            spec((2,), view, y, 100, 1, 2.0)
+            rec.returns(y)
+        assert (rec.reason == "a view with an explicit storage offset") is refused, rec.reason
+
+
 def test_poisoned_calls_are_neither_recorded_nor_refused(
     fake_plan_runtime: dict[str, Any],
 ) -> None:

@@ -85,8 +85,8 @@ def empty_output(
         dtype's maximum (NaN has no integer form) so that stale values remain visible.
     """
     out = torch.empty(shape, dtype=dtype, device=device)
-    if _recorder is not None:
-        _recorder(out)
+    if (record := _recorder) is not None:  # read once: another thread may end it
+        record(out)
     return _poisoned(out)
 
 
@@ -99,8 +99,8 @@ def new_output(
     parse): the form for launchers on a per-call host path.
     """
     out = like.new_empty(shape) if dtype is None else like.new_empty(shape, dtype=dtype)
-    if _recorder is not None:
-        _recorder(out)
+    if (record := _recorder) is not None:  # read once: another thread may end it
+        record(out)
     return _poisoned(out)
 
 

@@ -141,10 +141,13 @@ _Tensor = torch.Tensor
 _MISSING: Any = object()
 # Set by cpattn_common.launch_plans while it records a call: sees every launch as
 # (function handle, grid, device, all arguments in signature order), or (None, grid, -1, ())
-# for a launch that did not take the fast path.
+# for a launch that did not take the fast path. Callers read it once into a local: another
+# thread may end the recording between a check and a call.
 _launch_recorder: Callable[[int | None, tuple[int, ...], int, tuple[Any, ...]], None] | None = None
 # Compiled kernel behind each cached function handle (what a launch plan needs to know).
 _compiled_kernels: dict[int, Any] = {}
+# Each tuple of keyword names a fast-path call passed, in order -> a small int of the keys.
+_NAME_ORDERS: dict[tuple[str, ...], int] = {}
 
 
 def _get_runtime() -> _Runtime:
@@ -155,7 +158,9 @@ def _get_runtime() -> _Runtime:
 
 
 def _reset_bound() -> None:
-    for ck in list(_bound):
+    with _lock:  # another thread may be binding a CachedKernel (adding to _bound) meanwhile
+        bound = list(_bound)
+    for ck in bound:
         ck._state = None
         ck._reason = None
 
@@ -233,10 +238,20 @@ def _hooks_idle() -> bool:
 _interpreter_lock = threading.RLock()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child gets fresh locks: another thread may have held them at the fork (in an
+    interpreted launch, say), and that thread does not exist in the child."""
+    global _lock, _interpreter_lock
+    _lock, _interpreter_lock = threading.Lock(), threading.RLock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _plain(kernel: Any, grid: tuple[int, ...], kwargs: dict[str, Any]) -> Any:
     _stats["plain"] += 1
-    if _launch_recorder is not None:
-        _launch_recorder(None, grid, -1, ())
+    if (record := _launch_recorder) is not None:
+        record(None, grid, -1, ())
     if type(kernel).__name__ == "InterpretedFunction":
         with _interpreter_lock:
             return kernel[grid](**kwargs)
@@ -430,7 +445,12 @@ def _make_plan(info: _KernelInfo, names: tuple[str, ...]) -> Callable[..., Any] 
     if any(n not in names and n not in info.defaults for n in info.names):
         return None
     local = {n: f"v{i}" for i, n in enumerate(names)}
-    ns: dict[str, Any] = {"_T": _Tensor, "_cls": _arg_class}
+    # The key holds which names were passed, in which order (a small int for the tuple): two
+    # call sites passing different defaulted constexprs, or the same ones in another order,
+    # would otherwise build equal keys from different arguments and share a binary.
+    with _lock:
+        order = _NAME_ORDERS.setdefault(names, len(_NAME_ORDERS))
+    ns: dict[str, Any] = {"_T": _Tensor, "_cls": _arg_class, "_order": order}
     key = "".join(_key_expr(local[n], known.get(n, _VALUE)) for n in names)
     args = []
     for j, n in enumerate(info.names):
@@ -443,7 +463,7 @@ def _make_plan(info: _KernelInfo, names: tuple[str, ...]) -> Callable[..., Any] 
     src = (
         "def plan(kw, dev):\n"
         f"    {unpack} = _get(kw)\n"
-        f"    return (dev, {key}), ({', '.join(args)},)\n"
+        f"    return (dev, _order, {key}), ({', '.join(args)},)\n"
     )
     if len(names) == 1:
         ns["_get"] = lambda kw, _n=names[0]: (kw[_n],)
@@ -637,8 +657,8 @@ def launch_cached(kernel: Any, grid: tuple[int, ...], **kwargs: Any) -> None:
                     _plain(kernel, grid, kwargs)
                     return
                 info.fast += 1
-                if _launch_recorder is not None:
-                    _launch_recorder(function, grid, dev, args)
+                if (record := _launch_recorder) is not None:
+                    record(function, grid, dev, args)
                 return
     _launch_cached_slow(info, kernel, grid, kwargs)
 
@@ -734,7 +754,8 @@ class CachedKernel:
             self.runtime_names = tuple(names)
             self.constexpr_names = ()
             self._trailing = False
-        _bound.add(self)
+        with _lock:
+            _bound.add(self)
 
     def __repr__(self) -> str:
         return f"CachedKernel({getattr(self.kernel, '__name__', self.kernel)!r})"
@@ -773,8 +794,8 @@ class CachedKernel:
                     _plain(self.kernel, grid, self._kwargs(args, constexprs))
                     return
                 st.info.fast += 1
-                if _launch_recorder is not None:
-                    _launch_recorder(function, grid, dev, (*args, *tail))
+                if (record := _launch_recorder) is not None:
+                    record(function, grid, dev, (*args, *tail))
                 return
         self._slow(grid, args, constexprs)
 
@@ -953,8 +974,8 @@ class Specialization:
                     _plain(self.kernel.kernel, grid, self.kernel._kwargs(args, self.constexprs))
                     return
                 st.info.fast += 1
-                if _launch_recorder is not None:
-                    _launch_recorder(function, grid, dev, (*args, *tail))
+                if (record := _launch_recorder) is not None:
+                    record(function, grid, dev, (*args, *tail))
                 return
         self._slow(grid, args)
 

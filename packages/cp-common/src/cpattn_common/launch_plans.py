@@ -48,9 +48,10 @@ recording runs at a time. Nothing a recording does raises into the op call.
 and while output poisoning is on, calls take the Python path and are not recorded, so
 profilers see Python-path launches and poisoned outputs stay poisoned; afterwards plans
 resume), does not make a CUDA context current (a thread with none takes the Python path,
-whose launcher does), does not re-read module knobs
-or Triton settings (call ``clear_launch_plans()`` after changing them), and launches on the
-current device's current stream like the Python path (CUDA-graph capturable).
+whose launcher does), does not re-read module knobs, Triton settings, a kernel's
+``pre_run_hooks`` or ``set_launch_cache_enabled`` (call ``clear_launch_plans()`` after
+changing them), and launches on the current device's current stream like the Python path
+(CUDA-graph capturable).
 """
 
 from __future__ import annotations
@@ -347,6 +348,12 @@ class _OpGuard(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's m
     ) -> Any:
         if func.overloadpacket not in _ALLOWED_OPS:
             self.recorder.refuse(f"ran the torch operation {func}")
+        elif func.overloadpacket is torch.ops.aten.as_strided and (
+            len(args) > 3 or (kwargs or {}).get("storage_offset") is not None
+        ):
+            # An absolute storage offset: the view's pointer does not follow its base's, which
+            # a plan records as an offset from the base's (and the key holds no storage offset).
+            self.recorder.refuse("a view with an explicit storage offset")
         return func(*args, **(kwargs or {}))
 
 

@@ -319,11 +319,18 @@ PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
     const std::shared_ptr<const Plan> held = it->second;
     const Plan& plan = *held;
+    // The dry-run list as it is now, held for the whole replay: the Python callbacks below
+    // (stream getter, allocator hooks, finalizers) may call set_dry_run.
+    struct Ref {
+      PyObject* p;
+      ~Ref() { Py_XDECREF(p); }
+    } log{dry_log};
+    Py_XINCREF(log.p);
     if (device != plan.device) {  // not expected: the key holds the current device
       ++n_misses;
       Py_RETURN_FALSE;
     }
-    if (dry_log == nullptr && !plan.launches.empty()) {
+    if (log.p == nullptr && !plan.launches.empty()) {
       if (!resolve_launch()) return nullptr;
       if (!context_current()) {
         ++n_misses;
@@ -358,7 +365,7 @@ PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         params[k] = &values[k];
         ++k;
       }
-      if (dry_log != nullptr) {
+      if (log.p != nullptr) {
         PyObject* vals = PyTuple_New(static_cast<Py_ssize_t>(k));
         if (vals == nullptr) return nullptr;
         for (size_t j = 0; j < k; ++j) {
@@ -368,7 +375,7 @@ PyObject* replay(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
             "(K(III)IIKN)", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(l.function)),
             l.grid[0], l.grid[1], l.grid[2], l.block, l.shared,
             static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(stream)), vals);
-        if (entry == nullptr || PyList_Append(dry_log, entry) != 0) {
+        if (entry == nullptr || PyList_Append(log.p, entry) != 0) {
           Py_XDECREF(entry);
           return nullptr;
         }
