@@ -139,6 +139,47 @@ def test_decode_batch_has_empty_shards() -> None:
     assert min(demo.prompt_lens(cfg)) == 1
 
 
+def test_empty_shards_get_every_kind_of_garbage_lse() -> None:
+    """0, +inf and NaN LSEs of empty shards all reach the combines in the default batch."""
+    import math
+
+    import torch
+
+    cfg = demo.DemoConfig(world_size=4)
+    kinds = set()
+    for rank in range(4):
+        prob = demo._make_decode_problem(cfg, "gqa", rank, torch.device("cpu"))
+        lens = prob.local_seq_lens.tolist()
+        for req, n in enumerate(lens):
+            if n == 0:
+                v = float(prob.partial_lse[req * prob.queries_per_request, 0])
+                kinds.add("nan" if math.isnan(v) else v)
+    assert kinds == {0.0, math.inf, "nan"}
+
+
+def test_a_repeat_that_differs_from_the_checked_call_fails() -> None:
+    """A path correct on its first call and wrong later (a stale epoch of a direct path, say)
+    must not pass on the strength of the first call."""
+    import torch
+
+    calls = iter([torch.ones(3), torch.ones(3), torch.full((3,), float("nan"))])
+    with pytest.raises(RuntimeError, match="call 3 returned other values"):
+        demo._timed(lambda: next(calls), 2, torch.device("cpu"))
+    same = (torch.tensor([float("nan"), 1.0]), 7)
+    result, times = demo._timed(lambda: same, 3, torch.device("cpu"))
+    assert result is same and len(times) == 3
+
+
+def test_a_run_that_checks_nothing_fails(
+    device: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every selected path skipped (the direct paths on the CPU): no evidence, exit 1."""
+    if getattr(device, "type", "cpu") != "cpu":
+        pytest.skip("the direct paths are skipped on the CPU only")
+    assert demo.main(["--world-size", "2", "--only", "dcp/*/direct", "--quiet"]) == 1
+    assert "NOTHING CHECKED: all 2 selected paths were skipped" in capsys.readouterr().out
+
+
 def _record(path: str, status: str = "ran", **kw: object) -> dict[str, object]:
     rec = demo.RankRecord(path, status, **kw)  # type: ignore[arg-type]
     return {k: getattr(rec, k) for k in rec.__dataclass_fields__}

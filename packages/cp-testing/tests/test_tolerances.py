@@ -66,6 +66,20 @@ def test_relative_norm_bound_catches_many_small_errors() -> None:
         assert_close_to_ref(actual, ref, dtype=torch.bfloat16)
 
 
+def test_a_small_reference_is_still_held_to_the_norm_bound() -> None:
+    """An attention output averaged over a long context (rms 5e-3, below bf16's atol): an
+    all-zero result or one with heads rotated fails; one within bf16 rounding passes. (The
+    norm criterion used to switch off below an rms of atol: both bad results passed.)"""
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(64, 8, 32, generator=gen, dtype=torch.float64) * 5e-3
+    for bad in (torch.zeros_like(ref), ref.roll(1, dims=1)):
+        with pytest.raises(AssertionError, match="relative norm error"):
+            assert_close_to_ref(bad.bfloat16(), ref, dtype=torch.bfloat16)
+    assert_close_to_ref(ref.bfloat16(), ref, dtype=torch.bfloat16)
+    tiny = ref * 1e-9  # essentially zero: atol governs
+    assert_close_to_ref(torch.zeros_like(tiny).bfloat16(), tiny, dtype=torch.bfloat16)
+
+
 def test_shape_mismatch_and_reduction_scaling() -> None:
     with pytest.raises(AssertionError, match=r"shape \(3,\) != reference shape \(4,\)"):
         assert_close_to_ref(torch.zeros(3), torch.zeros(4), dtype=torch.float32)

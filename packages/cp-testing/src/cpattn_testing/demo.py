@@ -24,8 +24,9 @@ It prints one table row per path (path, ranks, dtype, relative error, tolerance,
 call) and exits with status 1 if any path mismatches, naming the path. ``--json`` writes the same
 results as JSON.
 
-Exit status: 0 all checked paths passed (skips allowed), 1 a mismatch or a failing path, 2 bad
-command-line arguments, 3 the ranks could not be run (launcher error).
+Exit status: 0 all checked paths passed (skips allowed; at least one checked), 1 a mismatch or a
+failing path, or every selected path skipped, 2 bad command-line arguments, 3 the ranks could
+not be run (launcher error).
 
 Test hook (not in ``--help``): ``CPATTN_DEMO_PLANT_FAULT=<patterns>`` (or ``--plant-fault``),
 comma-separated ``fnmatch`` patterns, plants a fault into every path whose name matches: rank
@@ -198,7 +199,9 @@ def _timed(fn: Callable[[], _T], repeats: int, device: torch.device) -> tuple[_T
     """Run ``fn`` once for the result, then ``repeats`` more times for the timing.
 
     With ``repeats == 0`` the timing is that of the checked call itself (first-call costs
-    included).
+    included). Each repeat must return bit for bit what the checked call did (a path whose
+    later calls go wrong, such as a stale epoch of a direct path, fails): ``RuntimeError``
+    otherwise.
     """
     _sync(device)
     start = time.perf_counter()
@@ -207,12 +210,28 @@ def _timed(fn: Callable[[], _T], repeats: int, device: torch.device) -> tuple[_T
     times = [time.perf_counter() - start]
     if repeats > 0:
         times = []
-    for _ in range(repeats):
+    for i in range(repeats):
         start = time.perf_counter()
-        fn()
+        again = fn()
         _sync(device)
         times.append(time.perf_counter() - start)
+        if not _same_result(again, result):
+            raise RuntimeError(f"call {i + 2} returned other values than the checked first call")
     return result, times
+
+
+def _same_result(a: object, b: object) -> bool:
+    """Bit-for-bit equality of two results (tensors, or tuples of them and plain values); NaN
+    equals NaN."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same_result(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return (
+            a.shape == b.shape
+            and a.dtype == b.dtype
+            and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+        )
+    return type(a) is type(b) and bool(a == b)
 
 
 def _interpreted() -> bool:
@@ -236,8 +255,8 @@ class _DecodeProblem:
 
     ``query [B, H, Dk]`` (dtype; padding rows random) is the whole query of the step;
     ``partial_out [B, H, Dv]`` (dtype) and ``partial_lse [B, H]`` (float32) are this rank's
-    partial attention of that query over its KV shard; ``ref_out [B, H, Dv]`` (float64) is full
-    attention over the whole KV; ``local_seq_lens [R]`` / ``query_start_loc [R+1]`` (int32)
+    partial attention of that query over its KV shard; ``ref_out [B, H, Dv]`` and ``ref_lse
+    [B, H]`` (float64) are full attention over the whole KV (padding rows: 0 and -inf); ``local_seq_lens [R]`` / ``query_start_loc [R+1]`` (int32)
     drive empty-shard masking. ``shards`` keeps this rank's ``(k, v)`` per request (float64) so
     that the partial can be recomputed from a gathered query (:meth:`partials`).
     """
@@ -246,6 +265,7 @@ class _DecodeProblem:
     partial_out: torch.Tensor
     partial_lse: torch.Tensor
     ref_out: torch.Tensor
+    ref_lse: torch.Tensor
     local_seq_lens: torch.Tensor
     query_start_loc: torch.Tensor
     shards: list[tuple[torch.Tensor, torch.Tensor]]
@@ -253,13 +273,14 @@ class _DecodeProblem:
     padding_rows: int
     scale: float
     dtype: torch.dtype
+    rank: int
 
     def partials(self, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's ``(out [B, H, Dv] dtype, lse [B, H] fp32)`` for ``query [B, H, Dk]``.
 
         Attention in float64 against the local shard, as a backend would compute it; rows of
-        empty shards get NaN outputs and garbage LSEs (``0``, ``+inf`` or NaN by request), CUDA
-        graph padding rows NaN outputs and LSE ``0``.
+        empty shards get NaN outputs and garbage LSEs (``0``, ``+inf`` or NaN by request and
+        rank, so that each kind occurs), CUDA graph padding rows NaN outputs and LSE ``0``.
         """
         from cpattn_testing.reference import attention_ref
 
@@ -273,7 +294,7 @@ class _DecodeProblem:
             q = q64[req * tq : (req + 1) * tq]
             if k.shape[0] == 0:
                 outs.append(torch.full((tq, h, dv), float("nan"), dtype=torch.float64))
-                garbage = (0.0, float("inf"), float("nan"))[req % 3]
+                garbage = (0.0, float("inf"), float("nan"))[(req + self.rank) % 3]
                 lses.append(torch.full((tq, h), garbage, dtype=torch.float64))
             else:
                 o, lse = attention_ref(q, k, v, scale=self.scale)
@@ -334,6 +355,7 @@ def _make_decode_problem(
     q64 = query.to(torch.float64)
 
     refs: list[torch.Tensor] = []
+    ref_lses: list[torch.Tensor] = []
     shards: list[tuple[torch.Tensor, torch.Tensor]] = []
     local_lens: list[int] = []
     for req, s in enumerate(seq_lens):
@@ -342,18 +364,21 @@ def _make_decode_problem(
             v = k[..., :dv]  # the latent is both key (with rope part) and value
         else:
             v = torch.randn(s, kv_heads, dv, generator=gen, dtype=torch.float64)
-        ref, _ = attention_ref(q64[req * tq : (req + 1) * tq], k, v, scale=scale)
+        ref, ref_lse = attention_ref(q64[req * tq : (req + 1) * tq], k, v, scale=scale)
         refs.append(ref)
+        ref_lses.append(ref_lse)
         pos = interleaved_shard_positions(s, n, rank, cfg.interleave_size)
         local_lens.append(int(pos.numel()))
         shards.append((k[pos], v[pos]))
     refs.append(torch.zeros(cfg.padding_rows, h, dv, dtype=torch.float64))  # padding rows: 0
+    ref_lses.append(torch.full((cfg.padding_rows, h), -math.inf, dtype=torch.float64))
     qsl = [i * tq for i in range(len(seq_lens) + 1)]
     prob = _DecodeProblem(
         query=query.to(device),
         partial_out=torch.empty(0),
         partial_lse=torch.empty(0),
         ref_out=torch.cat(refs),
+        ref_lse=torch.cat(ref_lses),
         local_seq_lens=torch.tensor(local_lens, dtype=torch.int32, device=device),
         query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
         shards=shards,
@@ -361,6 +386,7 @@ def _make_decode_problem(
         padding_rows=cfg.padding_rows,
         scale=scale,
         dtype=dtype,
+        rank=rank,
     )
     prob.partial_out, prob.partial_lse = prob.partials(prob.query)
     return prob
@@ -425,14 +451,15 @@ def _run_dcp_path(
         "ag_ar": cpattn_dcp.cp_lse_ag_out_ar,
         "a2a": cpattn_dcp.dcp_a2a_lse_reduce,
     }.get(combine)
+    heads = slice(None) if combine == "ag_ar" else slice(rank * hr, (rank + 1) * hr)
     if collective is not None:
-        ref = prob.ref_out if combine == "ag_ar" else prob.ref_out[:, rank * hr : (rank + 1) * hr]
 
-        def call() -> torch.Tensor:
+        def call() -> tuple[torch.Tensor, torch.Tensor]:
             return collective(
                 prob.partial_out.clone(),
                 lse_in.clone(),
                 group,
+                return_lse=True,
                 seq_lens=seq_lens,
                 query_start_loc=qsl,
             )
@@ -441,17 +468,16 @@ def _run_dcp_path(
         ws, reason = _direct_workspace(cfg, group, device, prob)
         if ws is None:
             return RankRecord(path, "skipped", reason=reason)
-        ref = prob.ref_out[:, rank * hr : (rank + 1) * hr]
 
-        def call() -> torch.Tensor:
-            out = ws.lse_reduce(
+        def call() -> tuple[torch.Tensor, torch.Tensor]:
+            return ws.lse_reduce(  # type: ignore[no-any-return]
                 prob.partial_out.clone(),
                 lse_in.clone(),
                 is_lse_base_on_e=True,
                 seq_lens=seq_lens,
                 query_start_loc=qsl,
+                return_lse=True,
             )
-            return out  # type: ignore[no-any-return]
 
     elif combine == "manager":
         return _run_manager_path(cfg, path, group, rank, device, prob)
@@ -459,9 +485,28 @@ def _run_dcp_path(
     else:  # pragma: no cover - guarded by all_path_names()
         raise ValueError(f"unknown combine {combine!r}")
 
-    result, times = _timed(call, cfg.repeats, device)
-    diff_sq, ref_sq, bad = _error_terms(result, ref)
+    (out, lse), times = _timed(call, cfg.repeats, device)
+    diff_sq, ref_sq, bad = _error_terms(out, prob.ref_out[:, heads])
+    lse_error = _lse_error(lse, prob.ref_lse[:, heads])
+    if lse_error:
+        return RankRecord(path, "error", reason=f"rank {rank}: {lse_error}")
     return RankRecord(path, "ran", diff_sq=diff_sq, ref_sq=ref_sq, nonfinite=bad, times_s=times)
+
+
+def _lse_error(lse: torch.Tensor, ref_lse: torch.Tensor) -> str:
+    """Why a combine's global LSE ``[B, H_r]`` (fp32) is not the reference's (``""`` if it
+    is): fp32 tolerance on a scale of ``|ref| + 2`` (a merged LSE carries an absolute error
+    of about ``eps * (|m| + 1)``, ``m`` the largest partial LSE, within ``log N`` of it); -inf
+    exactly where the reference is (padding rows)."""
+    from cpattn_testing.tolerances import assert_close_to_ref
+
+    ref64 = ref_lse.detach().to("cpu", torch.float64)
+    scale = torch.where(torch.isfinite(ref64), ref64.abs(), 0.0) + 2.0
+    try:
+        assert_close_to_ref(lse.detach().cpu(), ref64, dtype=torch.float32, scale=scale)
+    except AssertionError as exc:
+        return "LSE " + str(exc).splitlines()[0] + " " + " ".join(str(exc).splitlines()[1:3])
+    return ""
 
 
 def _run_manager_path(
@@ -905,6 +950,8 @@ def format_table(cfg: DemoConfig, results: Sequence[PathResult]) -> str:
     checked = len(results) - len(skipped)
     if failed:
         lines.append(f"FAILED: {len(failed)} of {checked} checked paths")
+    elif checked == 0:
+        lines.append(f"NOTHING CHECKED: all {len(skipped)} selected paths were skipped")
     else:
         lines.append(f"OK: all {checked} checked paths passed ({len(skipped)} skipped)")
     return "\n".join(lines)
@@ -917,8 +964,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="End-to-end context-parallel attention check (DCP decode combines, "
         "PCP prefill) against float64 full attention.",
         epilog="paths: " + ", ".join(all_path_names()) + ". Exit status: 0 every checked path "
-        "passed (skips allowed), 1 a mismatch (a 'MISMATCH in <path>' line names it), 2 bad "
-        "arguments, 3 the ranks could not run.",
+        "passed (skips allowed; at least one checked), 1 a mismatch (a 'MISMATCH in <path>' line "
+        "names it) or nothing checked, 2 bad arguments, 3 the ranks could not run.",
     )
     p.add_argument("--world-size", type=int, default=d.world_size, help="number of ranks")
     p.add_argument("--backend", choices=("gloo", "nccl"), default=d.backend,
@@ -1050,7 +1097,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(wall time {elapsed:.1f} s; time/call: {calls}, slowest rank, library ops only{note})",
         file=report,
     )
-    ok = all(r.status != "fail" for r in results)
+    # A run that checked nothing (every selected path skipped) is no evidence of anything.
+    ok = all(r.status != "fail" for r in results) and any(r.status == "pass" for r in results)
     if args.json is not None:
         payload = {
             "ok": ok,

@@ -8,8 +8,10 @@ A result passes :func:`assert_close_to_ref` when all of these hold:
 - wherever the reference is ±inf (e.g. LSE -inf of an empty row), the result is the same inf;
 - elementwise ``|actual - ref| <= atol + rtol * |ref|`` on the finite entries;
 - relative norm error ``||actual - ref|| / ||ref|| <= max_rel_norm`` over the finite entries
-  (skipped when ``||ref|| <= atol * sqrt(n)``: for an essentially zero reference the
-  elementwise ``atol`` is the meaningful bound).
+  (skipped when ``||ref|| <= 1e-3 * atol * sqrt(n)``: for an essentially zero reference the
+  elementwise ``atol`` is the meaningful bound; a reference merely small next to ``atol``,
+  such as an attention output averaged over a long context, is still held to it, or an all-zero
+  result would pass).
 
 A merged LSE ``L = m + log(sum_n exp(l_n - m))`` (``m`` the largest LSE) carries an absolute
 rounding error of about ``eps * (|m| + 1)`` whatever its value: an fp32 LSE near 0 (``m = 0``
@@ -104,6 +106,10 @@ def lse_magnitude(lses: torch.Tensor, dim: int = 0) -> torch.Tensor:
     return torch.where(torch.isfinite(m), m.abs(), 0.0) + 1.0
 
 
+# The rms below which a reference counts as zero, as a fraction of atol.
+_ZERO_FRACTION_OF_ATOL = 1e-3
+
+
 class _Comparison:
     """Elementwise terms of the policy for one pair of float64 tensors (same device).
 
@@ -139,7 +145,9 @@ def _norm_verdict(
     ref_norm, err_norm = math.sqrt(ref_sq), math.sqrt(err_sq)
     rel_norm = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
     # A reference that is essentially zero has no meaningful relative error: atol governs.
-    checked = ref_norm > atol * math.sqrt(max(1, n_finite))
+    # "Essentially zero" is far below atol (an rms of atol itself is a legitimate small
+    # result: attention over 128k tokens of unit-variance values has an rms of about 5e-3).
+    checked = ref_norm > _ZERO_FRACTION_OF_ATOL * atol * math.sqrt(max(1, n_finite))
     return rel_norm, checked, rel_norm <= max_rel_norm or not checked
 
 
