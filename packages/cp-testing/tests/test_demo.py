@@ -167,7 +167,8 @@ def test_a_repeat_that_differs_from_the_checked_call_fails() -> None:
         demo._timed(lambda: next(calls), 2, torch.device("cpu"))
     same = (torch.tensor([float("nan"), 1.0]), 7)
     result, times = demo._timed(lambda: same, 3, torch.device("cpu"))
-    assert result is same and len(times) == 3
+    assert result is same
+    assert len(times) == 3
 
 
 def test_a_run_that_checks_nothing_fails(
