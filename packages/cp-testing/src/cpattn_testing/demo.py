@@ -542,16 +542,21 @@ def _run_manager_path(
     seq_lens, qsl = prob.local_seq_lens, prob.query_start_loc
     faulty = cfg.faulty(path) and rank == 0
 
-    def layer_step() -> torch.Tensor:
+    def layer_step() -> tuple[torch.Tensor, torch.Tensor]:
         q_all = manager.query_gather(q_local)  # [B, H, Dk], rank-major heads
         out, lse = prob.partials(q_all)
         if faulty:
             lse = lse + 2.0
-        combined = manager.combine(out, lse, seq_lens=seq_lens, query_start_loc=qsl)
-        assert isinstance(combined, torch.Tensor)
+        combined = manager.combine(
+            out, lse, seq_lens=seq_lens, query_start_loc=qsl, return_lse=True
+        )
+        assert isinstance(combined, tuple)
         return combined
 
-    result = layer_step()
+    result, result_lse = layer_step()
+    lse_error = _lse_error(result_lse, prob.ref_lse[:, rank * hr : (rank + 1) * hr])
+    if lse_error:
+        return RankRecord(path, "error", reason=f"rank {rank}: {lse_error}")
     out_in, lse_in = prob.partial_out, prob.partial_lse
 
     def library_ops() -> torch.Tensor:
