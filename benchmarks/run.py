@@ -63,6 +63,10 @@ REGENERATE = (
 )
 
 
+class _WrongResult(Exception):
+    """A kernel row's result differs from its eager baseline beyond the tolerance."""
+
+
 # GPU wait (µs) after each flush when timing an eager baseline cold (``time_cold``).
 EAGER_HOST_GUARD_US = 300.0
 
@@ -460,13 +464,10 @@ def run_kernels(
             tol = 2 * tolerance(case.dtype)[2]
             if not row.check_rel_err <= tol:
                 # A wrong result is no result: the row is not timed and fails its targets.
-                row.status = (
-                    f"error: differs from the eager baseline (relative error "
+                raise _WrongResult(
+                    f"differs from the eager baseline (relative error "
                     f"{row.check_rel_err:.2e} > {tol:.0e})"
                 )
-                results.notes.append(f"{where}: {row.status}")
-                bar.update(1)
-                continue
             use_graph = device.type == "cuda" and plan.graph_max_b >= case.B
             ours_fns = [spec.bind_ours(case, s) for s in sets]
             t = _time_fns(ours_fns, use_graph, plan, device, results.notes, where)
@@ -523,6 +524,9 @@ def run_kernels(
             except Exception as exc:
                 results.notes.append(f"eager baseline of {where} failed: {_short(exc)}")
             del sets
+        except _WrongResult as exc:
+            row.status = f"error: {exc}"
+            results.notes.append(f"{where}: {row.status}")
         except Exception as exc:
             row.status = f"error: {_short(exc)}"
         if device.type == "cuda" and case.B >= 1024:

@@ -124,3 +124,22 @@ def test_ubatch_is_per_thread_and_task() -> None:
 def test_public_names() -> None:
     for name in cpattn_common.__all__:
         assert hasattr(cpattn_common, name), name
+
+
+@pytest.mark.no_output_poison
+def test_set_output_poison_inside_contexts_is_undone_as_they_exit() -> None:
+    """A save / set / restore inside a context, and a setting inside an outer context around
+    a nested one, leave everything as it was (as with save-and-restore contexts)."""
+    assert get_output_poison() is None
+    with poison_outputs(1.0):
+        saved = get_output_poison()
+        set_output_poison(None)
+        assert get_output_poison() is None
+        set_output_poison(saved)
+    assert get_output_poison() is None
+    with poison_outputs(1.0):
+        set_output_poison(None)
+        with poison_outputs(2.0):
+            assert get_output_poison() == 2.0
+        assert get_output_poison() is None  # the outer context's setting, not undone
+    assert get_output_poison() is None

@@ -232,10 +232,32 @@ def test_probe_never_raises(
     monkeypatch.setattr(capability, "_device_has_multicast", boom)
     probe = group_probe(_Group())
     assert probe.multicast is False
-    assert probe.symm_mem_reaches_group is False
     assert "planted" in str(probe.reason)
+    # The rendezvous itself still ran (without multicast) and worked: the direct path is on.
+    assert fake_cuda["rendezvous"] == [False]
+    assert (probe.symm_mem_reaches_group, probe.rendezvous_failed) == (True, False)
+    assert direct_cp_enabled(_Group(), torch.bfloat16, None) is True
+    monkeypatch.setattr(capability, "_rendezvous_probe", boom)
+    clear_capability_cache()
     assert direct_cp_enabled(_Group(), torch.bfloat16, None) is False
     assert group_probe(object()).reason is not None  # not a group: reported, not raised
+
+
+def test_a_failing_multicast_query_is_not_a_failed_rendezvous(
+    monkeypatch: pytest.MonkeyPatch, no_multicast_env: None, fake_cuda: dict[str, Any]
+) -> None:
+    """One host, the multicast-support query raises: no multicast, but the unicast direct
+    path stays on (the rendezvous was not what failed)."""
+
+    def boom(*args: Any) -> Any:
+        raise RuntimeError("planted multicast query failure")
+
+    monkeypatch.setattr(capability, "_device_has_multicast", boom)
+    probe = group_probe(_Group())
+    assert (probe.multicast, probe.rendezvous_failed) == (False, False)
+    assert "planted" in str(probe.reason)
+    assert direct_cp_enabled(_Group(), torch.bfloat16, None) is True
+    assert direct_cp_multicast_enabled(_Group(), torch.bfloat16, None) is False
 
 
 def probe_ranks(rank: int, world_size: int) -> tuple[bool, bool, str | None, bool]:

@@ -19,6 +19,7 @@ def _process_groups_body(rank: int, world_size: int, rounds: int) -> dict[str, A
     import torch.distributed as dist
 
     from cpattn_common.group import CPGroup
+    from cpattn_dcp.comm.collectives import all_reduce_
 
     before = (len(groups._RESOLVED), len(groups._TOKENS))
     refs: list[weakref.ref[Any]] = []
@@ -33,6 +34,8 @@ def _process_groups_body(rank: int, world_size: int, rounds: int) -> dict[str, A
         assert group.device_group is pg
         assert (groups.group_world_size(pg), groups.group_rank(pg)) == (world_size, rank)
         sums.append(float(group.all_reduce(torch.ones(2))[0]))  # the wrapper reaches its group
+        buf = torch.ones(2)
+        assert all_reduce_(group, buf) is buf  # the combines' in-place all-reduce, no copy
         refs.append(weakref.ref(pg))
         tokens.append(token)
         dist.destroy_process_group(pg)
@@ -88,3 +91,23 @@ def test_wrapper_entries_die_with_the_wrapper(device: torch.device) -> None:
     assert key not in groups._RESOLVED
     with pytest.raises(KeyError, match="unknown group token"):
         groups.group_from_token(token)
+
+
+def test_a_token_of_a_dead_group_never_names_another(device: torch.device) -> None:
+    """Tokens are numbered, not derived from ``id()``: a new group that gets a dead group's
+    address gets a new token, and the dead one's raises ``KeyError`` (it used to name the new
+    group, for any compiled graph that still held it)."""
+    seen: dict[int, str] = {}
+    for _ in range(50):
+        group = SimulatedWorld(1, device).groups[0]
+        token = groups.group_token(group)
+        assert groups.group_from_token(token) is group
+        assert token not in seen.values()
+        old = seen.get(id(group))
+        if old is not None:
+            with pytest.raises(KeyError, match="unknown group token"):
+                groups.group_from_token(old)
+        seen[id(group)] = token
+        del group
+        gc.collect()
+    assert len(groups._TOKEN_OF) < 50  # entries go with their groups

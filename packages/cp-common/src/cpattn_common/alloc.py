@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -29,10 +30,17 @@ _recorder: Callable[[torch.Tensor], None] | None = None
 
 def set_output_poison(value: float | None) -> None:
     """Set the fill value of every later ``empty_output`` (``None`` turns poisoning off), at
-    once; it stays after the ``poison_outputs`` contexts open now have exited."""
-    global _base, _poison
+    once; inside ``poison_outputs`` contexts it lasts until the newest open one exits (as if
+    that context had been entered with it), so a save / set / restore inside a context and
+    nested contexts both leave the setting as they found it."""
+    global _base
     with _lock:
-        _base = _poison = None if value is None else float(value)
+        v = None if value is None else float(value)
+        if _open:
+            _open[-1][1] = v
+        else:
+            _base = v
+        _publish()
 
 
 def get_output_poison() -> float | None:
@@ -40,11 +48,12 @@ def get_output_poison() -> float | None:
     return _poison
 
 
-# The open poison_outputs contexts, in the order they were entered (any thread), and the value
-# set_output_poison set; _poison is the newest open context's value, else _base. Contexts of
-# several threads may exit in any order and still leave _poison as it was before them all.
+# The open poison_outputs contexts as [token, value], in the order they were entered (any
+# thread), and the value outside them; _poison is the newest open context's value, else _base.
+# Contexts of several threads may exit in any order and still leave _poison as it was before
+# them all.
 _base: float | None = None
-_open: list[tuple[object, float]] = []
+_open: list[list[Any]] = []
 
 
 def _publish() -> None:
@@ -57,7 +66,7 @@ def poison_outputs(value: float = float("nan")) -> Iterator[None]:
     """Context manager: fill outputs allocated inside it with ``value`` (NaN by default)."""
     token = object()
     with _lock:
-        _open.append((token, float(value)))
+        _open.append([token, float(value)])
         _publish()
     try:
         yield

@@ -198,10 +198,16 @@ def _probe_group(group: CPGroupLike) -> GroupProbe:
     device = torch.device("cuda", torch.cuda.current_device())
     env_off = multicast_env_reason()
     want_multicast = env_off is None
-    try:
-        if want_multicast and not _device_has_multicast(device):
+    if want_multicast:
+        try:
+            if not _device_has_multicast(device):
+                want_multicast = False
+                reason = "the device has no multicast support"
+        except Exception as exc:  # the multicast query failed: no multicast, still rendezvous
+            logger.debug("multicast support query failed: %r", exc)
             want_multicast = False
-            reason = "the device has no multicast support"
+            reason = f"multicast support query failed: {type(exc).__name__}: {exc}"
+    try:
         reached, multicast = _rendezvous_probe(group, device, want_multicast)
     except Exception as exc:
         logger.debug("symmetric-memory probe failed: %r", exc)

@@ -567,7 +567,12 @@ def _run_manager_path(
         assert isinstance(combined, torch.Tensor)
         return combined
 
-    _, times = _timed(library_ops, max(cfg.repeats, 1), device)
+    # The timed calls combine the same partials (the gathered query is bit-identical to the
+    # original): the first must equal the checked layer step, and _timed holds the rest to it.
+    first, times = _timed(library_ops, max(cfg.repeats, 1), device)
+    if not _same_result(first, result):
+        reason = f"rank {rank}: the timed calls returned other values than the checked layer step"
+        return RankRecord(path, "error", reason=reason)
     ref = prob.ref_out[:, rank * hr : (rank + 1) * hr]
     diff_sq, ref_sq, bad = _error_terms(result, ref)
     note = f"combine={manager.last_combine_path}, query_gather={manager.last_query_gather_path}"

@@ -41,7 +41,8 @@ def all_reduce_(group: CPGroupLike, buf: torch.Tensor) -> torch.Tensor:
     group's out-of-place ``all_reduce``. Use the return value."""
     if group.world_size == 1:
         return buf
-    if type(group) is CPGroup and buf.is_contiguous():
+    # isinstance: resolve_group wraps a ProcessGroup in a CPGroup subclass (comm.groups).
+    if isinstance(group, CPGroup) and buf.is_contiguous():
         dist.all_reduce(buf, group=group.device_group)
         return buf
     return group.all_reduce(buf)

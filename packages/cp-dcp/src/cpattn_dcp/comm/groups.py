@@ -12,6 +12,7 @@ Neither the memo nor the token registry keeps a group alive: their entries go wi
 from __future__ import annotations
 
 import functools
+import itertools
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -32,8 +33,12 @@ __all__ = ["group_from_token", "group_rank", "group_token", "group_world_size", 
 # so that their id() is not reused while an entry names them).
 # id(user object) -> (reference to the user object, resolved group; None: the object itself).
 _RESOLVED: dict[int, tuple[Callable[[], Any], CPGroupLike | None]] = {}
-# token -> reference to the group it names.
+# token -> reference to the group it names; id(group) -> (that reference, its token). A token
+# is never reused: one for a group that died raises KeyError, even when a new group gets the
+# dead one's address.
 _TOKENS: dict[str, Callable[[], Any]] = {}
+_TOKEN_OF: dict[int, tuple[Callable[[], Any], str]] = {}
+_TOKEN_NUMBERS = itertools.count()
 
 _FAKE_TYPES: tuple[type, ...]
 try:  # torch >= 2.5: dynamo hands opaque objects (ProcessGroup) to traced code as fakes.
@@ -139,10 +144,26 @@ def _constant_result(fn: _F) -> _F:
 
 
 def _token_of(group: CPGroupLike) -> str:
-    token = f"cpattn_dcp.group.{id(group):x}"
-    ref = _TOKENS.get(token)
-    if ref is None or ref() is not group:
-        _TOKENS[token] = _ref(group, _TOKENS, token)
+    key = id(group)
+    hit = _TOKEN_OF.get(key)
+    if hit is not None and hit[0]() is group:
+        return hit[1]
+    token = f"cpattn_dcp.group.{next(_TOKEN_NUMBERS)}"
+
+    def forget(ref: Any) -> None:
+        entry = _TOKEN_OF.get(key)
+        if entry is not None and entry[0] is ref:
+            del _TOKEN_OF[key]
+        if _TOKENS.get(token) is ref:
+            del _TOKENS[token]
+
+    ref: Callable[[], Any]
+    try:
+        ref = weakref.ref(group, forget)
+    except TypeError:  # takes no weak reference: held (its id() then is not reused)
+        ref = lambda: group  # noqa: E731
+    _TOKEN_OF[key] = (ref, token)
+    _TOKENS[token] = ref
     return token
 
 
