@@ -126,6 +126,10 @@ def test_bad_input(fake_group: MakeGroup) -> None:
         maybe_gather_indexer_k(x["k"], slots.view(2, 4), 1, True, pcp_group=g2)
     with pytest.raises(TypeError, match="slot_mapping must hold integers"):
         maybe_gather_indexer_k(x["k"], slots.float(), 1, True, pcp_group=g2)
+    with pytest.raises(TypeError, match="slot_mapping must hold integers"):
+        maybe_gather_indexer_k(x["k"], slots.to(torch.complex64), 1, True, pcp_group=g2)
+    with pytest.raises(ValueError, match="must share one device"):
+        maybe_gather_indexer_k(x["k"], slots.to("meta"), 1, True, pcp_group=g2)
     with pytest.raises(ValueError, match=r"expanded rank-major mapping of .* = 2 \* 4 = 8"):
         maybe_gather_indexer_k(x["k"], slots[:6], 1, True, pcp_group=g2)
     with pytest.raises(ValueError, match="fewer than num_decode_tokens = 3"):

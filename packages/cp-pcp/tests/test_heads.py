@@ -77,6 +77,8 @@ def test_maybe_all_gather_q(fake_group: MakeGroup) -> None:
     assert maybe_all_gather_q_for_dcp(q, 2, 1, True, dcp_group=fake_group(2)) is q
     assert maybe_all_gather_q_for_dcp(q, 4, 1, True) is q  # and needs no group
     assert maybe_all_gather_q_for_dcp(pair, 4, 2, already_replicated=True) is pair
+    with pytest.raises(TypeError, match="q must be a tensor or a"):
+        maybe_all_gather_q_for_dcp(list(pair), 4, 2, already_replicated=True)  # type: ignore[arg-type]
     # A gather concatenates (nope, pe) first and gathers along dim 1 (heads).
     group = fake_group(2, 0, True)
     out = maybe_all_gather_q_for_dcp(pair, 2, 1, dcp_group=group)

@@ -89,3 +89,15 @@ def test_bad_input(device: torch.device) -> None:
     bad = dict(b, query_start_loc=b["query_start_loc"].view(1, 5))
     with pytest.raises(ValueError, match="query_start_loc must be 1-D"):
         build_mixed_decode_subset(**bad)
+    bad = dict(b, query_start_loc=b["query_start_loc"].float())  # cu_seqlens came back float
+    with pytest.raises(TypeError, match="query_start_loc must be an integer tensor"):
+        build_mixed_decode_subset(**bad)
+    bad = dict(b, is_prefilling=torch.full((4,), 0.5, device=device))  # 0.5 counted as True
+    with pytest.raises(TypeError, match="is_prefilling must be a bool tensor"):
+        build_mixed_decode_subset(**bad)
+    bad = dict(b, query_start_loc=torch.tensor([-1, 1, 5, 5, 7], device=device))
+    with pytest.raises(ValueError, match="start at a row >= 0"):
+        build_mixed_decode_subset(**bad)
+    bad = dict(b, key=b["key"].to("meta"))
+    with pytest.raises(ValueError, match="key is on meta"):
+        build_mixed_decode_subset(**bad)

@@ -59,8 +59,16 @@ def _validate(
     num_rows = tensors[0][1].shape[0]
     if slot_mapping.dim() != 1:
         raise ValueError(f"slot_mapping must be 1-D, got shape {tuple(slot_mapping.shape)}")
-    if slot_mapping.dtype.is_floating_point or slot_mapping.dtype == torch.bool:
+    if (
+        slot_mapping.dtype.is_floating_point
+        or slot_mapping.dtype.is_complex
+        or slot_mapping.dtype == torch.bool
+    ):
         raise TypeError(f"slot_mapping must hold integers, got dtype {slot_mapping.dtype}")
+    devices = {name: t.device for name, t in tensors} | {"slot_mapping": slot_mapping.device}
+    if len(set(devices.values())) != 1:
+        # One collective moves them all: a backend error would be far less clear than this.
+        raise ValueError(f"cache inputs and slot_mapping must share one device, got {devices}")
     if isinstance(num_decode_tokens, bool) or not isinstance(num_decode_tokens, int):
         raise TypeError(
             f"num_decode_tokens must be an int or None, got {type(num_decode_tokens).__name__}"
@@ -145,8 +153,8 @@ def maybe_gather_mla_latent_cache_inputs(
         rank order.
 
     Raises:
-        ValueError: row counts differ, ``D`` out of range, slot mapping too short, or a gather
-            is needed without ``pcp_group``.
+        ValueError: row counts differ, ``D`` out of range, slot mapping too short, inputs on
+            several devices, or a gather is needed without ``pcp_group``.
     """
     if not use_pcp or num_decode_tokens is None:
         return kv_c_normed, k_pe, slot_mapping

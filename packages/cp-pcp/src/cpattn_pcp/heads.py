@@ -169,6 +169,7 @@ def maybe_all_gather_q_for_dcp(
     Raises:
         ValueError: as in ``dcp_q_gather_group``; mismatched ``(nope, pe)`` leading shapes,
             dtypes or devices.
+        TypeError: ``q`` neither a tensor nor a ``(nope, pe)`` tuple (a list, say).
     """
     if isinstance(q, tuple):
         if len(q) != 2:
@@ -184,6 +185,8 @@ def maybe_all_gather_q_for_dcp(
                 f"(nope, pe) must share dtype and device, got {nope.dtype} on {nope.device} and "
                 f"{pe.dtype} on {pe.device}"
             )
+    elif not isinstance(q, torch.Tensor):
+        raise TypeError(f"q must be a tensor or a (nope, pe) tuple, got {type(q).__name__}")
     elif q.dim() < 2:
         raise ValueError(f"q must be [T, H, D], got shape {tuple(q.shape)}")
     if already_replicated:

@@ -84,10 +84,23 @@ def build_mixed_decode_subset(
         no decode segment with tokens.
 
     Raises:
-        ValueError: inconsistent request counts or row counts.
+        ValueError: inconsistent request counts or row counts, ``query_start_loc`` starting
+            below row 0 or decreasing; key or value on another device than ``query``. (A
+            ``query`` with fewer rows than ``query_start_loc[-1]`` is accepted, as vLLM does:
+            the token mask is truncated to its rows, the per-request metadata is not.)
+        TypeError: ``query_start_loc`` not an integer tensor, ``is_prefilling`` a floating
+            tensor.
     """
     if is_prefilling is None:
         return None
+    if (
+        query_start_loc.dtype.is_floating_point
+        or query_start_loc.dtype.is_complex
+        or query_start_loc.dtype == torch.bool
+    ):
+        raise TypeError(f"query_start_loc must be an integer tensor, got {query_start_loc.dtype}")
+    if is_prefilling.dtype.is_floating_point or is_prefilling.dtype.is_complex:
+        raise TypeError(f"is_prefilling must be a bool tensor, got {is_prefilling.dtype}")
     num_reqs = query_start_loc.shape[0] - 1 if query_start_loc.dim() == 1 else -1
     if num_reqs < 0:
         raise ValueError(
@@ -114,12 +127,16 @@ def build_mixed_decode_subset(
                 f"{name} must have the same number of rows as query ({num_rows}), got shape "
                 f"{tuple(other.shape)}"
             )
+        if other is not None and other.device != query.device:
+            raise ValueError(f"{name} is on {other.device}, query on {query.device}")
 
     device = query.device
     qsl = query_start_loc.to(device)
     lens = (qsl[1:] - qsl[:-1]).to(torch.int64)
     if bool((lens < 0).any()):  # host sync
         raise ValueError(f"query_start_loc must be non-decreasing, got {qsl.tolist()}")
+    if int(qsl[0].item()) < 0:  # host sync
+        raise ValueError(f"query_start_loc must start at a row >= 0, got {qsl.tolist()}")
     is_decode = (~is_prefilling.to(device=device, dtype=torch.bool)) & (lens > 0)
     request_idx = torch.nonzero(is_decode).flatten()
     if request_idx.numel() == 0:  # host sync
