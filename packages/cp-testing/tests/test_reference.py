@@ -350,3 +350,14 @@ def test_mask_zero_length_query_requests_and_errors() -> None:
         mask_empty_shards_ref(lse, torch.tensor([1, 2]), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match=r"lse must be \[B, H\]"):
         mask_empty_shards_ref(torch.zeros(4), torch.tensor([1]), torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize("magnitude", [1e4, 1e15, 1e30, -1e30])
+def test_combine_is_exact_at_huge_lses(magnitude: float) -> None:
+    """Two equal sources weigh one half each whatever their LSE (``exp(l - logsumexp)``
+    lost the ``ln 2`` to rounding past about 1e13 and weighed each as one)."""
+    outs = torch.tensor([1.0, 1.0], dtype=torch.float64).view(2, 1, 1, 1)
+    lses = torch.full((2, 1, 1), magnitude, dtype=torch.float64)
+    out, lse = lse_combine_ref(outs, lses)
+    assert out.item() == 1.0
+    assert lse.item() >= magnitude

@@ -5,8 +5,9 @@
 - ``merge_attn_states_torch``: the readable math in plain torch: the formula, guards and
   fp32 arithmetic of the Triton kernel (``cpattn_common.kernels.merge_attn_states``; weights
   as ``b^(l - m) * (1 / S)``). Results can differ from the kernel's in the last bit (the
-  order of the sum over N, the rounding of ``exp`` / ``log``): fp32 outputs by an ulp, 16-bit
-  outputs by one unit of their last place. See ``docs/packages/common.md`` for the formula.
+  order of the sum over N, the rounding of ``exp`` / ``log``): fp32 outputs by a few ulps of
+  ``sum_n |w_n o_n|`` (more ulps of the result where the partials cancel), 16-bit outputs by
+  one unit of their last place. See ``docs/packages/common.md`` for the formula.
 """
 
 from __future__ import annotations

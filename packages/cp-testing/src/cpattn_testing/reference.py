@@ -111,9 +111,15 @@ def _combine_weights(
     lse = torch.where(torch.isnan(lse) | (lse == math.inf), -math.inf, lse)
     if not is_lse_base_on_e:
         lse = lse * LN2
-    combined = torch.logsumexp(lse, dim=0)  # [B, H]; -inf when every source is -inf
-    weights = torch.exp(lse - combined)  # [N, B, H]; NaN where both are -inf
-    weights = torch.nan_to_num(weights, nan=0.0)
+    # Shifted by the largest LSE m: w_n = exp(l_n - m) / sum_k exp(l_k - m) and
+    # L = m + ln(sum). (exp(l_n - logsumexp) lost the ln(sum) term to rounding once |m| passed
+    # about 1e13, giving equal sources weights that summed to N.)
+    m = lse.amax(dim=0)  # [B, H]; -inf when every source is -inf
+    m = torch.where(torch.isfinite(m), m, 0.0)
+    shifted = torch.exp(lse - m)  # [N, B, H]; 0 for -inf sources
+    total = shifted.sum(dim=0)  # [B, H]; 0 when every source is -inf
+    weights = torch.where(total > 0, shifted / total.clamp_min(1e-300), 0.0)
+    combined = torch.where(total > 0, m + torch.log(total.clamp_min(1e-300)), -math.inf)
     if not is_lse_base_on_e:
         combined = combined / LN2
     return weights, combined
