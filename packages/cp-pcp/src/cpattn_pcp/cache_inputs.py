@@ -30,6 +30,7 @@ import torch
 
 from cpattn_common.group import CPGroupLike
 from cpattn_pcp._group import GroupArg, resolve_group
+from cpattn_pcp.partition import is_integer_dtype
 
 __all__ = [
     "maybe_gather_indexer_k",
@@ -59,11 +60,7 @@ def _validate(
     num_rows = tensors[0][1].shape[0]
     if slot_mapping.dim() != 1:
         raise ValueError(f"slot_mapping must be 1-D, got shape {tuple(slot_mapping.shape)}")
-    if (
-        slot_mapping.dtype.is_floating_point
-        or slot_mapping.dtype.is_complex
-        or slot_mapping.dtype == torch.bool
-    ):
+    if not is_integer_dtype(slot_mapping.dtype):
         raise TypeError(f"slot_mapping must hold integers, got dtype {slot_mapping.dtype}")
     devices = {name: t.device for name, t in tensors} | {"slot_mapping": slot_mapping.device}
     if len(set(devices.values())) != 1:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from cpattn_pcp.partition import is_integer_dtype
+
 __all__ = ["DecodeSubset", "build_mixed_decode_subset"]
 
 
@@ -93,11 +95,7 @@ def build_mixed_decode_subset(
     """
     if is_prefilling is None:
         return None
-    if (
-        query_start_loc.dtype.is_floating_point
-        or query_start_loc.dtype.is_complex
-        or query_start_loc.dtype == torch.bool
-    ):
+    if not is_integer_dtype(query_start_loc.dtype):
         raise TypeError(f"query_start_loc must be an integer tensor, got {query_start_loc.dtype}")
     if is_prefilling.dtype.is_floating_point or is_prefilling.dtype.is_complex:
         raise TypeError(f"is_prefilling must be a bool tensor, got {is_prefilling.dtype}")

@@ -165,12 +165,17 @@ def _check_rows(x: torch.Tensor, expected: int, name: str, what: str) -> None:
         raise ValueError(f"{name} must have {what} = {expected} rows, got shape {tuple(x.shape)}")
 
 
+def is_integer_dtype(dtype: torch.dtype) -> bool:
+    """Whether ``dtype`` holds integers (bool, floating and complex dtypes do not): what the
+    package's index and length tensors must be."""
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
 def _as_int_list(seq_lens: Sequence[int] | torch.Tensor) -> list[int]:
     if isinstance(seq_lens, torch.Tensor):
         if seq_lens.dim() != 1:
             raise ValueError(f"seq_lens must be 1-D, got shape {tuple(seq_lens.shape)}")
-        dtype = seq_lens.dtype
-        if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        if not is_integer_dtype(seq_lens.dtype):
             raise TypeError(f"seq_lens must hold integers, got dtype {seq_lens.dtype}")
         values: list[int] = [int(v) for v in seq_lens.tolist()]  # the one host sync
     else:
