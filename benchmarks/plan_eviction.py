@@ -2,8 +2,8 @@
 
 The native module's plan table holds 8192 keys (``launch_plans_info``); a full table drops
 its least recently used quarter (``csrc/launch_plans.cpp``, ``make_room``: a use clock per key,
-one O(table) walk and selection). This times, on the native module alone (no kernel is launched: plans hold no launch here, and the
-module runs dry), host time per call in µs:
+one O(table) walk and selection). This times, on the native module alone (no kernel is
+launched: plans hold no launch here, and the module runs dry), host time per call in µs:
 
 - ``replay_hit``: a replay of a hot key (one tensor and three ints, like an op's key), with the
   table nearly empty and with it full;

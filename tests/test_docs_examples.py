@@ -2,8 +2,8 @@
 cannot rot.
 
 One test per block, named ``<page>:<line>`` (for example ``packages/dcp.md:41``; a README is
-named by its path from the repository root, ``README.md`` or ``packages/cp-dcp/README.md``). A block runs in
-this process with a fresh namespace, except a block that guards its body with
+named by its path from the repository root, ``README.md`` or ``packages/cp-dcp/README.md``).
+A block runs in this process with a fresh namespace, except a block that guards its body with
 ``if __name__ == "__main__":`` (needed when it launches ranks with
 ``cpattn_testing.launcher.run_distributed``, whose rank function must be importable by the
 workers): that block runs as a script in a fresh interpreter.

@@ -256,8 +256,8 @@ class _DecodeProblem:
     ``query [B, H, Dk]`` (dtype; padding rows random) is the whole query of the step;
     ``partial_out [B, H, Dv]`` (dtype) and ``partial_lse [B, H]`` (float32) are this rank's
     partial attention of that query over its KV shard; ``ref_out [B, H, Dv]`` and ``ref_lse
-    [B, H]`` (float64) are full attention over the whole KV (padding rows: 0 and -inf); ``local_seq_lens [R]`` / ``query_start_loc [R+1]`` (int32)
-    drive empty-shard masking. ``shards`` keeps this rank's ``(k, v)`` per request (float64) so
+    [B, H]`` (float64) are full attention over the whole KV (padding rows: 0 and -inf);
+    ``local_seq_lens [R]`` / ``query_start_loc [R+1]`` (int32) drive empty-shard masking. ``shards`` keeps this rank's ``(k, v)`` per request (float64) so
     that the partial can be recomputed from a gathered query (:meth:`partials`).
     """
 

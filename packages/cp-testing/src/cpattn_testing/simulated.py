@@ -84,15 +84,16 @@ class _Rendezvous:
                 f"collective each rank is in: {self.current}"
             ) from None
 
-    def exchange(self, rank: int, op: str, value: Any) -> list[Any]:
+    def exchange(self, rank: int, op: str, value: Any, *, share: bool = False) -> list[Any]:
         """Deposit ``value`` for collective ``op``; return every rank's value, in rank order.
 
-        A tensor is deposited as a snapshot (a copy, unless it is symmetric memory being
-        shared), and ``op`` is compared across ranks together with its shape and dtype."""
+        A tensor is deposited as a snapshot (a copy; ``share``: the tensor itself, for
+        symmetric memory), and ``op`` is compared across ranks together with its shape and
+        dtype."""
         call = op
         if isinstance(value, torch.Tensor):
             call = f"{op} of {tuple(value.shape)} {value.dtype}"
-            if not op.startswith("allocate_symmetric"):
+            if not share:
                 value = value.detach().clone()
         self.current[rank] = op
         self._slots[rank] = (call, value)
@@ -149,8 +150,8 @@ class SimulatedGroup:
     def __repr__(self) -> str:
         return f"SimulatedGroup(world_size={self.world_size}, rank_in_group={self._rank})"
 
-    def _exchange(self, op: str, value: Any) -> list[Any]:
-        return self._world._rendezvous.exchange(self._rank, op, value)
+    def _exchange(self, op: str, value: Any, *, share: bool = False) -> list[Any]:
+        return self._world._rendezvous.exchange(self._rank, op, value, share=share)
 
     # -- collectives ------------------------------------------------------------------------
     def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
@@ -220,7 +221,7 @@ class SimulatedGroup:
         """
         dev = torch.device(device) if device is not None else self.device
         own = torch.zeros(tuple(shape), dtype=dtype, device=dev)
-        peers = self._exchange(f"allocate_symmetric({tuple(shape)}, {dtype})", own)
+        peers = self._exchange(f"allocate_symmetric({tuple(shape)}, {dtype})", own, share=True)
         return own, list(peers)
 
 
