@@ -215,6 +215,27 @@ def test_a_group_without_a_process_group_is_on_without_a_rendezvous(
     assert fake_cuda["rendezvous"] == []
 
 
+def test_a_cached_probe_goes_with_its_group(
+    no_multicast_env: None, fake_cuda: dict[str, Any]
+) -> None:
+    """The cache shares one probe among the wrappers of a process group, and no longer
+    keeps the group alive (it held every group ever probed)."""
+    import gc
+    import weakref
+
+    group = _Group()
+    probe = group_probe(group)
+    twin = _Group()
+    twin.device_group = group.device_group  # another wrapper of the same process group
+    assert group_probe(twin) is probe
+    assert fake_cuda["rendezvous"] == [True]  # probed once
+    pg_ref = weakref.ref(group.device_group)
+    del group, twin
+    gc.collect()
+    assert pg_ref() is None
+    assert len(capability._probes) == 0
+
+
 @pytest.mark.parametrize("use_direct", ["false", "0", 0, 1, 1.0])
 def test_use_direct_must_be_a_bool_or_none(use_direct: Any) -> None:
     for check in (direct_cp_enabled, direct_cp_disabled_reason, direct_cp_multicast_enabled):

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from cpattn_common import CPGroup, CPGroupLike, as_cp_group
+from cpattn_common import CPGroup, CPGroupLike, as_cp_group, shared_cp_group
 from cpattn_common.group import cache_owner, normalize_dim
 
 SHAPE = (4, 6, 8)
@@ -217,3 +217,85 @@ def test_all_to_all_single_rejects_an_output_overlapping_its_input() -> None:
         check_all_to_all_single_args(wide[:, 0], wide[:, 1], 2)
     check_all_to_all_single_args(wide[:4].reshape(8), wide[4:].reshape(8), 2)  # disjoint
     check_all_to_all_single_args(torch.empty(0), torch.empty(0), 2)
+
+
+def shared_group_checks(rank: int, world_size: int, rounds: int) -> dict[str, Any]:
+    """Runs on every rank: ``shared_cp_group`` memoises one weakly held wrapper per group."""
+    import gc
+    import weakref
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from cpattn_common.group import _SHARED
+
+    before = len(_SHARED)
+    refs: list[weakref.ref[Any]] = []
+    sums: list[float] = []
+    for _ in range(rounds):
+        pg = dist.new_group(list(range(world_size)), backend="gloo")
+        group = shared_cp_group(pg)
+        assert shared_cp_group(pg) is group  # memoised
+        assert isinstance(group, CPGroup)
+        assert group.device_group is pg
+        assert shared_cp_group(group) is group  # a wrapper resolves to itself
+        sums.append(float(group.all_reduce(torch.ones(2))[0]))
+        refs.append(weakref.ref(pg))
+        dist.destroy_process_group(pg)
+        del pg, group
+    world = shared_cp_group(dist.group.WORLD)
+    mesh = init_device_mesh("cpu", (world_size,))
+    mesh_group = shared_cp_group(mesh)
+    same = (
+        shared_cp_group(None) is world,
+        shared_cp_group(mesh) is mesh_group,
+        mesh_group.device_group is mesh.get_group(0),
+    )
+    mesh_sum = float(mesh_group.all_reduce(torch.ones(2))[0])
+    with pytest.raises(ValueError, match="mesh_dim"):
+        shared_cp_group(dist.group.WORLD, mesh_dim=0)
+    with pytest.raises(TypeError, match="ProcessGroup"):
+        shared_cp_group(42)
+    del mesh, mesh_group
+    gc.collect()
+    return {
+        "alive": sum(r() is not None for r in refs),
+        "sums": sums,
+        "same": same,
+        "mesh_sum": mesh_sum,
+        # Left: the world group's entry (a 1-D mesh over the world uses the world group; the
+        # mesh's own entry went with the mesh).
+        "entries": len(_SHARED) - before,
+    }
+
+
+def test_shared_cp_group_memoises_without_keeping_groups(
+    run_ranks: Callable[..., list[Any]],
+) -> None:
+    """One wrapper per process group for every caller; destroyed groups the caller dropped
+    die, and so do their entries (the memo's wrappers refer to their groups weakly)."""
+    rounds = 3
+    for res in run_ranks(shared_group_checks, 2, rounds):
+        assert res == {
+            "alive": 0,
+            "sums": [2.0] * rounds,
+            "same": (True, True, True),
+            "mesh_sum": 2.0,
+            "entries": 1,
+        }
+
+
+def test_shared_wrapper_of_a_released_group_raises() -> None:
+    """A shared wrapper outliving its released group says so instead of using a stale one."""
+    from cpattn_common.group import _SharedCPGroup
+
+    wrapper = _SharedCPGroup.__new__(_SharedCPGroup)
+
+    class Pg:  # stands in for a ProcessGroup (only its weak reference is read)
+        pass
+
+    pg = Pg()
+    wrapper._group = pg  # type: ignore[assignment]
+    assert wrapper.device_group is pg
+    del pg
+    with pytest.raises(RuntimeError, match="destroyed and released"):
+        _ = wrapper.device_group

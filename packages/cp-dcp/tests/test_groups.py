@@ -1,5 +1,6 @@
-"""Group resolution and tokens (``cpattn_dcp.comm.groups``): memoised, and never keeping a
-group alive (real gloo process groups in worker processes; simulated groups in this one)."""
+"""Group resolution and tokens (``cpattn_dcp.comm.groups``): memoised (through
+``cpattn_common.shared_cp_group``), and never keeping a group alive (real gloo process groups
+in worker processes; simulated groups in this one)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from cpattn_common import group as common_group
 from cpattn_dcp.comm import groups
 from cpattn_testing.pytest_plugin import RunRanks
 from cpattn_testing.simulated import SimulatedWorld
@@ -21,7 +23,7 @@ def _process_groups_body(rank: int, world_size: int, rounds: int) -> dict[str, A
     from cpattn_common.group import CPGroup
     from cpattn_dcp.comm.collectives import all_reduce_
 
-    before = (len(groups._RESOLVED), len(groups._TOKENS))
+    before = (len(common_group._SHARED), len(groups._TOKENS))
     refs: list[weakref.ref[Any]] = []
     sums: list[float] = []
     tokens: list[str] = []
@@ -59,7 +61,7 @@ def _process_groups_body(rank: int, world_size: int, rounds: int) -> dict[str, A
         "unknown_tokens": unknown,
         "sums": sums,
         # What is left: the default group's entry and its wrapper's token, nothing else.
-        "entries": (len(groups._RESOLVED) - before[0], len(groups._TOKENS) - before[1]),
+        "entries": (len(common_group._SHARED) - before[0], len(groups._TOKENS) - before[1]),
     }
 
 
@@ -84,11 +86,11 @@ def test_wrapper_entries_die_with_the_wrapper(device: torch.device) -> None:
     assert groups.resolve_group(group) is group
     assert groups.group_from_token(token) is group
     ref = weakref.ref(group)
-    key = id(group)
+    entries = len(common_group._SHARED)
     del group, world
     gc.collect()
     assert ref() is None
-    assert key not in groups._RESOLVED
+    assert len(common_group._SHARED) < entries
     with pytest.raises(KeyError, match="unknown group token"):
         groups.group_from_token(token)
 

@@ -15,7 +15,7 @@ from cpattn_common.capability import (
     multicast_disabled_by_env,
     symm_mem_available,
 )
-from cpattn_common.group import CPGroup, CPGroupLike, as_cp_group
+from cpattn_common.group import CPGroup, CPGroupLike, as_cp_group, shared_cp_group
 from cpattn_common.launch import launch_cached
 from cpattn_common.launch_plans import (
     clear_launch_plans,
@@ -57,6 +57,7 @@ __all__ = [
     "set_launch_plans_enabled",
     "set_output_poison",
     "set_ubatch_id",
+    "shared_cp_group",
     "symm_mem_available",
     "ubatch_context",
 ]

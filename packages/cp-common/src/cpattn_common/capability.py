@@ -20,14 +20,14 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from cpattn_common.group import CPGroupLike, as_cp_group, cache_owner
+from cpattn_common.group import CPGroupLike, cache_owner, shared_cp_group
+from cpattn_common.identity_memo import IdentityMemo
 
 __all__ = [
     "MULTICAST_ENV_VARS",
@@ -124,14 +124,14 @@ class GroupProbe:
     rendezvous_failed: bool = False
 
 
-_cache: dict[int, tuple[object, GroupProbe]] = {}
-_lock = threading.Lock()
+# Probes by the process group under a wrapper (``cache_owner``), so that every wrapper of one
+# group shares one probe; an entry goes with its group.
+_probes: IdentityMemo[GroupProbe] = IdentityMemo()
 
 
 def clear_capability_cache() -> None:
     """Forget every cached group probe (tests; a rebuilt group gets probed again)."""
-    with _lock:
-        _cache.clear()
+    _probes.clear()
 
 
 # ---- individual probes (module-level so tests can replace them) -----------------------------
@@ -228,22 +228,18 @@ def group_probe(group: Any) -> GroupProbe:
     Never raises: a failing probe reports False with a reason.
     """
     try:
-        cp_group = as_cp_group(group)
+        cp_group = shared_cp_group(group)
     except Exception as exc:
         return GroupProbe(False, False, False, f"not a group: {type(exc).__name__}: {exc}")
     owner = cache_owner(cp_group)
-    key = id(owner)
-    with _lock:
-        hit = _cache.get(key)
+    hit = _probes.get(owner, None)
     if hit is not None:
-        return hit[1]
+        return hit
     try:
         probe = _probe_group(cp_group)
     except Exception as exc:  # belt and braces: the probe never raises
         probe = GroupProbe(False, False, False, f"probe failed: {type(exc).__name__}: {exc}")
-    with _lock:
-        _cache[key] = (owner, probe)  # the owner stays alive: its id() is not reused
-    return probe
+    return _probes.setdefault(owner, probe)
 
 
 def _check_use_direct(use_direct: object) -> None:

@@ -8,16 +8,21 @@ Where a backend lacks a native collective, an equivalent built from ops every ba
 
 Every op accepts the protocol ``CPGroupLike``, so in-process simulated groups (cpattn_testing)
 and user wrappers plug in wherever a ``CPGroup`` is expected; ``as_cp_group`` normalises a
-``ProcessGroup``, a ``DeviceMesh`` (one dimension) or an existing wrapper into one.
+``ProcessGroup``, a ``DeviceMesh`` (one dimension) or an existing wrapper into one, and
+``shared_cp_group`` does the same through a memo, so that the ops (which resolve their group
+argument on every call) share one weakly held wrapper per process group.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, runtime_checkable
 
 import torch
 import torch.distributed as dist
+
+from cpattn_common.identity_memo import IdentityMemo
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -30,6 +35,7 @@ __all__ = [
     "check_all_gather_into_tensor_args",
     "check_all_to_all_single_args",
     "normalize_dim",
+    "shared_cp_group",
 ]
 
 _T = TypeVar("_T")
@@ -383,8 +389,35 @@ class CPGroup:
             dist.barrier(group=self._group)
 
 
+def _mesh_process_group(x: Any, mesh_dim: int | str | None) -> ProcessGroup | None:
+    """The process group of dimension ``mesh_dim`` of ``x`` if ``x`` is a ``DeviceMesh``,
+    else ``None``."""
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+    except ImportError:  # pragma: no cover - torch without distributed
+        return None
+    if not isinstance(x, DeviceMesh):
+        return None
+    if mesh_dim is None and x.ndim != 1:
+        raise ValueError(
+            f"a {x.ndim}-D DeviceMesh needs mesh_dim to pick the group dimension "
+            f"(mesh_dim_names={x.mesh_dim_names})"
+        )
+    return x.get_group(mesh_dim if mesh_dim is not None else 0)
+
+
+def _not_a_group(x: Any) -> TypeError:
+    return TypeError(
+        "expected a ProcessGroup, a DeviceMesh or a CPGroupLike group wrapper, got "
+        f"{type(x).__name__}"
+    )
+
+
 def as_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGroupLike:
     """Turn a ``ProcessGroup``, a ``DeviceMesh`` (dimension) or a group wrapper into a group.
+
+    Every call wraps a process group anew (``shared_cp_group`` memoises one wrapper per
+    group).
 
     Args:
         x: a ``CPGroupLike`` (returned as is), a ``ProcessGroup``, a ``DeviceMesh`` (1-D, or
@@ -402,21 +435,109 @@ def as_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGroupL
         if mesh_dim is not None:
             raise ValueError("mesh_dim only applies to a DeviceMesh")
         return CPGroup(x)
-    try:
-        from torch.distributed.device_mesh import DeviceMesh
-    except ImportError:  # pragma: no cover - torch without distributed
-        DeviceMesh = None  # type: ignore[assignment,misc]
-    if DeviceMesh is not None and isinstance(x, DeviceMesh):
-        if mesh_dim is None and x.ndim != 1:
-            raise ValueError(
-                f"a {x.ndim}-D DeviceMesh needs mesh_dim to pick the group dimension "
-                f"(mesh_dim_names={x.mesh_dim_names})"
-            )
-        return CPGroup(x.get_group(mesh_dim if mesh_dim is not None else 0))
-    raise TypeError(
-        "expected a ProcessGroup, a DeviceMesh or a CPGroupLike group wrapper, got "
-        f"{type(x).__name__}"
-    )
+    pg = _mesh_process_group(x, mesh_dim)
+    if pg is None:
+        raise _not_a_group(x)
+    return CPGroup(pg)
+
+
+class _SharedCPGroup(CPGroup):
+    """The ``CPGroup`` that ``shared_cp_group`` memoises for a ``ProcessGroup``: it refers to
+    the process group weakly, so that the memo (which holds this wrapper while the group
+    lives) never keeps alive a group that ``destroy_process_group`` released and the caller
+    dropped. A collective after that raises ``RuntimeError``, as one on a destroyed group
+    does anyway.
+
+    ``CPGroup`` reaches its process group only through ``self._group``; here that attribute
+    is a property over a weak reference.
+    """
+
+    _group_ref: Callable[[], ProcessGroup | None]
+
+    @property
+    def _group(self) -> ProcessGroup:
+        pg = self._group_ref()
+        if pg is None:
+            raise RuntimeError("the process group of this CPGroup was destroyed and released")
+        return pg
+
+    @_group.setter
+    def _group(self, pg: ProcessGroup) -> None:
+        self._group_ref = weakref.ref(pg)
+
+
+_FAKE_TYPES: tuple[type, ...]
+try:  # torch >= 2.5: dynamo hands opaque objects (a ProcessGroup) to traced code as fakes.
+    from torch._library.fake_class_registry import FakeScriptObject
+
+    _FAKE_TYPES = (FakeScriptObject,)
+except ImportError:  # pragma: no cover - older torch
+    _FAKE_TYPES = ()
+
+
+def _unwrap_fake(obj: Any) -> Any:
+    """The real object behind a dynamo ``FakeScriptObject`` (a traced ``ProcessGroup``)."""
+    if _FAKE_TYPES and isinstance(obj, _FAKE_TYPES):
+        return object.__getattribute__(obj, "real_obj")
+    return obj
+
+
+# Object -> its shared wrapper (None: the object is a CPGroupLike, its own wrapper).
+_SHARED: IdentityMemo[CPGroupLike | None] = IdentityMemo()
+_SHARED_ENTRIES = _SHARED.entries  # read directly on the hit path (no method call)
+
+
+def shared_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGroupLike:
+    """``as_cp_group(x)``, memoised: every caller gets the same wrapper of a process group.
+
+    The ops resolve their group argument through this on every call, so a lookup is one dict
+    read. A shared wrapper learns once which collectives its backend lacks, for every caller.
+    Nothing here keeps a group alive: the memo forgets an object when it dies, and the
+    wrapper of a ``ProcessGroup`` refers to it weakly (torch.distributed holds a group until
+    ``destroy_process_group``; the caller's references hold it after that).
+
+    Args:
+        x: a ``CPGroupLike`` (returned as is), a ``ProcessGroup`` (also the fake that
+            ``torch.compile`` hands traced code for one), a ``DeviceMesh`` (1-D, or pick the
+            dimension with ``mesh_dim``), or ``None`` for the default world group.
+        mesh_dim: the mesh dimension (index or name) when ``x`` is a multi-dimensional mesh.
+
+    Returns:
+        A ``CPGroupLike``; for a ``ProcessGroup``, a mesh over it or ``None``, the one
+        ``CPGroup`` shared by every caller while the process group lives.
+    """
+    if mesh_dim is None:  # the hit path: every op call resolves its group here
+        entry = _SHARED_ENTRIES.get(id(x))
+        if entry is not None and entry[0]() is x:
+            shared = entry[1]
+            if shared is None:
+                return x  # type: ignore[no-any-return]  # a CPGroupLike: its own wrapper
+            return shared
+    real = _unwrap_fake(x)
+    if real is not x:
+        return shared_cp_group(real, mesh_dim=mesh_dim)
+    if x is None:
+        if dist.is_available() and dist.is_initialized() and dist.group.WORLD is not None:
+            # Memoised under the world group itself, never under None: a world destroyed and
+            # initialised again is never answered with the old one.
+            return shared_cp_group(dist.group.WORLD)
+        return as_cp_group(None)  # raises: no default group
+    if isinstance(x, dist.ProcessGroup):
+        if mesh_dim is not None:
+            raise ValueError("mesh_dim only applies to a DeviceMesh")
+        return cast(CPGroupLike, _SHARED.setdefault(x, _SharedCPGroup(x)))
+    if isinstance(x, CPGroupLike):
+        if mesh_dim is not None:
+            raise ValueError("mesh_dim only applies to a DeviceMesh")
+        _SHARED.setdefault(x, None)
+        return x
+    pg = _mesh_process_group(x, mesh_dim)
+    if pg is None:
+        raise _not_a_group(x)
+    group = shared_cp_group(pg)
+    if mesh_dim is None:
+        _SHARED.setdefault(x, group)
+    return group
 
 
 def cache_owner(group: CPGroupLike) -> object:

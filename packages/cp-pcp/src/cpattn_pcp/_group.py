@@ -10,25 +10,10 @@ from typing import TypeAlias
 
 from torch.distributed import ProcessGroup
 
-from cpattn_common.group import CPGroupLike, as_cp_group
+from cpattn_common.group import CPGroupLike, shared_cp_group
 
 GroupArg: TypeAlias = ProcessGroup | CPGroupLike
 """A ``torch.distributed.ProcessGroup`` or a ``cpattn_common.group.CPGroupLike``."""
-
-# One wrapper per ProcessGroup: building a CPGroup queries the rank table, and the wrapper
-# remembers which collectives the backend lacks, so per-call wrapping would repeat both.
-_WRAPPERS: dict[int, tuple[ProcessGroup, CPGroupLike]] = {}
-
-
-def _wrap(group: GroupArg) -> CPGroupLike:
-    if isinstance(group, ProcessGroup):
-        hit = _WRAPPERS.get(id(group))
-        if hit is not None and hit[0] is group:
-            return hit[1]
-        wrapped = as_cp_group(group)
-        _WRAPPERS[id(group)] = (group, wrapped)
-        return wrapped
-    return as_cp_group(group)
 
 
 def resolve_group(group: GroupArg | None, name: str, why: str) -> CPGroupLike:
@@ -47,9 +32,11 @@ def resolve_group(group: GroupArg | None, name: str, why: str) -> CPGroupLike:
     """
     if group is None:
         raise ValueError(f"{name}= is required {why}; pass a ProcessGroup or a CPGroupLike")
-    return _wrap(group)
+    # One shared wrapper per ProcessGroup (building a CPGroup queries the rank table, and
+    # the wrapper learns which collectives the backend lacks); the memo keeps no group alive.
+    return shared_cp_group(group)
 
 
 def optional_group(group: GroupArg | None) -> CPGroupLike | None:
     """Normalise an optional group argument (``None`` stays ``None``)."""
-    return None if group is None else _wrap(group)
+    return None if group is None else shared_cp_group(group)

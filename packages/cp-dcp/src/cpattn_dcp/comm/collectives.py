@@ -41,7 +41,7 @@ def all_reduce_(group: CPGroupLike, buf: torch.Tensor) -> torch.Tensor:
     group's out-of-place ``all_reduce``. Use the return value."""
     if group.world_size == 1:
         return buf
-    # isinstance: resolve_group wraps a ProcessGroup in a CPGroup subclass (comm.groups).
+    # isinstance: shared_cp_group wraps a ProcessGroup in a CPGroup subclass.
     if isinstance(group, CPGroup) and buf.is_contiguous():
         dist.all_reduce(buf, group=group.device_group)
         return buf

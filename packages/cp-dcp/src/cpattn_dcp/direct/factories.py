@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from cpattn_common import as_cp_group, capability
-from cpattn_common.group import cache_owner
+from cpattn_common import capability
+from cpattn_common.group import cache_owner, shared_cp_group
 from cpattn_dcp.direct._base import indexed_device
 from cpattn_dcp.direct.a2a import DIRECT_A2A_DTYPES, DirectDCPA2AWorkspace
 from cpattn_dcp.direct.kv_gather import DIRECT_KV_GATHER_DTYPES, DirectDCPKVGatherWorkspace
@@ -39,7 +39,8 @@ __all__ = [
 ]
 
 _lock = threading.Lock()
-# key -> (the keyed group, kept alive so that its id() cannot be reused, workspace)
+# key -> (the keyed group, kept alive so that its id() cannot be reused, workspace). Unlike
+# the group memo, this holds its groups: a workspace's symmetric memory lives with its group.
 _cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
 
@@ -69,7 +70,7 @@ def _automatic_reason(
     """
     if use_direct is not None:
         return None
-    world_size = as_cp_group(group).world_size
+    world_size = shared_cp_group(group).world_size
     if world_size < 2:
         return f"needs at least two ranks (world size {world_size})"
     if device is not None and torch.device(device).type != "cuda":
@@ -126,7 +127,7 @@ def direct_gather_unavailable_reason(
 
 
 def _memo(kind: str, group: Any, geometry: tuple[Any, ...], build: Any) -> Any:
-    owner = cache_owner(as_cp_group(group))  # wrappers of one process group share a workspace
+    owner = cache_owner(shared_cp_group(group))  # wrappers of one group share a workspace
     key = (kind, id(owner), *geometry)
     with _lock:
         hit = _cache.get(key)

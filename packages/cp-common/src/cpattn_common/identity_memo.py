@@ -1,0 +1,93 @@
+"""A memo keyed by object identity that never keeps its keys alive.
+
+Per-group state (the shared wrapper of a process group, its capability probe, the token a
+compiled graph names it by) is looked up on every op call, so it is keyed by ``id()``: a
+``ProcessGroup`` has no value equality, and hashing a user's wrapper could call user code.
+An ``id()`` is reused once its object dies, so every entry holds its key through a weak
+reference whose callback drops the entry; a lookup also checks that the reference still
+names the very object asked about. Keys that take no weak reference are held strongly
+instead (their ``id()`` is then never reused while the entry exists).
+
+``IdentityMemo`` is that one mechanism, used by ``cpattn_common.group.shared_cp_group``, the
+capability probe cache and cp-dcp's group tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+__all__ = ["IdentityMemo"]
+
+_V = TypeVar("_V")
+_D = TypeVar("_D")
+
+
+class IdentityMemo(Generic[_V]):
+    """Values memoised by the identity of a key object, without keeping the key alive.
+
+    A value must not refer to its key (strongly), or the key never dies and its entry stays.
+
+    Lookups take no lock (one dict read: they are on the ops' host path); writes and the
+    weak-reference callbacks take a re-entrant lock (a callback can run inside a write of the
+    same thread, when the write triggers a garbage collection).
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[Callable[[], Any], _V]] = {}
+        self._lock = threading.RLock()
+
+    @property
+    def entries(self) -> Mapping[int, tuple[Callable[[], Any], _V]]:
+        """The live table, read-only: ``id(key) -> (reference to key, value)``.
+
+        For a lookup on a hot path without a method call; an entry answers for ``key`` only
+        when its reference returns ``key`` itself (see ``get``).
+        """
+        return self._entries
+
+    def get(self, key: object, default: _D) -> _V | _D:
+        """The value stored for ``key`` (this very object), else ``default``."""
+        entry = self._entries.get(id(key))
+        if entry is not None and entry[0]() is key:
+            return entry[1]
+        return default
+
+    def setdefault(self, key: object, value: _V) -> _V:
+        """Store ``value`` for ``key`` unless an entry for it exists; return the entry's value
+        (so that concurrent first lookups agree on one value)."""
+        ident = id(key)
+        with self._lock:
+            entry = self._entries.get(ident)
+            if entry is not None and entry[0]() is key:
+                return entry[1]
+            ref: Callable[[], Any]
+            try:
+                ref = weakref.ref(key, functools.partial(self._drop, ident))
+            except TypeError:  # takes no weak reference: held, so its id() is not reused
+                ref = functools.partial(_identity, key)
+            self._entries[ident] = (ref, value)
+            return value
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _drop(self, ident: int, ref: object) -> None:
+        # Weak-reference callback: the key died. Drop its entry unless a new key that got
+        # the same address has replaced it already.
+        with self._lock:
+            entry = self._entries.get(ident)
+            if entry is not None and entry[0] is ref:
+                del self._entries[ident]
+
+
+def _identity(obj: object) -> object:
+    return obj

@@ -1,0 +1,49 @@
+"""Group arguments (``cpattn_pcp._group``): one shared wrapper per process group, which keeps
+no group alive (real gloo process groups in worker processes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+
+def _resolve_and_destroy(rank: int, world_size: int, rounds: int) -> dict[str, Any]:
+    import gc
+    import weakref
+
+    import torch
+    import torch.distributed as dist
+
+    from cpattn_pcp._group import optional_group, resolve_group
+
+    refs: list[weakref.ref[Any]] = []
+    same: list[bool] = []
+    for _ in range(rounds):
+        pg = dist.new_group(list(range(world_size)), backend="gloo")
+        group = resolve_group(pg, "pcp_group", "for the test")
+        same.append(optional_group(pg) is group and group.device_group is pg)
+        same.append(float(group.all_reduce(torch.ones(1))[0]) == world_size)
+        refs.append(weakref.ref(pg))
+        dist.destroy_process_group(pg)
+        del pg, group
+    gc.collect()
+    return {"alive": sum(r() is not None for r in refs), "same": all(same)}
+
+
+def test_wrappers_are_shared_and_keep_no_group_alive(
+    run_ranks: Callable[..., list[Any]],
+) -> None:
+    """The wrapper memo used to hold every process group ever passed (a strong id() table),
+    so destroyed groups were never freed."""
+    for res in run_ranks(_resolve_and_destroy, 2, 3):
+        assert res == {"alive": 0, "same": True}
+
+
+def test_a_missing_required_group_names_the_keyword() -> None:
+    from cpattn_pcp._group import optional_group, resolve_group
+
+    with pytest.raises(ValueError, match="pcp_group= is required to gather"):
+        resolve_group(None, "pcp_group", "to gather")
+    assert optional_group(None) is None
