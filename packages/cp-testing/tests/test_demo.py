@@ -14,6 +14,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -35,6 +36,7 @@ def _env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env.setdefault("TRITON_INTERPRET", "1")
     env.pop(demo.PLANT_FAULT_ENV, None)
+    env.pop(demo.PLANT_RAISE_ENV, None)
     return env
 
 
@@ -97,6 +99,101 @@ def test_planted_faults_fail_naming_each_path(
         elif not name.endswith("/direct") or by_path[name]["status"] != "skipped":
             assert by_path[name]["status"] == "pass", by_path[name]
     assert f"FAILED: {len(planted)} of" in captured.out
+
+
+def test_a_path_that_raises_on_one_rank_stops_every_rank_at_once(
+    device: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    tmp_path: pathlib.Path,
+) -> None:  # fmt: skip
+    """Rank 1 raises in ``dcp/gqa/ag_ar`` while rank 0 enters that path's collective: the run
+    must end within seconds (not at ``--timeout``), exit 1, and show rank 1's exception with
+    its traceback, naming the path. (A rank that swallowed the exception and went on left
+    rank 0 waiting until the deadline, and the timeout error showed only rank 0's stacks.)"""
+    if str(device) != "cpu":
+        pytest.skip("CPU/gloo launch")
+    monkeypatch.delenv(demo.PLANT_FAULT_ENV, raising=False)
+    monkeypatch.setenv(demo.PLANT_RAISE_ENV, "dcp/gqa/ag_ar@1")
+    out = tmp_path / "result.json"
+    timeout = 60.0
+    start = time.monotonic()
+    status = demo.main(["--world-size", "2", "--only", "dcp/gqa/ag_*", "--json", str(out),
+                        "--timeout", str(timeout), *SMALL])  # fmt: skip
+    elapsed = time.monotonic() - start
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert status == 1, text
+    assert "timed out" not in text
+    assert elapsed < timeout / 2, f"took {elapsed:.1f} s to stop (timeout {timeout:g} s)\n{text}"
+    # The failing rank's exception: type, message, traceback, and the path it was running.
+    assert "rank 1 failed:" in captured.err
+    assert "Traceback (most recent call last)" in captured.err
+    assert "RuntimeError: planted failure in dcp/gqa/ag_ar on rank 1" in captured.err
+    assert "PathFailure: dcp/gqa/ag_ar raised on rank 1: RuntimeError:" in captured.err
+    assert "FAILED: dcp/gqa/ag_ar raised on rank 1: RuntimeError: planted failure" in captured.out
+    payload = json.loads(out.read_text())
+    assert payload["ok"] is False
+    assert payload["failed"] == ["dcp/gqa/ag_ar"]
+    assert "planted failure" in payload["results"][0]["reason"]
+
+
+def test_cli_exits_1_when_rank_0_raises(device: object) -> None:
+    """The same through the command line, with rank 0 (the progress writer) failing in a PCP
+    path while rank 1 waits in its gather."""
+    if str(device) != "cpu":
+        pytest.skip("CPU/gloo launch")
+    env = _env()
+    env[demo.PLANT_RAISE_ENV] = "pcp/prefill@0"
+    timeout = 60.0
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "cpattn_testing.demo", "--world-size", "2", "--only",
+         "pcp/prefill", "--timeout", str(timeout), *SMALL],
+        env=env, capture_output=True, text=True, timeout=2 * timeout, check=False,
+    )  # fmt: skip
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert elapsed < timeout / 2, f"took {elapsed:.1f} s to stop (timeout {timeout:g} s)"
+    assert "rank 0 failed:" in proc.stderr
+    assert "RuntimeError: planted failure in pcp/prefill on rank 0" in proc.stderr
+    assert "FAILED: pcp/prefill raised on rank 0" in proc.stdout
+
+
+def test_run_path_names_the_path_and_rank_of_an_exception() -> None:
+    def boom() -> demo.RankRecord:
+        raise IndexError("no such slot\nsecond line")
+
+    cfg = demo.DemoConfig(world_size=2)
+    with pytest.raises(demo.PathFailure) as info:
+        demo._run_path(cfg, "pcp/prefill", 1, boom)
+    assert str(info.value) == "pcp/prefill raised on rank 1: IndexError: no such slot"
+    assert isinstance(info.value.__cause__, IndexError)
+    record = demo.RankRecord("pcp/prefill", "ran")
+    assert demo._run_path(cfg, "pcp/prefill", 0, lambda: record) is record
+
+
+def test_planted_raise_picks_path_and_rank() -> None:
+    cfg = demo.DemoConfig(world_size=4, plant_raise="dcp/*/a2a, pcp/prefill@0")
+    assert cfg.raises("dcp/mla/a2a", 3)  # no rank: the last one
+    assert not cfg.raises("dcp/mla/a2a", 0)
+    assert cfg.raises("pcp/prefill", 0)
+    assert not cfg.raises("pcp/prefill", 3)
+    assert not demo.DemoConfig().raises("dcp/mla/a2a", 3)
+    with pytest.raises(demo.PathFailure, match="raised on rank 3: RuntimeError: planted"):
+        demo._run_path(cfg, "dcp/gqa/a2a", 3, lambda: demo.RankRecord("dcp/gqa/a2a", "ran"))
+
+
+def test_only_a_path_failure_of_the_first_failing_rank_counts_as_one() -> None:
+    from cpattn_testing.launcher import DistributedError
+
+    def error(rank: int | None, tracebacks: dict[int, str]) -> DistributedError:
+        return DistributedError("x", rank=rank, tracebacks=tracebacks, pids=[1, 2])
+
+    line = "cpattn_testing.demo.PathFailure: dcp/mla/a2a raised on rank 1: ValueError: bad"
+    raised = "Traceback (most recent call last):\n  ...\nValueError: bad\n\n...\n" + line
+    assert demo._path_failure(error(1, {1: raised})) == ("dcp/mla/a2a", 1, "ValueError: bad")
+    # A crash, a failure outside the paths, or a timeout is a launcher error (exit 3).
+    assert demo._path_failure(error(0, {0: "ValueError: launched with", 1: raised})) is None
+    assert demo._path_failure(error(None, {1: raised})) is None
 
 
 def test_list_paths(capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,15 +24,23 @@ It prints one table row per path (path, ranks, dtype, relative error, tolerance,
 call) and exits with status 1 if any path mismatches, naming the path. ``--json`` writes the same
 results as JSON.
 
-Exit status: 0 all checked paths passed (skips allowed; at least one checked), 1 a mismatch or a
-failing path, or every selected path skipped, 2 bad command-line arguments, 3 the ranks could
-not be run (launcher error).
+A path that raises on any rank ends the whole run at once (its peers may wait in a collective
+that rank will never join): the launcher stops every rank, and the demo prints that rank's
+traceback (the original exception, chained to a :class:`PathFailure` naming the path and the
+rank) on stderr and a ``FAILED: <path> raised on rank <r>: ...`` line, and exits 1.
+
+Exit status: 0 all checked paths passed (skips allowed; at least one checked), 1 a mismatch, a
+path that raised on some rank, or every selected path skipped, 2 bad command-line arguments, 3
+the ranks could not be run (launcher error: a crash, the ``--timeout``, a failure outside the
+paths).
 
 Test hook (not in ``--help``): ``CPATTN_DEMO_PLANT_FAULT=<patterns>`` (or ``--plant-fault``),
 comma-separated ``fnmatch`` patterns, plants a fault into every path whose name matches: rank
 0's partial LSE is raised by 2 before the combine (a wrong weight, for DCP paths), or rank 0's
 first local key and value rows are perturbed before the gather (for PCP paths). The demo must
-then fail, naming each such path.
+then fail, naming each such path. ``CPATTN_DEMO_PLANT_RAISE=<PATTERN[@RANK],...>`` (or
+``--plant-raise``) makes that rank (default: the last) raise at the start of each matching path,
+before its collectives; the run must then stop within seconds, naming the path and the rank.
 """
 
 from __future__ import annotations
@@ -44,16 +52,21 @@ import functools
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import torch
 
+if TYPE_CHECKING:
+    from cpattn_testing.launcher import DistributedError
+
 PLANT_FAULT_ENV = "CPATTN_DEMO_PLANT_FAULT"
+PLANT_RAISE_ENV = "CPATTN_DEMO_PLANT_RAISE"
 _T = TypeVar("_T")
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -100,6 +113,7 @@ class DemoConfig:
     repeats: int = 0
     only: tuple[str, ...] = ()
     plant_fault: str | None = None
+    plant_raise: str | None = None
     verbose_progress: bool = True
 
     @property
@@ -116,6 +130,16 @@ class DemoConfig:
             return False
         patterns = [p.strip() for p in self.plant_fault.split(",") if p.strip()]
         return any(fnmatch.fnmatchcase(path, p) for p in patterns)
+
+    def raises(self, path: str, rank: int) -> bool:
+        """Whether the hidden test hook makes ``rank`` raise in ``path`` (``PATTERN[@RANK]``
+        entries; no rank = the last rank)."""
+        for entry in (self.plant_raise or "").split(","):
+            pattern, _, on = entry.strip().partition("@")
+            target = int(on) if on.strip() else self.world_size - 1
+            if pattern and target == rank and fnmatch.fnmatchcase(path, pattern):
+                return True
+        return False
 
 
 @dataclasses.dataclass
@@ -811,12 +835,34 @@ def _run_pcp_prefill(cfg: DemoConfig, group: Any, rank: int, device: torch.devic
 # --------------------------------------------------------------------------------------------
 
 
-def _guard(path: str, fn: Callable[[], RankRecord]) -> RankRecord:
-    """Run one path; an exception becomes an "error" record naming the path."""
+class PathFailure(RuntimeError):
+    """A path raised on one rank; chained to (``from``) the original exception.
+
+    It ends the whole run rather than becoming a failed row: the other ranks may already wait
+    in a collective of that path which this rank will never join, and a rank that went on would
+    pair its next collective with theirs. The launcher stops every rank as soon as one raises
+    and hands this rank's traceback to :func:`main`, which reports the path, the rank and the
+    original exception.
+    """
+
+
+# How PathFailure's line reads in the rank's formatted traceback (see _path_failure).
+_PATH_FAILURE_RE = re.compile(
+    r"^(?:[\w.]+\.)?PathFailure: (?P<path>\S+) raised on rank (?P<rank>\d+): (?P<what>.*)$",
+    re.MULTILINE,
+)
+
+
+def _run_path(cfg: DemoConfig, path: str, rank: int, fn: Callable[[], RankRecord]) -> RankRecord:
+    """Run one path on this rank; an exception is re-raised as :class:`PathFailure`."""
     try:
+        if cfg.raises(path, rank):
+            raise RuntimeError(f"planted failure in {path} on rank {rank}")
         return fn()
-    except Exception as exc:  # any failure of a library op is a failed path, not a crash
-        return RankRecord(path, "error", reason=f"{type(exc).__name__}: {exc}")
+    except Exception as exc:
+        lines = str(exc).strip().splitlines()
+        what = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+        raise PathFailure(f"{path} raised on rank {rank}: {what}") from exc
 
 
 def rank_main(rank: int, world_size: int, cfg: DemoConfig) -> list[dict[str, Any]]:
@@ -849,7 +895,7 @@ def rank_main(rank: int, world_size: int, cfg: DemoConfig) -> list[dict[str, Any
             progress.step(path)
             combine = path.rsplit("/", 1)[1]
             run = functools.partial(_run_dcp_path, cfg, layer, combine, group, rank, device, prob)
-            records.append(_guard(path, run))
+            records.append(_run_path(cfg, path, rank, run))
     for path in PCP_PATHS:
         if path not in paths:
             continue
@@ -858,7 +904,7 @@ def rank_main(rank: int, world_size: int, cfg: DemoConfig) -> list[dict[str, Any
             run = functools.partial(_run_pcp_prefill, cfg, group, rank, device)
         else:
             run = functools.partial(_run_pcp_cache, cfg, path.split("/")[1], group, rank, device)
-        records.append(_guard(path, run))
+        records.append(_run_path(cfg, path, rank, run))
     return [dataclasses.asdict(r) for r in records]
 
 
@@ -975,7 +1021,8 @@ def build_parser() -> argparse.ArgumentParser:
         "PCP prefill) against float64 full attention.",
         epilog="paths: " + ", ".join(all_path_names()) + ". Exit status: 0 every checked path "
         "passed (skips allowed; at least one checked), 1 a mismatch (a 'MISMATCH in <path>' line "
-        "names it) or nothing checked, 2 bad arguments, 3 the ranks could not run.",
+        "names it), a path that raised on a rank (a '<path> raised on rank <r>' line names it; "
+        "the run stops there) or nothing checked, 2 bad arguments, 3 the ranks could not run.",
     )
     p.add_argument("--world-size", type=int, default=d.world_size, help="number of ranks")
     p.add_argument("--backend", choices=("gloo", "nccl"), default=d.backend,
@@ -1010,6 +1057,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the path names and exit")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--plant-fault", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--plant-raise", default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -1038,6 +1086,7 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         if gpus < n:
             raise ValueError(f"--backend nccl needs one GPU per rank: {n} ranks, {gpus} GPUs")
     fault = args.plant_fault or os.environ.get(PLANT_FAULT_ENV) or None
+    planted_raise = args.plant_raise or os.environ.get(PLANT_RAISE_ENV) or None
     return DemoConfig(
         world_size=n,
         backend=args.backend,
@@ -1056,6 +1105,7 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         repeats=repeats,
         only=tuple(args.only),
         plant_fault=fault,
+        plant_raise=planted_raise,
         verbose_progress=not args.quiet,
     )
 
@@ -1077,7 +1127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: --only {list(cfg.only)} matches no path; see --list", file=sys.stderr)
         return 2
 
-    from cpattn_testing.launcher import run_distributed
+    from cpattn_testing.launcher import DistributedError, run_distributed
 
     to_stdout_json = args.json == "-"
     report: TextIO = sys.stderr if to_stdout_json else sys.stdout
@@ -1093,7 +1143,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         per_rank = run_distributed(
             rank_main, cfg.world_size, cfg.backend, args=(cfg,), timeout=args.timeout
         )
-    except Exception as exc:  # DistributedError (or a failure to start the ranks)
+    except DistributedError as exc:
+        raised = _path_failure(exc)
+        if raised is None:  # a crash, a timeout, a failure outside the paths
+            print(
+                f"error: the ranks did not complete: {type(exc).__name__}: {exc}", file=sys.stderr
+            )
+            return 3
+        # One path raised on a rank: the launcher stopped every rank at once. Its traceback
+        # (which carries the original exception) goes to stderr, the verdict to the report.
+        path, rank, what = raised
+        print(
+            f"error: {path} raised on rank {rank}; every rank was stopped\n{exc}", file=sys.stderr
+        )
+        print(
+            f"FAILED: {path} raised on rank {rank}: {what} (the run stopped there; see the "
+            "traceback on stderr)",
+            file=report,
+        )
+        result = PathResult(path, cfg.world_size, cfg.dtype, "fail", None, None, None,
+                            reason=f"raised on rank {rank}: {what}")  # fmt: skip
+        if args.json is not None:
+            _write_json(args.json, _json_payload(cfg, [result], time.perf_counter() - start))
+        return 1
+    except Exception as exc:  # the ranks could not be started
         print(f"error: the ranks did not complete: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3
     elapsed = time.perf_counter() - start
@@ -1107,27 +1180,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(wall time {elapsed:.1f} s; time/call: {calls}, slowest rank, library ops only{note})",
         file=report,
     )
+    payload = _json_payload(cfg, results, elapsed)
+    if args.json is not None:
+        _write_json(args.json, payload)
+    return 0 if payload["ok"] else 1
+
+
+def _path_failure(exc: DistributedError) -> tuple[str, int, str] | None:
+    """``(path, rank, "Type: message")`` when the launcher's error is a :class:`PathFailure`
+    of the rank that failed first (read from that rank's traceback), else ``None``."""
+    text = exc.tracebacks.get(exc.rank, "") if exc.rank is not None else ""
+    found = list(_PATH_FAILURE_RE.finditer(text))
+    if not found:
+        return None
+    last = found[-1]  # the outermost exception is the last one formatted
+    return last["path"], int(last["rank"]), last["what"]
+
+
+def _json_payload(cfg: DemoConfig, results: Sequence[PathResult], elapsed: float) -> dict[str, Any]:
     # A run that checked nothing (every selected path skipped) is no evidence of anything.
     ok = all(r.status != "fail" for r in results) and any(r.status == "pass" for r in results)
-    if args.json is not None:
-        payload = {
-            "ok": ok,
-            "world_size": cfg.world_size,
-            "backend": cfg.backend,
-            "dtype": cfg.dtype,
-            "seed": cfg.seed,
-            "wall_time_s": elapsed,
-            "results": [r.to_json() for r in results],
-            "failed": [r.path for r in results if r.status == "fail"],
-            "skipped": {r.path: r.reason for r in results if r.status == "skipped"},
-        }
-        text = json.dumps(payload, indent=2)
-        if to_stdout_json:
-            print(text)
-        else:
-            with open(args.json, "w", encoding="utf-8") as fh:
-                fh.write(text + "\n")
-    return 0 if ok else 1
+    return {
+        "ok": ok,
+        "world_size": cfg.world_size,
+        "backend": cfg.backend,
+        "dtype": cfg.dtype,
+        "seed": cfg.seed,
+        "wall_time_s": elapsed,
+        "results": [r.to_json() for r in results],
+        "failed": [r.path for r in results if r.status == "fail"],
+        "skipped": {r.path: r.reason for r in results if r.status == "skipped"},
+    }
+
+
+def _write_json(target: str, payload: dict[str, Any]) -> None:
+    text = json.dumps(payload, indent=2)
+    if target == "-":
+        print(text)
+    else:
+        with open(target, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
 
 
 if __name__ == "__main__":
