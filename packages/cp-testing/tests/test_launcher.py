@@ -251,7 +251,7 @@ def test_spawn_start_method() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"world_size": 0}, "world_size must be an int >= 1, got 0"),
+        ({"world_size": 0}, "world_size must be a positive int, got 0"),
         ({"world_size": 2, "backend": "mpi"}, "backend must be one of"),
         ({"world_size": 2, "timeout": 0}, "timeout must be > 0"),
         ({"world_size": 2, "start_method": "fork"}, "start_method must be one of"),

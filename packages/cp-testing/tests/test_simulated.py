@@ -238,7 +238,7 @@ def test_argument_errors(op: Any, error: type[Exception], match: str) -> None:
 
 
 def test_world_arguments() -> None:
-    with pytest.raises(ValueError, match="world_size must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="world_size must be a positive int, got 0"):
         SimulatedWorld(0)
     with pytest.raises(TypeError, match="world_size must be an int, got '2'"):
         SimulatedWorld("2")  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from cpattn_common.checks import check_positive_int
 from cpattn_common.group import CPGroup
 
 __all__ = ["CPGroups", "CPLayout", "build_cp_groups", "cp_layout"]
@@ -69,13 +70,6 @@ class CPLayout:
             if rank in g:
                 return g
         raise ValueError(f"rank {rank} is not in the world of size {self.world_size}")
-
-
-def _positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def _inner_tp(tp_size: int, pcp_size: int, dcp_size: int) -> int:
@@ -121,7 +115,7 @@ def cp_layout(world_size: int, *, tp_size: int, pcp_size: int = 1, dcp_size: int
         ("pcp_size", pcp_size),
         ("dcp_size", dcp_size),
     ):
-        _positive(name, value)
+        check_positive_int(name, value)
     if world_size % (pcp_size * tp_size):
         raise ValueError(
             f"world_size {world_size} is not a multiple of pcp_size * tp_size = "

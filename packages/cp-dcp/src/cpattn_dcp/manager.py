@@ -37,6 +37,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from cpattn_common.checks import check_positive_int
 from cpattn_common.group import as_cp_group
 from cpattn_dcp.direct._base import DirectPathUnavailable, indexed_device
 from cpattn_dcp.direct.a2a import DirectDCPA2AWorkspace
@@ -124,11 +125,7 @@ class DCPConfig:
         if not isinstance(self.use_pcp, bool):
             raise TypeError(f"use_pcp must be a bool, got {self.use_pcp!r}")
         for name in ("max_num_tokens", "num_ubatches"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {value!r}")
-            if value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_positive_int(name, getattr(self, name))
         _check_tristate("use_direct_a2a", self.use_direct_a2a)
         _check_tristate("use_direct_q_gather", self.use_direct_q_gather)
         _check_tristate("use_direct_kv_gather", self.use_direct_kv_gather)

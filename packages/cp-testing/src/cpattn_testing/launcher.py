@@ -440,10 +440,9 @@ def run_distributed(
         >>> run_distributed(fn, 4)  # doctest: +SKIP
         [6, 6, 6, 6]
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(f"world_size must be an int, got {world_size!r}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    from cpattn_common.checks import check_positive_int  # here: the launcher imports no torch
+
+    check_positive_int("world_size", world_size)
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     if not timeout > 0:

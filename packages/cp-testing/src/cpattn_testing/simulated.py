@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cpattn_common.checks import check_positive_int
 from cpattn_common.group import (
     check_all_gather_into_tensor_args,
     check_all_to_all_single_args,
@@ -249,10 +250,7 @@ class SimulatedWorld:
     def __init__(
         self, world_size: int, device: torch.device | str = "cpu", *, timeout: float = 60.0
     ) -> None:
-        if isinstance(world_size, bool) or not isinstance(world_size, int):
-            raise TypeError(f"world_size must be an int, got {world_size!r}")
-        if world_size < 1:
-            raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+        check_positive_int("world_size", world_size)
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         self.world_size = world_size
