@@ -219,7 +219,9 @@ def test_all_to_all_single_rejects_an_output_overlapping_its_input() -> None:
     check_all_to_all_single_args(torch.empty(0), torch.empty(0), 2)
 
 
-def shared_group_checks(rank: int, world_size: int, rounds: int) -> dict[str, Any]:
+def shared_group_checks(
+    rank: int, world_size: int, rounds: int, device_type: str
+) -> dict[str, Any]:
     """Runs on every rank: ``shared_cp_group`` memoises one weakly held wrapper per group."""
     import gc
     import weakref
@@ -228,29 +230,34 @@ def shared_group_checks(rank: int, world_size: int, rounds: int) -> dict[str, An
 
     from cpattn_common.group import _SHARED
 
+    device = (
+        torch.device(device_type, torch.cuda.current_device())
+        if device_type == "cuda"
+        else torch.device("cpu")
+    )
     before = len(_SHARED)
     refs: list[weakref.ref[Any]] = []
     sums: list[float] = []
     for _ in range(rounds):
-        pg = dist.new_group(list(range(world_size)), backend="gloo")
+        pg = dist.new_group(list(range(world_size)))
         group = shared_cp_group(pg)
         assert shared_cp_group(pg) is group  # memoised
         assert isinstance(group, CPGroup)
         assert group.device_group is pg
         assert shared_cp_group(group) is group  # a wrapper resolves to itself
-        sums.append(float(group.all_reduce(torch.ones(2))[0]))
+        sums.append(float(group.all_reduce(torch.ones(2, device=device))[0]))
         refs.append(weakref.ref(pg))
         dist.destroy_process_group(pg)
         del pg, group
     world = shared_cp_group(dist.group.WORLD)
-    mesh = init_device_mesh("cpu", (world_size,))
+    mesh = init_device_mesh(device_type, (world_size,))
     mesh_group = shared_cp_group(mesh)
     same = (
         shared_cp_group(None) is world,
         shared_cp_group(mesh) is mesh_group,
         mesh_group.device_group is mesh.get_group(0),
     )
-    mesh_sum = float(mesh_group.all_reduce(torch.ones(2))[0])
+    mesh_sum = float(mesh_group.all_reduce(torch.ones(2, device=device))[0])
     with pytest.raises(ValueError, match="mesh_dim"):
         shared_cp_group(dist.group.WORLD, mesh_dim=0)
     with pytest.raises(TypeError, match="ProcessGroup"):
@@ -269,12 +276,12 @@ def shared_group_checks(rank: int, world_size: int, rounds: int) -> dict[str, An
 
 
 def test_shared_cp_group_memoises_without_keeping_groups(
-    run_ranks: Callable[..., list[Any]],
+    run_ranks: Callable[..., list[Any]], device: torch.device
 ) -> None:
     """One wrapper per process group for every caller; destroyed groups the caller dropped
     die, and so do their entries (the memo's wrappers refer to their groups weakly)."""
     rounds = 3
-    for res in run_ranks(shared_group_checks, 2, rounds):
+    for res in run_ranks(shared_group_checks, 2, rounds, device.type):
         assert res == {
             "alive": 0,
             "sums": [2.0] * rounds,

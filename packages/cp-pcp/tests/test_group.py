@@ -7,24 +7,31 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import torch
 
 
-def _resolve_and_destroy(rank: int, world_size: int, rounds: int) -> dict[str, Any]:
+def _resolve_and_destroy(
+    rank: int, world_size: int, rounds: int, device_type: str
+) -> dict[str, Any]:
     import gc
     import weakref
 
-    import torch
     import torch.distributed as dist
 
     from cpattn_pcp._group import optional_group, resolve_group
 
+    device = (
+        torch.device(device_type, torch.cuda.current_device())
+        if device_type == "cuda"
+        else torch.device("cpu")
+    )
     refs: list[weakref.ref[Any]] = []
     same: list[bool] = []
     for _ in range(rounds):
-        pg = dist.new_group(list(range(world_size)), backend="gloo")
+        pg = dist.new_group(list(range(world_size)))
         group = resolve_group(pg, "pcp_group", "for the test")
         same.append(optional_group(pg) is group and group.device_group is pg)
-        same.append(float(group.all_reduce(torch.ones(1))[0]) == world_size)
+        same.append(float(group.all_reduce(torch.ones(1, device=device))[0]) == world_size)
         refs.append(weakref.ref(pg))
         dist.destroy_process_group(pg)
         del pg, group
@@ -33,11 +40,11 @@ def _resolve_and_destroy(rank: int, world_size: int, rounds: int) -> dict[str, A
 
 
 def test_wrappers_are_shared_and_keep_no_group_alive(
-    run_ranks: Callable[..., list[Any]],
+    run_ranks: Callable[..., list[Any]], device: torch.device
 ) -> None:
     """The wrapper memo used to hold every process group ever passed (a strong id() table),
     so destroyed groups were never freed."""
-    for res in run_ranks(_resolve_and_destroy, 2, 3):
+    for res in run_ranks(_resolve_and_destroy, 2, 3, device.type):
         assert res == {"alive": 0, "same": True}
 
 
