@@ -216,24 +216,30 @@ def test_hooks_or_env_force_plain(
     assert not fake_runtime["fast"]
 
 
-def test_launcher_type_error_disables_fast_path(
+def test_launcher_type_error_refuses_that_key_only(
     fake_runtime: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     k = fake_runtime["kernel"]
     x, y = torch.empty(64), torch.empty(64)
     launch_cached(k, (1,), **_kwargs(x, y))
+    launch_cached(k, (1,), **_kwargs(x, y, BLOCK=128))
 
     def bad_launcher(*args: Any) -> None:
         raise TypeError("wrong number of arguments")
 
     info = launch_mod._infos[id(k)]
     key = next(iter(info.entries))
-    info.entries[key] = (bad_launcher, *info.entries[key][1:])
+    entry = info.entries[key]
+    assert entry is not None
+    info.entries[key] = (bad_launcher, *entry[1:])
     launch_cached(k, (1,), **_kwargs(x, y))  # falls back to the plain launch
-    assert len(fake_runtime["plain"]) == 2
-    assert launch_fast_path_reason(k) is not None
-    launch_cached(k, (1,), **_kwargs(x, y))
     assert len(fake_runtime["plain"]) == 3
+    assert launch_fast_path_reason(k) is None
+    launch_cached(k, (1,), **_kwargs(x, y))  # that key: plain from now on
+    assert len(fake_runtime["plain"]) == 4
+    launch_cached(k, (1,), **_kwargs(x, y, BLOCK=128))  # the kernel's other key: cached
+    assert len(fake_runtime["plain"]) == 4
+    assert len(fake_runtime["fast"]) == 1
 
 
 def test_signature_without_constexprs_is_not_cached(
@@ -537,17 +543,23 @@ def test_cached_kernel_hooks_and_launcher_errors(fake_runtime: dict[str, Any]) -
     assert not fake_runtime["fast"]
     spec((1,), *args)
     assert len(fake_runtime["fast"]) == 1
-    # A launcher that rejects the argument list: plain launch now, plain from then on.
+    # A launcher that rejects the argument list: plain launch now, and for that key (of that
+    # specialization) from then on; the kernel's other entries stay cached.
     st = ck._state
     assert st is not None
     key = next(iter(spec.entries))
-    spec.entries[key] = (_raise_type_error, *spec.entries[key][1:])
+    entry = spec.entries[key]
+    assert entry is not None
+    spec.entries[key] = (_raise_type_error, *entry[1:])
     spec((1,), *args)
     assert len(fake_runtime["plain"]) == 6
-    assert launch_fast_path_reason(ck) is not None
+    assert launch_fast_path_reason(ck) is None
     spec((1,), *args)
+    assert len(fake_runtime["plain"]) == 7
     ck((1,), *args, BLOCK=64)
-    assert len(fake_runtime["plain"]) == 8
+    ck((1,), *args, BLOCK=64)
+    assert len(fake_runtime["plain"]) == 7
+    assert len(fake_runtime["fast"]) == 3
 
 
 def _raise_type_error(*args: Any) -> None:

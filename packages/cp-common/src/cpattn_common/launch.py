@@ -23,13 +23,32 @@ where Triton would have reused the same binary:
 - a parameter whose Triton specialization never depends on the value is left out of the key:
   annotated with a scalar type *and* listed in ``do_not_specialize`` (``H: tl.int64``), or
   annotated as a float / bool (Triton never specializes those);
-- constexpr argument and launch option: its type and value;
+- constexpr argument: its type and value, told apart as finely as Triton's own key (which
+  holds each constant's ``repr``): ``1``, ``1.0`` and ``True`` differ, so do ``0.0`` and ``-0.0``
+  (the sign of a zero, also inside a complex number), ``(1,)`` and ``(True,)`` (a tuple item
+  by item, each with its type), while every NaN is one constant;
+- launch option (``num_warps`` ...): its value (Triton parses an option into the same setting
+  whatever its Python type);
 - the current CUDA device.
+
+The key a cache hit is looked up by (the *hit key*) holds a constexpr's type and the value
+itself, which is exact for ints, bools, strings, ``None`` and non-zero floats: for those the
+hit key *is* the exact key under which the entry was stored, so the hit path pays nothing for
+exactness. A zero or NaN float, a tuple or a complex constexpr is stored under an exact key
+that no hit key equals: such calls miss the hit path, and the slow path finds their entry by
+the exact key and launches it, still without Triton's JIT.
 
 Kernels written for the fast path annotate their int sizes / strides (``stride: tl.int64``)
 and list them in ``do_not_specialize``; the key then only looks at the tensors and the
 constexprs. (Triton still specializes tensors on 16-byte alignment, and unannotated ints on
 ``== 1`` and ``% 16``: those stay in the key.)
+
+A cached launcher that raises ``TypeError`` (it checks its arguments before enqueueing
+anything) costs only that call: it is launched the plain way instead. If Triton then raises
+too, the error was the call's (say, a float for an ``n: tl.int32`` the key does not look at)
+and reaches the caller unchanged, the entry staying in place; if Triton's launch works, that
+one entry does not fit its key's calls, which launch the plain way from then on. The kernel's
+other keys and every other kernel keep their fast path.
 
 Safety: the fast path is used only for a plain ``triton.runtime.jit.JITFunction`` on a Triton
 version whose launch convention is known (3.3 - 3.9: the compiled kernel's ``run`` takes
@@ -46,6 +65,8 @@ from __future__ import annotations
 
 import ast
 import inspect
+import math
+import numbers
 import os
 import textwrap
 import threading
@@ -122,9 +143,11 @@ class _Runtime:
             from triton.runtime import driver
 
             self.driver = driver
-            global _knobs_rt, _chain_type
+            global _knobs_rt, _chain_type, _constexpr_type
             _knobs_rt = triton.knobs.runtime
             _chain_type = self.chain_type
+            constexpr = getattr(triton.language, "constexpr", None)
+            _constexpr_type = constexpr if isinstance(constexpr, type) else None
         except Exception as exc:  # any missing attribute: plain launches only
             self.reason = f"triton runtime not recognised ({type(exc).__name__}: {exc})"
 
@@ -132,6 +155,7 @@ class _Runtime:
 _runtime: _Runtime | None = None
 _knobs_rt: Any = None
 _chain_type: Any = _HookChainPlaceholder
+_constexpr_type: Any = None  # triton.language.constexpr (a wrapper a host may pass)
 _infos: dict[int, _KernelInfo] = {}
 _lock = threading.Lock()
 _stats = {"fast": 0, "plain": 0, "compiled": 0}
@@ -286,6 +310,55 @@ def _arg_class(value: Any) -> Any:
     return NotImplemented
 
 
+class _Mark:
+    """A key item no argument value equals (identity equality and hash)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+_NAN, _POS_ZERO, _NEG_ZERO = _Mark("nan"), _Mark("+0.0"), _Mark("-0.0")
+_TUPLE, _COMPLEX, _CONSTEXPR = _Mark("tuple"), _Mark("complex"), _Mark("constexpr")
+# Classes whose equal values are one constant to Triton: the value is its own exact key item.
+_EXACT_CLASSES = frozenset({int, bool, str, bytes, type(None)})
+
+
+def _exact_value(value: Any) -> Any:
+    """The key item of a constexpr value (next to its class): equal for two values iff Triton
+    sees the same constant (its key holds their ``repr``).
+
+    The value itself where that is exact (ints, bools, strings, ``None``, non-zero floats, and
+    any class this does not know); otherwise an item built on a ``_Mark``, so that no hit key
+    (which holds the value itself) equals it: a float zero by its sign, every NaN alike, a
+    complex number by its parts, a tuple (or ``tl.constexpr``) by its items with their classes.
+    """
+    cls = value.__class__
+    if cls in _EXACT_CLASSES:
+        return value
+    if cls is float or (
+        isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
+    ):  # numpy's float scalars too
+        if value != value:
+            return _NAN
+        if value == 0:
+            return _NEG_ZERO if math.copysign(1.0, value) < 0 else _POS_ZERO
+        return value
+    if isinstance(value, tuple):
+        return (_TUPLE, *[(v.__class__, _exact_value(v)) for v in value])
+    if isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real):
+        re, im = value.real, value.imag
+        return (_COMPLEX, re.__class__, _exact_value(re), im.__class__, _exact_value(im))
+    if _constexpr_type is not None and isinstance(value, _constexpr_type):
+        inner = value.value
+        return (_CONSTEXPR, inner.__class__, _exact_value(inner))
+    return value
+
+
 def _globals_ok(triples: tuple[tuple[dict[str, Any], str, Any], ...]) -> bool:
     for scope, name, value in triples:
         current = scope.get(name, _MISSING)
@@ -353,8 +426,11 @@ class _KernelInfo:
 
     def __init__(self, fn: Any):
         self.fn = fn
-        self.entries: dict[Any, tuple[Any, Any, Any]] = {}
+        # exact key -> (launcher, function, prefix); None: that key launches the plain way
+        self.entries: dict[Any, tuple[Any, Any, Any] | None] = {}
+        # names passed -> generated plan (hit key), xplan (exact key); None: plain launches
         self.plans: dict[tuple[str, ...], Callable[..., Any] | None] = {}
+        self.xplans: dict[tuple[str, ...], Callable[..., Any] | None] = {}
         self.usable = True
         self.live = False
         self.reason: str | None = None
@@ -417,12 +493,17 @@ def _info_for(kernel: Any) -> _KernelInfo:
     return info
 
 
-def _key_expr(var: str, kind: int) -> str:
-    """Source of the key items of one argument held in local ``var`` (empty when free)."""
+def _key_expr(var: str, kind: int, exact: bool = False) -> str:
+    """Source of the key items of one argument held in local ``var`` (empty when free).
+
+    A constexpr's items are its class and its value in the hit key, its class and
+    ``_exact_value`` (``_xv``) in the ``exact`` key: the same items for the values where the
+    value is exact (see the module docstring).
+    """
     if kind == _FREE:
         return ""
     if kind == _VALUE:
-        return f"{var}.__class__, {var}, "
+        return f"{var}.__class__, _xv({var}), " if exact else f"{var}.__class__, {var}, "
     # An int32 int (the common case) is classified inline: a function call per int argument
     # costs about 0.3 µs of host time per launch. The classes match ``_arg_class``'s
     # (int32: ``== 1``, ``% 16 == 0``, other), in a form no other class produces.
@@ -433,8 +514,11 @@ def _key_expr(var: str, kind: int) -> str:
     )
 
 
-def _make_plan(info: _KernelInfo, names: tuple[str, ...]) -> Callable[..., Any] | None:
-    """Generated ``plan(kwargs, device) -> (key, args)`` for calls passing exactly ``names``.
+def _make_plans(
+    info: _KernelInfo, names: tuple[str, ...]
+) -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+    """Generated ``plan(kwargs, device) -> (key, args)`` for calls passing exactly ``names``,
+    and ``xplan``, the same with the exact key (``plan``'s is the hit key).
 
     ``None`` when such calls cannot take the fast path (unknown names, a parameter without a
     default missing). ``args`` lists every parameter in signature order.
@@ -450,8 +534,9 @@ def _make_plan(info: _KernelInfo, names: tuple[str, ...]) -> Callable[..., Any] 
     # would otherwise build equal keys from different arguments and share a binary.
     with _lock:
         order = _NAME_ORDERS.setdefault(names, len(_NAME_ORDERS))
-    ns: dict[str, Any] = {"_T": _Tensor, "_cls": _arg_class, "_order": order}
+    ns: dict[str, Any] = {"_T": _Tensor, "_cls": _arg_class, "_xv": _exact_value, "_order": order}
     key = "".join(_key_expr(local[n], known.get(n, _VALUE)) for n in names)
+    xkey = "".join(_key_expr(local[n], known.get(n, _VALUE), exact=True) for n in names)
     args = []
     for j, n in enumerate(info.names):
         if n in local:
@@ -460,10 +545,11 @@ def _make_plan(info: _KernelInfo, names: tuple[str, ...]) -> Callable[..., Any] 
             ns[f"d{j}"] = info.defaults[n]
             args.append(f"d{j}")
     unpack = ", ".join(local[n] for n in names) + ","
-    src = (
-        "def plan(kw, dev):\n"
+    src = "".join(
+        f"def {fn}(kw, dev):\n"
         f"    {unpack} = _get(kw)\n"
-        f"    return (dev, _order, {key}), ({', '.join(args)},)\n"
+        f"    return (dev, _order, {k}), ({', '.join(args)},)\n"
+        for fn, k in (("plan", key), ("xplan", xkey))
     )
     if len(names) == 1:
         ns["_get"] = lambda kw, _n=names[0]: (kw[_n],)
@@ -472,8 +558,7 @@ def _make_plan(info: _KernelInfo, names: tuple[str, ...]) -> Callable[..., Any] 
 
         ns["_get"] = operator.itemgetter(*names)
     exec(src, ns)
-    plan: Callable[..., Any] = ns["plan"]
-    return plan
+    return ns["plan"], ns["xplan"]
 
 
 def _compiled_parts(info: _KernelInfo, compiled: Any) -> tuple[Any, Any, Any] | None:
@@ -599,12 +684,59 @@ def _store(info: _KernelInfo, table: dict[Any, Any], key: Any, entry: Any) -> No
         _stats["compiled"] += 1
 
 
-def _disable(info: _KernelInfo) -> None:
-    """The launcher rejected an argument list: stop using the fast path for this kernel."""
-    info.usable = info.live = False
-    info.reason = "the compiled kernel's launcher rejected the argument list"
-    info.entries.clear()
-    _reset_bound()
+def _refuse(table: dict[Any, Any], key: Any) -> None:
+    """Calls with ``key`` launch the plain way from now on (until the cache is cleared)."""
+    with _lock:
+        if key not in table and len(table) >= _MAX_ENTRIES_PER_KERNEL:
+            table.clear()
+        table[key] = None
+
+
+def _launcher_rejected(
+    table: dict[Any, Any], key: Any, kernel: Any, grid: tuple[int, ...], kwargs: dict[str, Any]
+) -> None:
+    """The cached launcher of the entry under ``key`` raised ``TypeError`` for this call (a
+    launcher checks its arguments before enqueueing anything): launch it the plain way.
+
+    Where Triton rejects the call too, the error is the call's (an argument the key does not
+    look at, such as a float for an ``n: tl.int32`` in ``do_not_specialize``): it propagates,
+    and the entry stays for the calls that fit it. Where Triton launches it, the entry does not
+    fit its key's calls: only that key launches the plain way from then on; the kernel's other
+    keys and other kernels keep their fast path. Called outside the ``except`` block, so the
+    caller sees Triton's error as Triton raised it.
+    """
+    _plain(kernel, grid, kwargs)
+    _refuse(table, key)
+
+
+def _fast_launch(
+    info: _KernelInfo,
+    entry: tuple[Any, ...],
+    grid: tuple[int, ...],
+    dev: int,
+    all_args: tuple[Any, ...],
+) -> bool:
+    """Launch a cached entry a slow path found by the call's exact key (a key no hit key
+    equals: a zero or NaN float constexpr, a tuple ...) like the hit paths do; the caller
+    checked the hooks and the globals. ``False``: its launcher raised ``TypeError``."""
+    launcher, function, prefix = entry[0], entry[1], entry[2]
+    n = len(grid)
+    try:
+        launcher(
+            grid[0],
+            grid[1] if n > 1 else 1,
+            grid[2] if n > 2 else 1,
+            info.get_stream(dev),
+            function,
+            *prefix,
+            *all_args,
+        )
+    except TypeError:
+        return False
+    info.fast += 1
+    if (record := _launch_recorder) is not None:
+        record(function, grid, dev, all_args)
+    return True
 
 
 def launch_cached(kernel: Any, grid: tuple[int, ...], **kwargs: Any) -> None:
@@ -651,14 +783,14 @@ def launch_cached(kernel: Any, grid: tuple[int, ...], **kwargs: Any) -> None:
                         *args,
                     )
                 except TypeError:
-                    # Rejected before enqueueing anything: this Triton does not follow the
-                    # convention after all.
-                    _disable(info)
-                    _plain(kernel, grid, kwargs)
+                    pass  # rejected before enqueueing anything: below, outside this block
+                else:
+                    info.fast += 1
+                    if (record := _launch_recorder) is not None:
+                        record(function, grid, dev, args)
                     return
-                info.fast += 1
-                if (record := _launch_recorder) is not None:
-                    record(function, grid, dev, args)
+                # An entry is found by its hit key only where that is its exact key.
+                _launcher_rejected(info.entries, key, kernel, grid, kwargs)
                 return
     _launch_cached_slow(info, kernel, grid, kwargs)
 
@@ -670,25 +802,34 @@ def _launch_cached_slow(
         _plain(kernel, grid, kwargs)
         return
     names = tuple(kwargs)
-    plan = info.plans.get(names, _MISSING)
-    if plan is _MISSING:
-        plan = _make_plan(info, names)
+    xplan = info.xplans.get(names, _MISSING)
+    if xplan is _MISSING:
+        plans = _make_plans(info, names)
         with _lock:
             if len(info.plans) >= _MAX_PLANS_PER_KERNEL:
                 info.plans.clear()
-            info.plans[names] = plan
-    if plan is None:
+                info.xplans.clear()
+            info.plans[names], info.xplans[names] = plans if plans is not None else (None, None)
+        xplan = None if plans is None else plans[1]
+    if xplan is None:
         _plain(kernel, grid, kwargs)
         return
+    dev = info.get_device()
     try:
-        key, _ = plan(kwargs, info.get_device())
-        hash(key)
+        key, args = xplan(kwargs, dev)
+        entry = info.entries.get(key, _MISSING)
     except TypeError:  # an unhashable constexpr value
         _plain(kernel, grid, kwargs)
         return
-    if any(k is NotImplemented for k in key) or key in info.entries:
-        # An argument type we do not key, or a cached entry that the fast path refused (a
-        # changed global): Triton decides (and raises its own error where it should).
+    if entry is not None and entry is not _MISSING:  # a key no hit key equals (or a race)
+        if info.globals and not _globals_ok(info.globals):
+            _plain(kernel, grid, kwargs)  # a changed global: Triton raises its own error
+        elif not _fast_launch(info, entry, grid, dev, args):
+            _launcher_rejected(info.entries, key, kernel, grid, kwargs)
+        return
+    if entry is None or any(k is NotImplemented for k in key):
+        # A key whose cached launcher was rejected, or an argument type we do not key:
+        # Triton decides (and raises its own error where it should).
         _plain(kernel, grid, kwargs)
         return
     compiled = _plain(kernel, grid, kwargs)
@@ -700,18 +841,30 @@ def _launch_cached_slow(
 class _BoundState:
     """What a ``CachedKernel`` needs per call, built on its first launch."""
 
-    __slots__ = ("entries", "get_device", "get_stream", "info", "keyfn", "n_runtime", "rkeyfn")
+    __slots__ = (
+        "entries",
+        "get_device",
+        "get_stream",
+        "info",
+        "keyfn",
+        "n_runtime",
+        "rkeyfn",
+        "xkeyfn",
+    )
 
     def __init__(
         self,
         info: _KernelInfo,
         keyfn: Callable[..., Any],
+        xkeyfn: Callable[..., Any],
         rkeyfn: Callable[..., Any],
         n_runtime: int,
     ):
         self.info = info
-        self.entries: dict[Any, tuple[Any, Any, Any, tuple[Any, ...]]] = {}
-        self.keyfn = keyfn  # (device, *runtime_args, **constexprs) -> key
+        # exact key -> (launcher, function, prefix, constexpr tail); None: plain launches
+        self.entries: dict[Any, tuple[Any, Any, Any, tuple[Any, ...]] | None] = {}
+        self.keyfn = keyfn  # (device, *runtime_args, **constexprs) -> hit key
+        self.xkeyfn = xkeyfn  # the same -> exact key
         self.rkeyfn = rkeyfn  # (device, *runtime_args) -> key of the runtime arguments only
         self.get_device = info.get_device
         self.get_stream = info.get_stream
@@ -790,12 +943,16 @@ class CachedKernel:
                         *tail,
                     )
                 except TypeError:
-                    _disable(st.info)
-                    _plain(self.kernel, grid, self._kwargs(args, constexprs))
+                    pass  # rejected before enqueueing anything: below, outside this block
+                else:
+                    st.info.fast += 1
+                    if (record := _launch_recorder) is not None:
+                        record(function, grid, dev, (*args, *tail))
                     return
-                st.info.fast += 1
-                if (record := _launch_recorder) is not None:
-                    record(function, grid, dev, (*args, *tail))
+                key = st.keyfn(dev, *args, **constexprs)
+                _launcher_rejected(
+                    st.entries, key, self.kernel, grid, self._kwargs(args, constexprs)
+                )
                 return
         self._slow(grid, args, constexprs)
 
@@ -822,7 +979,7 @@ class CachedKernel:
         if not self._trailing:
             self._reason = "constexpr parameters must all follow the runtime parameters"
             return None
-        ns: dict[str, Any] = {"_T": _Tensor, "_cls": _arg_class}
+        ns: dict[str, Any] = {"_T": _Tensor, "_cls": _arg_class, "_xv": _exact_value}
         kw_names = self.constexpr_names
         for i, n in enumerate(kw_names):
             ns[f"_cpattn_d{i}"] = info.defaults.get(n, _MISSING)
@@ -842,14 +999,20 @@ class CachedKernel:
                 "**_cpattn_opts",
             ]
         )
+        xkey = "".join(
+            _key_expr(v, info.kinds[n], exact=True)
+            for v, n in zip(local, self.runtime_names, strict=True)
+        )
+        xkey += "".join(_key_expr(n, _VALUE, exact=True) for n in kw_names)
         src = f"def keyfn({params}):\n    return (_cpattn_dev, {key}*_cpattn_opts.items())\n"
+        src += f"def xkeyfn({params}):\n    return (_cpattn_dev, {xkey}*_cpattn_opts.items())\n"
         rkey = "".join(
             _key_expr(v, info.kinds[n]) for v, n in zip(local, self.runtime_names, strict=True)
         )
         rparams = ", ".join(["_cpattn_dev", *local])
         src += f"def rkeyfn({rparams}):\n    return (_cpattn_dev, {rkey})\n"
         exec(src, ns)
-        st = _BoundState(info, ns["keyfn"], ns["rkeyfn"], len(self.runtime_names))
+        st = _BoundState(info, ns["keyfn"], ns["xkeyfn"], ns["rkeyfn"], len(self.runtime_names))
         self._state = st
         return st
 
@@ -891,16 +1054,29 @@ class CachedKernel:
         st: _BoundState,
         table: dict[Any, Any],
         key: Any,
+        dev: int,
+        args: tuple[Any, ...],
         tail: tuple[Any, ...],
         grid: tuple[int, ...],
         kwargs: dict[str, Any],
     ) -> None:
-        """Plain launch (compiling if needed), then cache its compiled kernel under ``key``."""
+        """Launch the entry under the exact ``key`` if there is one; else plain launch
+        (compiling if needed), then cache its compiled kernel under ``key``."""
         try:
-            hash(key)
-        except TypeError:
-            key = NotImplemented
-        if key is NotImplemented or any(k is NotImplemented for k in key) or key in table:
+            entry = table.get(key, _MISSING)
+        except TypeError:  # an unhashable constexpr value
+            entry = key = NotImplemented
+        if entry is not None and entry is not _MISSING and entry is not NotImplemented:
+            # A key no hit key equals (or a race): the hooks were checked by _prepare.
+            info = st.info
+            if info.globals and not _globals_ok(info.globals):
+                _plain(self.kernel, grid, kwargs)  # a changed global: Triton raises its error
+            elif not _fast_launch(info, entry, grid, dev, (*args, *tail)):
+                _launcher_rejected(table, key, self.kernel, grid, kwargs)
+            return
+        if entry is None or key is NotImplemented or any(k is NotImplemented for k in key):
+            # A key whose cached launcher was rejected, an argument we do not key: Triton
+            # decides (and raises its own error where it should).
             _plain(self.kernel, grid, kwargs)
             return
         compiled = _plain(self.kernel, grid, kwargs)
@@ -911,19 +1087,40 @@ class CachedKernel:
     def _slow(
         self, grid: tuple[int, ...], args: tuple[Any, ...], constexprs: dict[str, Any]
     ) -> None:
-        kwargs = self._kwargs(args, constexprs)
         st = self._state
+        if (
+            st is not None
+            and st.info.live
+            and not self.kernel.pre_run_hooks
+            and _hooks_idle()
+            and (not st.info.globals or _globals_ok(st.info.globals))
+        ):
+            # A call whose hit key is not its exact key (a zero or NaN float constexpr, a
+            # tuple ...): its entry by the exact key, under the hit path's own checks.
+            dev = st.get_device()
+            try:
+                key = st.xkeyfn(dev, *args, **constexprs)
+                entry = st.entries.get(key)
+            except TypeError:  # wrong arguments, or an unhashable constexpr
+                entry = None
+            if entry is not None:
+                if not _fast_launch(st.info, entry, grid, dev, (*args, *entry[3])):
+                    kwargs = self._kwargs(args, constexprs)
+                    _launcher_rejected(st.entries, key, self.kernel, grid, kwargs)
+                return
+        kwargs = self._kwargs(args, constexprs)
         if st is None and self._reason is None and _enabled:
             st = self._setup()
         tail = self._prepare(st, args, constexprs)
         if st is None or tail is None:
             _plain(self.kernel, grid, kwargs)
             return
+        dev = st.get_device()
         try:
-            key = st.keyfn(st.get_device(), *args, **constexprs)
+            key = st.xkeyfn(dev, *args, **constexprs)
         except TypeError:
             key = NotImplemented
-        self._compile_into(st, st.entries, key, tail, grid, kwargs)
+        self._compile_into(st, st.entries, key, dev, args, tail, grid, kwargs)
 
 
 class Specialization:
@@ -934,7 +1131,8 @@ class Specialization:
     def __init__(self, kernel: CachedKernel, constexprs: dict[str, Any]):
         self.kernel = kernel
         self.constexprs = dict(constexprs)
-        self.entries: dict[Any, tuple[Any, Any, Any, tuple[Any, ...]]] = {}
+        # runtime-argument key -> (launcher, function, prefix, constexpr tail); None: plain
+        self.entries: dict[Any, tuple[Any, Any, Any, tuple[Any, ...]] | None] = {}
         self._st: _BoundState | None = None
 
     def __repr__(self) -> str:
@@ -970,12 +1168,15 @@ class Specialization:
                         *tail,
                     )
                 except TypeError:
-                    _disable(st.info)
-                    _plain(self.kernel.kernel, grid, self.kernel._kwargs(args, self.constexprs))
+                    pass  # rejected before enqueueing anything: below, outside this block
+                else:
+                    st.info.fast += 1
+                    if (record := _launch_recorder) is not None:
+                        record(function, grid, dev, (*args, *tail))
                     return
-                st.info.fast += 1
-                if (record := _launch_recorder) is not None:
-                    record(function, grid, dev, (*args, *tail))
+                ck = self.kernel
+                kwargs = ck._kwargs(args, self.constexprs)
+                _launcher_rejected(self.entries, st.rkeyfn(dev, *args), ck.kernel, grid, kwargs)
                 return
         self._slow(grid, args)
 
@@ -992,8 +1193,9 @@ class Specialization:
         if st is None or tail is None:
             _plain(ck.kernel, grid, kwargs)
             return
+        dev = st.get_device()
         try:
-            key = st.rkeyfn(st.get_device(), *args)
+            key = st.rkeyfn(dev, *args)  # no constexpr in it: the hit key is the exact key
         except TypeError:
             key = NotImplemented
-        ck._compile_into(st, self.entries, key, tail, grid, kwargs)
+        ck._compile_into(st, self.entries, key, dev, args, tail, grid, kwargs)
