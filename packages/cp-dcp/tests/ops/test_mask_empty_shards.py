@@ -222,8 +222,9 @@ def _accepted(lse: object, sl: object, qsl: object) -> bool:
     """Whether the full validation accepts the arguments with masking on."""
     try:
         _check_lse(lse)  # type: ignore[arg-type]
-        on = check_mask_args(lse, sl, qsl)  # type: ignore[arg-type]
-        _check_writable(lse)  # type: ignore[arg-type]
+        assert isinstance(lse, torch.Tensor)
+        on = check_mask_args(sl, qsl, lse.device)  # type: ignore[arg-type]
+        _check_writable(lse)
         return on
     except (TypeError, ValueError):
         return False

@@ -27,39 +27,15 @@ from cpattn_dcp.direct._base import (
     next_pow2,
 )
 from cpattn_dcp.kernels.direct_a2a import _direct_a2a_combine_kernel, _direct_a2a_publish_kernel
+from cpattn_dcp.ops._common import NATIVE_INDEX_DTYPES, check_mask_args
 
 __all__ = ["DIRECT_A2A_DTYPES", "DirectDCPA2AWorkspace"]
 
 #: Output dtypes the direct A2A supports.
 DIRECT_A2A_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
 _LSE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_INT_DTYPES = (torch.int32, torch.int64)
 _MAX_PUBLISH_PROGRAMS = 32  # per destination; rows are strided over them
 _SMALL_BATCH_PROGRAMS = 64  # below this many (row, head-block) programs, split D as well
-
-
-def _validate_mask_args(
-    seq_lens: torch.Tensor | None, query_start_loc: torch.Tensor | None, device: torch.device
-) -> None:
-    if (seq_lens is None) != (query_start_loc is None):
-        raise ValueError("seq_lens and query_start_loc must be provided together")
-    if seq_lens is None or query_start_loc is None:
-        return
-    if seq_lens.dim() != 1 or query_start_loc.dim() != 1:
-        raise ValueError(
-            f"seq_lens and query_start_loc must be 1-D, got {tuple(seq_lens.shape)} and "
-            f"{tuple(query_start_loc.shape)}"
-        )
-    if query_start_loc.numel() != seq_lens.numel() + 1:
-        raise ValueError(
-            "query_start_loc must contain one boundary per sequence: "
-            f"len(query_start_loc)={query_start_loc.numel()} != len(seq_lens)+1={seq_lens.numel() + 1}"
-        )
-    for name, t in (("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
-        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-            raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
-        if t.device != device:
-            raise ValueError(f"{name} is on {t.device}, expected {device}")
 
 
 class DirectDCPA2AWorkspace(DirectWorkspaceBase):
@@ -244,7 +220,8 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         reason = self.unsupported_reason(partial_output, partial_lse)
         if reason is not None:
             raise ValueError(f"{self.name}: {reason}")
-        _validate_mask_args(seq_lens, query_start_loc, self.device)
+        # The check every op taking these arguments applies (same errors as the NCCL path).
+        check_mask_args(seq_lens, query_start_loc, self.device)
 
     def publish(
         self,
@@ -273,7 +250,7 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
             # The kernel reads int32/int64 indices; other integer dtypes (accepted by the NCCL
             # path too) are widened on the device, with no host sync.
             seq_lens, query_start_loc = (
-                (x if x.dtype in _INT_DTYPES else x.to(torch.int32)).contiguous()
+                (x if x.dtype in NATIVE_INDEX_DTYPES else x.to(torch.int32)).contiguous()
                 for x in (seq_lens, query_start_loc)
             )
         num_seqs = seq_lens.numel() if seq_lens is not None else 0
@@ -385,7 +362,8 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
 
         Raises:
             ValueError / TypeError: bad shapes, dtypes, alignment, ``T > max_num_tokens``,
-                ubatch out of range, inconsistent masking arguments.
+                ubatch out of range; bad ``seq_lens``/``query_start_loc`` raise exactly what
+                ``dcp_a2a_lse_reduce`` raises for them (one shared check).
             DirectProtocolError: an earlier call's bounded wait timed out.
         """
         self._before_call()

@@ -193,6 +193,4 @@ def validate_combine_args(
         )
     if heads_divisible and h % world_size != 0:
         raise ValueError(f"{op}: H={h} must be divisible by DCP world size {world_size}.")
-    if seq_lens is None and query_start_loc is None:
-        return False
-    return check_mask_args(cp_attn_lse, seq_lens, query_start_loc)
+    return check_mask_args(seq_lens, query_start_loc, cp_attn_lse.device)

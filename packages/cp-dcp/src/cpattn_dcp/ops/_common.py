@@ -12,8 +12,10 @@ import os
 import torch
 
 __all__ = [
+    "INDEX_DTYPES",
     "LSE_DTYPES",
     "MIN_PROGRAMS",
+    "NATIVE_INDEX_DTYPES",
     "OUT_DTYPES",
     "check_lse_dtype",
     "check_mask_args",
@@ -138,7 +140,25 @@ def shares_elements(t: torch.Tensor) -> bool:
 
 
 _Tensor = torch.Tensor
-_INDEX_DTYPES = frozenset({torch.int32, torch.int64})
+
+#: Dtypes ``seq_lens`` / ``query_start_loc`` may have: torch's integer dtypes. ``bool``,
+#: floating, complex, quantized and sub-byte dtypes are not integers the kernels can index with.
+INDEX_DTYPES: frozenset[torch.dtype] = frozenset(
+    {
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+    }
+)
+#: The index dtypes of the cheap eager checks (``mask_args_proven``) and those the direct A2A's
+#: kernel reads as they are (it widens the others to int32 on the device); the ops' kernels
+#: read every ``INDEX_DTYPES`` member as it is.
+NATIVE_INDEX_DTYPES: frozenset[torch.dtype] = frozenset({torch.int32, torch.int64})
 
 
 def mask_args_proven(
@@ -147,7 +167,7 @@ def mask_args_proven(
     """Cheap form of ``check_mask_args`` with both index tensors given (the per-call host
     path): plain 1-D int32/int64 tensors, ``len(query_start_loc) == len(seq_lens) + 1``, on
     ``lse``'s device. True means ``check_mask_args`` accepts them; False means "not proven"
-    (run it: any other integer dtype is accepted there too)."""
+    (run it: the other ``INDEX_DTYPES`` are accepted there too)."""
     dev = lse.device
     return (
         seq_lens.__class__ is _Tensor
@@ -155,26 +175,46 @@ def mask_args_proven(
         and seq_lens.dim() == 1
         and query_start_loc.dim() == 1
         and query_start_loc.shape[0] == seq_lens.shape[0] + 1
-        and seq_lens.dtype in _INDEX_DTYPES
-        and query_start_loc.dtype in _INDEX_DTYPES
+        and seq_lens.dtype in NATIVE_INDEX_DTYPES
+        and query_start_loc.dtype in NATIVE_INDEX_DTYPES
         and seq_lens.device == dev
         and query_start_loc.device == dev
     )
 
 
 def check_mask_args(
-    lse: torch.Tensor, seq_lens: torch.Tensor | None, query_start_loc: torch.Tensor | None
+    seq_lens: torch.Tensor | None, query_start_loc: torch.Tensor | None, device: torch.device
 ) -> bool:
     """Validate the empty-shard mask arguments; return whether masking is on.
 
-    Both ``None`` disables masking. Exactly one ``None``, non-1-D tensors, a length mismatch
-    (``len(query_start_loc) != len(seq_lens) + 1``), non-integer dtypes or another device
-    than ``lse`` raise. Metadata only: no device work, CUDA-graph safe.
+    The one check of ``seq_lens`` / ``query_start_loc`` that every op taking them applies
+    (``mask_dcp_empty_shards_``, the AG+RS / AG+AR / A2A combines, ``a2a_pack`` and the direct
+    A2A), so that a bad argument gets the same error on every path.
+
+    Args:
+        seq_lens: ``[R]`` local KV lengths, or ``None``.
+        query_start_loc: ``[R + 1]`` query offsets, or ``None``.
+        device: the device both must be on (the LSE's).
+
+    Returns:
+        False when both are ``None`` (masking off), True when both are valid.
+
+    Raises:
+        ValueError: exactly one is ``None``; they are not 1-D;
+            ``len(query_start_loc) != len(seq_lens) + 1``; one is not on ``device``.
+        TypeError: one is not a tensor, or its dtype is not an integer dtype
+            (``INDEX_DTYPES``: bool, floating, complex, quantized and sub-byte dtypes are not).
+
+    Metadata only (any strides are fine: the launchers make them contiguous): no device work,
+    CUDA-graph safe.
     """
     if seq_lens is None and query_start_loc is None:
         return False
     if seq_lens is None or query_start_loc is None:
         raise ValueError("seq_lens and query_start_loc must be provided together")
+    for name, t in (("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
     if seq_lens.dim() != 1 or query_start_loc.dim() != 1:
         raise ValueError(
             f"seq_lens and query_start_loc must be 1-D, got shapes {tuple(seq_lens.shape)} and "
@@ -186,13 +226,14 @@ def check_mask_args(
             f"{query_start_loc.shape[0]} boundaries for {seq_lens.shape[0]} sequences "
             f"(expected {seq_lens.shape[0] + 1})"
         )
-    if seq_lens.dtype.is_floating_point or seq_lens.dtype == torch.bool:
-        raise TypeError(f"seq_lens must be an integer tensor, got {seq_lens.dtype}")
-    if query_start_loc.dtype.is_floating_point or query_start_loc.dtype == torch.bool:
-        raise TypeError(f"query_start_loc must be an integer tensor, got {query_start_loc.dtype}")
-    if seq_lens.device != lse.device or query_start_loc.device != lse.device:
+    for name, t in (("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
+        if t.dtype not in INDEX_DTYPES:
+            raise TypeError(
+                f"{name} must be an integer tensor (int8/16/32/64 or uint8/16/32/64), got {t.dtype}"
+            )
+    if seq_lens.device != device or query_start_loc.device != device:
         raise ValueError(
             f"seq_lens ({seq_lens.device}) and query_start_loc ({query_start_loc.device}) must "
-            f"be on the LSE's device {lse.device}"
+            f"be on the LSE's device {device}"
         )
     return True

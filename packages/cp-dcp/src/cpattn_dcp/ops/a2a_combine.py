@@ -373,6 +373,10 @@ def a2a_pack(
         ``payload[n, b, j] = cp_attn_out[b, n*H/N + j]`` and ``lse_lanes[n, b, j]`` the
         (masked) LSE as fp32 bits (low 16 bits first for 16-bit dtypes). Every lane is
         written.
+
+    Raises:
+        ValueError / TypeError: as :func:`dcp_a2a_lse_reduce` for the same arguments; a
+            ``send`` of another shape, dtype or device, or not contiguous (``ValueError``).
     """
     # A recorded call key replays natively (launch plans, when on).
     hit = (
@@ -605,8 +609,10 @@ def dcp_a2a_lse_reduce(
 
     Raises:
         ValueError: ``H % N != 0`` ("H=<H> must be divisible by DCP world size <N>."), an
-            output dtype other than fp16/bf16/fp32, bad shapes, device mismatch.
-        TypeError: non-floating tensors.
+            output dtype other than fp16/bf16/fp32, bad shapes, device mismatch, inconsistent
+            ``seq_lens``/``query_start_loc`` (one ``None``, not 1-D, lengths).
+        TypeError: non-floating tensors; ``seq_lens``/``query_start_loc`` not tensors or
+            not of an integer dtype (as for ``mask_dcp_empty_shards_``).
 
     Example:
         >>> out, lse = dcp_a2a_lse_reduce(partial_out, partial_lse, group, return_lse=True,

@@ -215,8 +215,9 @@ def cp_lse_ag_out_rs(
 
     Raises:
         ValueError: bad shapes, ``H % N != 0``, unsupported dtypes, device mismatch,
-            inconsistent ``seq_lens``/``query_start_loc``.
-        TypeError: non-floating tensors.
+            inconsistent ``seq_lens``/``query_start_loc`` (one ``None``, not 1-D, lengths).
+        TypeError: non-floating tensors; ``seq_lens``/``query_start_loc`` not tensors or
+            not of an integer dtype (as for ``mask_dcp_empty_shards_``).
 
     Example:
         >>> out = cp_lse_ag_out_rs(partial_out, partial_lse, dist.group.WORLD)

@@ -268,7 +268,8 @@ def mask_dcp_empty_shards_(
         ValueError: exactly one of ``seq_lens``/``query_start_loc`` is ``None``, they are
             not 1-D, ``len(query_start_loc) != len(seq_lens) + 1``, devices differ, or
             (masking on) ``lse`` has elements that share memory (an expanded view).
-        TypeError: non-floating ``lse`` or non-integer ``seq_lens``/``query_start_loc``.
+        TypeError: non-floating ``lse``; ``seq_lens``/``query_start_loc`` not tensors or not
+            of an integer dtype (bool, floating and complex are not).
 
     Example:
         >>> lse = torch.zeros(7, 2)
@@ -291,7 +292,7 @@ def mask_dcp_empty_shards_(
                 rec.returns()
             return lse
     _check_lse(lse)
-    if not check_mask_args(lse, seq_lens, query_start_loc):
+    if not check_mask_args(seq_lens, query_start_loc, lse.device):
         return lse
     _check_writable(lse)
     assert seq_lens is not None
