@@ -18,3 +18,5 @@ timeout 330 bash scripts/gpu_tests.sh -q -rs packages/cp-dcp/tests/distributed p
     packages/cp-pcp/tests/distributed > $OUT/gpu_tests_x2-$1.txt 2>&1
 echo "tests rc=$? at ${SECONDS}s"; grep -E '^(FAILED|ERROR)' $OUT/gpu_tests_x2-$1.txt | head -20
 tail -2 $OUT/gpu_tests_x2-$1.txt
+# The host-time A/B of run 3 again, after the mask check's fix (on one of the two GPUs).
+CUDA_VISIBLE_DEVICES=0 bash benchmarks/results/h200-2026-11-30-s14/run3.sh $1
