@@ -236,6 +236,26 @@ def test_a_cached_probe_goes_with_its_group(
     assert len(capability._probes) == 0
 
 
+def test_a_probe_of_a_released_group_does_not_raise() -> None:
+    """A shared wrapper outliving its released process group: the probe says so (reading the
+    group under the wrapper raised, outside the probe's guard)."""
+    from cpattn_common.group import _SharedCPGroup, shared_cp_group
+
+    class Pg:  # stands in for a ProcessGroup (only its weak reference is read)
+        pass
+
+    wrapper = _SharedCPGroup.__new__(_SharedCPGroup)
+    pg = Pg()
+    wrapper._group = pg  # type: ignore[assignment]
+    wrapper._world_size, wrapper._rank_in_group = 2, 0
+    assert shared_cp_group(wrapper) is wrapper  # memoised while its group lives
+    del pg
+    probe = group_probe(wrapper)
+    assert probe.reason is not None
+    assert "destroyed and released" in probe.reason
+    assert direct_cp_enabled(wrapper, torch.bfloat16, None) is False
+
+
 @pytest.mark.parametrize("use_direct", ["false", "0", 0, 1, 1.0])
 def test_use_direct_must_be_a_bool_or_none(use_direct: Any) -> None:
     for check in (direct_cp_enabled, direct_cp_disabled_reason, direct_cp_multicast_enabled):

@@ -306,3 +306,48 @@ def test_shared_wrapper_of_a_released_group_raises() -> None:
     del pg
     with pytest.raises(RuntimeError, match="destroyed and released"):
         _ = wrapper.device_group
+
+
+def test_a_wrapper_without_weak_references_is_not_memoised() -> None:
+    """The memo would hold it (and whatever it refers to) for good: it is returned as is."""
+    import gc
+    import weakref
+
+    from cpattn_common.group import _SHARED
+
+    class Payload:
+        pass
+
+    class SlottedGroup:
+        __slots__ = ("payload", "rank_in_group", "world_size")
+        device_group = None
+
+        def __init__(self) -> None:
+            self.world_size, self.rank_in_group, self.payload = 1, 0, Payload()
+
+        def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
+            return tensor
+
+        def reduce_scatter(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
+            return tensor
+
+        def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+            return tensor
+
+        def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> None:
+            output.copy_(input)
+
+        def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
+            output.copy_(input)
+
+        def barrier(self) -> None:
+            pass
+
+    entries = len(_SHARED)
+    group = SlottedGroup()
+    assert shared_cp_group(group) is group
+    payload = weakref.ref(group.payload)
+    del group
+    gc.collect()
+    assert payload() is None
+    assert len(_SHARED) == entries

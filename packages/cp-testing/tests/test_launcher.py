@@ -99,6 +99,26 @@ def die_on(rank: int, world_size: int, bad_rank: int) -> int:
     return rank
 
 
+def fail_first_then_peer(rank: int, world_size: int, launcher_pid: int) -> int:
+    """Rank 1 raises while the launcher is stopped for a moment; rank 0's collective then
+    fails because of it, so both messages are waiting when the launcher resumes."""
+    if rank == 1:
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import os, signal, sys, time; pid = int(sys.argv[1]); "
+                "os.kill(pid, signal.SIGSTOP); time.sleep(1.5); os.kill(pid, signal.SIGCONT)",
+                str(launcher_pid),
+            ],
+            start_new_session=True,
+        )
+        time.sleep(0.3)
+        raise RuntimeError("the first failure, on rank 1")
+    dist.all_reduce(torch.ones(4))  # fails once rank 1 has gone
+    return 0
+
+
 def record_pid_and_hang(rank: int, world_size: int, pid_dir: str) -> None:
     """Every rank writes its pid and hangs (used to kill the launching process under it)."""
     with open(os.path.join(pid_dir, f"rank{rank}.pid"), "w") as f:
@@ -209,6 +229,17 @@ def test_failing_rank_raises_with_traceback(bad_rank: int) -> None:
     assert (str(copy), copy.rank, copy.pids) == (str(err), err.rank, err.pids)
     _assert_all_gone(err.pids)
     assert not [p for p in __import__("multiprocessing").active_children() if p.pid in err.pids]
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP / SIGCONT")
+def test_the_rank_that_failed_first_is_named() -> None:
+    """Messages read in one wait used to name the lowest rank: here rank 0, whose collective
+    failed only because rank 1 had raised."""
+    with pytest.raises(DistributedError) as info:
+        run_distributed(fail_first_then_peer, 2, "gloo", args=(os.getpid(),), timeout=60.0)
+    assert info.value.rank == 1
+    assert "the first failure, on rank 1" in str(info.value)
+    assert 0 in info.value.tracebacks  # the peer's failure was read in the same wait
 
 
 def test_hanging_rank_times_out_with_stacks(tmp_path: pathlib.Path) -> None:

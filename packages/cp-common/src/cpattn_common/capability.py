@@ -229,9 +229,9 @@ def group_probe(group: Any) -> GroupProbe:
     """
     try:
         cp_group = shared_cp_group(group)
+        owner = cache_owner(cp_group)  # raises for a wrapper of a released process group
     except Exception as exc:
         return GroupProbe(False, False, False, f"not a group: {type(exc).__name__}: {exc}")
-    owner = cache_owner(cp_group)
     hit = _probes.get(owner, None)
     if hit is not None:
         return hit

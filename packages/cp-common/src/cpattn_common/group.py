@@ -529,20 +529,33 @@ def shared_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGr
     if isinstance(x, CPGroupLike):
         if mesh_dim is not None:
             raise ValueError("mesh_dim only applies to a DeviceMesh")
-        _SHARED.setdefault(x, None)
+        if _weakly_referable(x):  # else not memoised: the memo would hold it
+            _SHARED.setdefault(x, None)
         return x
     pg = _mesh_process_group(x, mesh_dim)
     if pg is None:
         raise _not_a_group(x)
     group = shared_cp_group(pg)
-    if mesh_dim is None:
+    if mesh_dim is None and _weakly_referable(x):
         _SHARED.setdefault(x, group)
     return group
 
 
+def _weakly_referable(x: Any) -> bool:
+    try:
+        weakref.ref(x)
+    except TypeError:
+        return False
+    return True
+
+
 def cache_owner(group: CPGroupLike) -> object:
-    """What per-group caches key by (and keep alive, so that its ``id()`` is not reused): the
-    process group under ``group``, so that several wrappers of one process group (a
-    ``CPGroup`` made per layer, say) share one entry; ``group`` itself when it has none
-    (simulated groups)."""
+    """What per-group caches key by: the process group under ``group``, so that several
+    wrappers of one process group (a ``CPGroup`` made per layer, say) share one entry;
+    ``group`` itself when it has none (simulated groups).
+
+    Raises:
+        RuntimeError: ``group`` is a ``shared_cp_group`` wrapper whose process group was
+            destroyed and released.
+    """
     return getattr(group, "device_group", None) or group

@@ -29,6 +29,7 @@ import contextlib
 import ctypes
 import faulthandler
 import importlib.util
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -46,6 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from cpattn_common.checks import check_positive_int
 from cpattn_testing.interpreter import apply_interpreter_fixes
 
 if TYPE_CHECKING:
@@ -326,7 +328,9 @@ def _worker(
     except BaseException as exc:  # report everything, including SystemExit/KeyboardInterrupt
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         with contextlib.suppress(Exception):
-            conn.send_bytes(pickle.dumps(("error", text)))
+            # With the time it failed: the launcher names the rank that failed first, not a
+            # peer whose collective failed because of it (CLOCK_MONOTONIC is system-wide).
+            conn.send_bytes(pickle.dumps(("error", text, time.monotonic())))
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
@@ -440,8 +444,6 @@ def run_distributed(
         >>> run_distributed(fn, 4)  # doctest: +SKIP
         [6, 6, 6, 6]
     """
-    from cpattn_common.checks import check_positive_int  # here: the launcher imports no torch
-
     check_positive_int("world_size", world_size)
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
@@ -522,6 +524,7 @@ def _collect(
     pids = [p.pid or -1 for p in procs]
     results: dict[int, Any] = {}
     failures: dict[int, str] = {}
+    failed_at: dict[int, float] = {}  # when a rank failed, by the monotonic clock
     exited_at: dict[int, float] = {}
     open_readers = {r: readers[r] for r in range(world_size)}
 
@@ -532,27 +535,31 @@ def _collect(
             del open_readers[rank]
             return
         del open_readers[rank]
-        kind, body = pickle.loads(raw)
+        kind, body, *when = pickle.loads(raw)
         if kind == "ok":
             try:
                 results[rank] = pickle.loads(body)
             except Exception:
                 failures[rank] = "could not unpickle the result:\n" + traceback.format_exc()
+                failed_at[rank] = time.monotonic()
         else:
             failures[rank] = body
+            failed_at[rank] = when[0] if when else time.monotonic()
 
-    def fail(rank: int) -> DistributedError:
-        # Collect what the other ranks have already said, without waiting for them.
+    def fail() -> DistributedError:
+        # Collect what the other ranks have already said, without waiting for them, then
+        # name the rank that failed first: when one rank raises, its peers' collectives fail
+        # a moment later, and their messages may arrive in the same wait.
         for r in list(open_readers):
-            if r != rank and open_readers[r].poll(0):
+            if open_readers[r].poll(0):
                 read(r)
+        rank = min(failures, key=lambda r: (failed_at.get(r, math.inf), r))
         message = _format_failure(rank, failures[rank], failures)
         return DistributedError(message, rank=rank, tracebacks=failures, pids=pids)
 
     while len(results) < world_size:
-        for r in range(world_size):
-            if r in failures:
-                raise fail(r)
+        if failures:
+            raise fail()
         now = time.monotonic()
         if now >= deadline:
             stuck = [r for r in range(world_size) if r not in results]
@@ -598,4 +605,5 @@ def _collect(
                 failures[r] = (
                     f"rank {r} (pid {pids[r]}) exited with {how} without reporting a result"
                 )
+                failed_at[r] = t
     return [results[r] for r in range(world_size)]
