@@ -513,15 +513,16 @@ def shared_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGr
             if shared is None:
                 return x  # type: ignore[no-any-return]  # a CPGroupLike: its own wrapper
             return shared
+    if x is None:
+        world = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+        if world is not None:
+            # Memoised under the world group itself, never under None: a world destroyed and
+            # initialised again is never answered with the old one.
+            return shared_cp_group(world)
+        return as_cp_group(None)  # raises: no default group
     real = _unwrap_fake(x)
     if real is not x:
         return shared_cp_group(real, mesh_dim=mesh_dim)
-    if x is None:
-        if dist.is_available() and dist.is_initialized() and dist.group.WORLD is not None:
-            # Memoised under the world group itself, never under None: a world destroyed and
-            # initialised again is never answered with the old one.
-            return shared_cp_group(dist.group.WORLD)
-        return as_cp_group(None)  # raises: no default group
     if isinstance(x, dist.ProcessGroup):
         if mesh_dim is not None:
             raise ValueError("mesh_dim only applies to a DeviceMesh")

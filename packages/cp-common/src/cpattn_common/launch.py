@@ -27,7 +27,8 @@ where Triton would have reused the same binary:
   holds each constant's ``repr``): ``1``, ``1.0`` and ``True`` differ, so do ``0.0`` and ``-0.0``
   (the sign of a zero, also inside a complex number), ``(1,)`` and ``(True,)`` (a tuple item
   by item, each with its type), while every NaN is one constant;
-- launch option (``num_warps`` ...): its value (Triton parses an option into the same setting
+- launch option (``num_warps`` ...): its value (``launch_cached`` also keys its class, which
+  only splits entries Triton would share: Triton parses an option into the same setting
   whatever its Python type);
 - the current CUDA device.
 
