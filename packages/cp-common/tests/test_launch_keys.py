@@ -327,3 +327,31 @@ def test_refused_exact_key_of_a_zero_constexpr(rt: dict[str, Any]) -> None:
     launch_cached(k, (1,), x_ptr=x, n=5, C=0.0)
     assert len(rt["fast"]) == fast_before + 1
     assert rt["fast"][-1][0] == 3  # +0.0's own kernel
+
+
+def test_a_callable_grid_always_launches_the_plain_way(rt: dict[str, Any]) -> None:
+    """Triton accepts ``grid(meta)``; the cached paths only take ints. Such a call used to
+    work once and then raise ``TypeError`` (``len(grid)``) on the cache hit a tuple-grid call
+    had stored; now it goes the plain way every time, and tuple-grid calls keep their entry."""
+    k, x = rt["kernel"], torch.empty(16)
+    ck = CachedKernel(k)
+    spec = ck.specialize(C=3)
+
+    def grid(meta: dict[str, Any]) -> tuple[int]:
+        return (1,)
+
+    launches = [
+        lambda g: launch_cached(k, g, x_ptr=x, n=5, C=3),
+        lambda g: ck(g, x, 5, C=3),
+        lambda g: spec(g, x, 5),
+    ]
+    for launch in launches:
+        rt["plain"].clear()
+        rt["fast"].clear()
+        launch((1,))  # stores the entry a later call hits
+        launch((1,))
+        for _ in range(3):
+            launch(grid)
+        launch((1,))
+        assert len(rt["plain"]) == 4  # the first tuple-grid call and the three callable ones
+        assert len(rt["fast"]) == 2  # the tuple-grid calls after the first

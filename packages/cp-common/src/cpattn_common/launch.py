@@ -749,7 +749,8 @@ def launch_cached(kernel: Any, grid: tuple[int, ...], **kwargs: Any) -> None:
     Args:
         kernel: a ``triton.JITFunction`` (the object ``@triton.jit`` returns); other kernel
             objects (autotuners, the interpreter) are launched the plain way.
-        grid: the launch grid, 1 to 3 positive ints.
+        grid: the launch grid, 1 to 3 positive ints. A callable grid (Triton's
+            ``grid(meta)`` form) is accepted and always launched the plain way.
         **kwargs: every kernel argument by name, constexprs and launch options
             (``num_warps``, ``num_stages``) included.
     """
@@ -772,7 +773,11 @@ def launch_cached(kernel: Any, grid: tuple[int, ...], **kwargs: Any) -> None:
                 and (not info.globals or _globals_ok(info.globals))
             ):
                 launcher, function, prefix = entry
-                n = len(grid)
+                try:
+                    n = len(grid)
+                except TypeError:  # a callable grid (Triton's other form): the plain way
+                    _plain(kernel, grid, kwargs)
+                    return
                 try:
                     launcher(
                         grid[0],
@@ -799,7 +804,7 @@ def launch_cached(kernel: Any, grid: tuple[int, ...], **kwargs: Any) -> None:
 def _launch_cached_slow(
     info: _KernelInfo, kernel: Any, grid: tuple[int, ...], kwargs: dict[str, Any]
 ) -> None:
-    if not info.live or kernel.pre_run_hooks or not _hooks_idle():
+    if not info.live or callable(grid) or kernel.pre_run_hooks or not _hooks_idle():
         _plain(kernel, grid, kwargs)
         return
     names = tuple(kwargs)
@@ -931,7 +936,11 @@ class CachedKernel:
                 and (not st.info.globals or _globals_ok(st.info.globals))
             ):
                 launcher, function, prefix, tail = entry
-                n = len(grid)
+                try:
+                    n = len(grid)
+                except TypeError:  # a callable grid (Triton's other form): the plain way
+                    _plain(self.kernel, grid, self._kwargs(args, constexprs))
+                    return
                 try:
                     launcher(
                         grid[0],
@@ -1088,6 +1097,9 @@ class CachedKernel:
     def _slow(
         self, grid: tuple[int, ...], args: tuple[Any, ...], constexprs: dict[str, Any]
     ) -> None:
+        if callable(grid):  # Triton's other form of grid: always the plain way
+            _plain(self.kernel, grid, self._kwargs(args, constexprs))
+            return
         st = self._state
         if (
             st is not None
@@ -1156,7 +1168,11 @@ class Specialization:
                 and (not st.info.globals or _globals_ok(st.info.globals))
             ):
                 launcher, function, prefix, tail = entry
-                n = len(grid)
+                try:
+                    n = len(grid)
+                except TypeError:  # a callable grid (Triton's other form): the plain way
+                    _plain(self.kernel.kernel, grid, self.kernel._kwargs(args, self.constexprs))
+                    return
                 try:
                     launcher(
                         grid[0],
@@ -1184,6 +1200,9 @@ class Specialization:
     def _slow(self, grid: tuple[int, ...], args: tuple[Any, ...]) -> None:
         ck = self.kernel
         kwargs = ck._kwargs(args, self.constexprs)
+        if callable(grid):  # Triton's other form of grid: always the plain way
+            _plain(ck.kernel, grid, kwargs)
+            return
         st = ck._state
         if st is None and ck._reason is None and _enabled:
             st = ck._setup()
