@@ -15,6 +15,7 @@ capability probe cache and cp-dcp's group tokens.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -39,6 +40,7 @@ class IdentityMemo(Generic[_V]):
     def __init__(self) -> None:
         self._entries: dict[int, tuple[Callable[[], Any], _V]] = {}
         self._lock = threading.RLock()
+        _MEMOS.add(self)
 
     @property
     def entries(self) -> Mapping[int, tuple[Callable[[], Any], _V]]:
@@ -91,3 +93,16 @@ class IdentityMemo(Generic[_V]):
 
 def _identity(obj: object) -> object:
     return obj
+
+
+# Every memo, for the fork handler: a child forked while another thread held a memo's lock
+# would otherwise block on it for good.
+_MEMOS: weakref.WeakSet[IdentityMemo[Any]] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for memo in list(_MEMOS):
+        memo._lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
