@@ -206,30 +206,11 @@ def check_mask_args(
             (``INDEX_DTYPES``: bool, floating, complex, quantized and sub-byte dtypes are not).
 
     Metadata only (any strides are fine: the launchers make them contiguous): no device work,
-    CUDA-graph safe.
+    CUDA-graph safe. The eager ops prove the common case with ``mask_args_proven`` first and
+    run this only when that fails (other index dtypes, bad input, tracing).
     """
     if seq_lens is None and query_start_loc is None:
         return False
-    # The common case in one expression (this runs on every eager call of the mask op); any
-    # failing condition goes through the checks below, which raise in a fixed order.
-    if (
-        seq_lens.__class__ is _Tensor
-        and query_start_loc.__class__ is _Tensor
-        and seq_lens.dim() == 1
-        and query_start_loc.dim() == 1
-        and query_start_loc.shape[0] == seq_lens.shape[0] + 1
-        and seq_lens.dtype in INDEX_DTYPES
-        and query_start_loc.dtype in INDEX_DTYPES
-        and seq_lens.device == device
-        and query_start_loc.device == device
-    ):
-        return True
-    return _check_mask_args_in_order(seq_lens, query_start_loc, device)
-
-
-def _check_mask_args_in_order(
-    seq_lens: torch.Tensor | None, query_start_loc: torch.Tensor | None, device: torch.device
-) -> bool:
     if seq_lens is None or query_start_loc is None:
         raise ValueError("seq_lens and query_start_loc must be provided together")
     for name, t in (("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
