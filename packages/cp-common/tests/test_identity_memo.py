@@ -124,3 +124,14 @@ def test_a_child_forked_while_the_lock_is_held_can_write() -> None:
 
 def _write_in_child(memo: IdentityMemo[str]) -> None:
     memo.setdefault(Key(), "written")
+
+
+def test_a_memo_that_does_not_hold_skips_keys_without_weak_references() -> None:
+    memo: IdentityMemo[str] = IdentityMemo(hold_unreferable=False)
+    key = Slotted()
+    assert memo.setdefault(key, "not stored") == "not stored"
+    assert len(memo) == 0
+    assert memo.get(key, "missing") == "missing"
+    weak = Key()
+    memo.setdefault(weak, "stored")
+    assert memo.get(weak, None) == "stored"

@@ -482,8 +482,9 @@ def _unwrap_fake(obj: Any) -> Any:
     return obj
 
 
-# Object -> its shared wrapper (None: the object is a CPGroupLike, its own wrapper).
-_SHARED: IdentityMemo[CPGroupLike | None] = IdentityMemo()
+# Object -> its shared wrapper (None: the object is a CPGroupLike, its own wrapper). An object
+# that takes no weak reference is not memoised: the memo would hold it for good.
+_SHARED: IdentityMemo[CPGroupLike | None] = IdentityMemo(hold_unreferable=False)
 _SHARED_ENTRIES = _SHARED.entries  # read directly on the hit path (no method call)
 
 
@@ -530,24 +531,15 @@ def shared_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGr
     if isinstance(x, CPGroupLike):
         if mesh_dim is not None:
             raise ValueError("mesh_dim only applies to a DeviceMesh")
-        if _weakly_referable(x):  # else not memoised: the memo would hold it
-            _SHARED.setdefault(x, None)
+        _SHARED.setdefault(x, None)
         return x
     pg = _mesh_process_group(x, mesh_dim)
     if pg is None:
         raise _not_a_group(x)
     group = shared_cp_group(pg)
-    if mesh_dim is None and _weakly_referable(x):
+    if mesh_dim is None:
         _SHARED.setdefault(x, group)
     return group
-
-
-def _weakly_referable(x: Any) -> bool:
-    try:
-        weakref.ref(x)
-    except TypeError:
-        return False
-    return True
 
 
 def cache_owner(group: CPGroupLike) -> object:

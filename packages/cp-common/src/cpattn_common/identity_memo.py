@@ -6,7 +6,8 @@ compiled graph names it by) is looked up on every op call, so it is keyed by ``i
 An ``id()`` is reused once its object dies, so every entry holds its key through a weak
 reference whose callback drops the entry; a lookup also checks that the reference still
 names the very object asked about. Keys that take no weak reference are held strongly
-instead (their ``id()`` is then never reused while the entry exists).
+instead (their ``id()`` is then never reused while the entry exists), or, in a memo made with
+``hold_unreferable=False``, not stored at all.
 
 ``IdentityMemo`` is that one mechanism, used by ``cpattn_common.group.shared_cp_group``, the
 capability probe cache and cp-dcp's group tokens.
@@ -32,12 +33,19 @@ class IdentityMemo(Generic[_V]):
 
     A value must not refer to its key (strongly), or the key never dies and its entry stays.
 
+    Args:
+        hold_unreferable: what ``setdefault`` does with a key that takes no weak reference:
+            hold it (and its value) for good (``True``: for a memo whose entries must
+            outlive the caller's references, such as group tokens), or store nothing and
+            return the value (``False``: for a memo that only saves work).
+
     Lookups take no lock (one dict read: they are on the ops' host path); writes and the
     weak-reference callbacks take a re-entrant lock (a callback can run inside a write of the
     same thread, when the write triggers a garbage collection).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, hold_unreferable: bool = True) -> None:
+        self._hold_unreferable = hold_unreferable
         self._entries: dict[int, tuple[Callable[[], Any], _V]] = {}
         self._lock = threading.RLock()
         _MEMOS.add(self)
@@ -70,6 +78,8 @@ class IdentityMemo(Generic[_V]):
             try:
                 ref = weakref.ref(key, functools.partial(self._drop, ident))
             except TypeError:  # takes no weak reference: held, so its id() is not reused
+                if not self._hold_unreferable:
+                    return value
                 ref = functools.partial(_identity, key)
             self._entries[ident] = (ref, value)
             return value
