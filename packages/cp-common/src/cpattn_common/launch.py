@@ -23,10 +23,14 @@ where Triton would have reused the same binary:
 - a parameter whose Triton specialization never depends on the value is left out of the key:
   annotated with a scalar type *and* listed in ``do_not_specialize`` (``H: tl.int64``), or
   annotated as a float / bool (Triton never specializes those);
-- constexpr argument: its type and value, told apart as finely as Triton's own key (which
-  holds each constant's ``repr``): ``1``, ``1.0`` and ``True`` differ, so do ``0.0`` and ``-0.0``
-  (the sign of a zero, also inside a complex number), ``(1,)`` and ``(True,)`` (a tuple item
-  by item, each with its type), while every NaN is one constant;
+- constexpr argument: its type and value, exactly: ``1``, ``1.0`` and ``True`` differ, so do
+  ``0.0`` and ``-0.0`` (the sign of a zero, also inside a complex number), ``(1,)`` and
+  ``(True,)`` (a tuple item by item, each with its type), while every NaN is one constant.
+  This is finer than Triton's own JIT cache, which shares one binary between such constants
+  (Triton 3.6 on the H200, ``benchmarks/constexpr_cache_probe.py``: ``1.0`` launched after
+  ``1`` runs the int binary, and ``-0.0`` compiles as ``+0.0`` even when launched first).
+  An entry holds the binary Triton's JIT returned on the key's first launch, so such a
+  constexpr gets what a plain launch would have got, no better;
 - launch option (``num_warps`` ...): its value (``launch_cached`` also keys its class, which
   only splits entries Triton would share: Triton parses an option into the same setting
   whatever its Python type);
