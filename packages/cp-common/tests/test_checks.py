@@ -1,12 +1,15 @@
-"""``check_positive_int``: the one size check of every package."""
+"""``check_positive_int`` and ``is_index_dtype``: the one size check and the one index-dtype
+rule of every package."""
 
 from __future__ import annotations
 
 import re
 
 import pytest
+import torch
 
-from cpattn_common.checks import check_positive_int
+from cpattn_common import checks
+from cpattn_common.checks import INDEX_DTYPES, check_positive_int, is_index_dtype
 
 
 def test_accepts_positive_ints() -> None:
@@ -24,3 +27,65 @@ def test_rejects_non_ints_with_type_error(value: object) -> None:
 def test_rejects_non_positive_ints_with_value_error(value: int) -> None:
     with pytest.raises(ValueError, match=f"world_size must be a positive int, got {value}"):
         check_positive_int("world_size", value)
+
+
+# Every dtype this torch defines (aliases such as torch.long collapse into one entry), so a
+# dtype added by a later torch is classified too.
+_ALL_TORCH_DTYPES: list[torch.dtype] = sorted(
+    {value for value in vars(torch).values() if isinstance(value, torch.dtype)}, key=str
+)
+# Written out by name, not taken from INDEX_DTYPES: the expectation the tests check against.
+_WHOLE_BYTE_INTEGERS: frozenset[torch.dtype] = frozenset(
+    getattr(torch, name)
+    for name in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+)
+
+
+def _refusal_reason(dtype: torch.dtype) -> str | None:
+    """Why ``dtype`` is no index dtype (``None`` for the whole-byte integers), or ``"unknown"``
+    for a dtype none of the known families covers."""
+    if dtype in _WHOLE_BYTE_INTEGERS:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    if dtype == torch.bool:
+        return "bool"
+    if dtype.is_floating_point:
+        return "floating"
+    if dtype.is_complex:
+        return "complex"
+    if name.startswith(("qint", "quint")):
+        return "quantized"
+    if re.fullmatch(r"u?int[1-7]", name) or name.startswith("bits"):
+        return "sub-byte or raw bits"
+    return "unknown"
+
+
+def test_dtype_list_covers_this_torch() -> None:
+    # The parametrization below must see the dtypes the rule exists for.
+    present = set(_ALL_TORCH_DTYPES)
+    assert present >= _WHOLE_BYTE_INTEGERS
+    assert present >= {torch.bool, torch.float32, torch.complex64, torch.quint8}
+    if hasattr(torch, "uint4"):  # sub-byte dtypes exist in recent torch only
+        assert torch.uint4 in _ALL_TORCH_DTYPES
+
+
+def test_index_dtypes_are_the_whole_byte_integers() -> None:
+    assert isinstance(INDEX_DTYPES, frozenset)
+    assert INDEX_DTYPES == _WHOLE_BYTE_INTEGERS
+    for dtype in INDEX_DTYPES:
+        # Whole-byte integers: every bit of an element is part of its value.
+        assert torch.iinfo(dtype).bits == dtype.itemsize * 8
+
+
+@pytest.mark.parametrize("dtype", _ALL_TORCH_DTYPES, ids=str)
+def test_every_torch_dtype_is_classified(dtype: torch.dtype) -> None:
+    reason = _refusal_reason(dtype)
+    assert reason != "unknown", (
+        f"{dtype} is new in this torch: decide whether it is an index dtype "
+        "(cpattn_common.checks.INDEX_DTYPES) and teach this test its family"
+    )
+    assert is_index_dtype(dtype) is (reason is None), f"{dtype} ({reason or 'integer'})"
+
+
+def test_exported() -> None:
+    assert {"INDEX_DTYPES", "is_index_dtype", "check_positive_int"} <= set(checks.__all__)

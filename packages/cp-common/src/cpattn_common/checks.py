@@ -3,11 +3,16 @@
 Sizes (world sizes, group sizes, token budgets) are Python ints: a ``bool`` is refused (it is
 an ``int`` to ``isinstance``, but ``True`` as a world size is a bug), as is a float that happens
 to be whole. See ``docs/conventions.md``.
+
+Index and length tensors (``seq_lens``, ``query_start_loc``, ``slot_mapping``, ...) hold one of
+the whole-byte integer dtypes of ``INDEX_DTYPES``; ``is_index_dtype`` is the one test of that.
 """
 
 from __future__ import annotations
 
-__all__ = ["check_positive_int"]
+import torch
+
+__all__ = ["INDEX_DTYPES", "check_positive_int", "is_index_dtype"]
 
 
 def check_positive_int(name: str, value: object) -> int:
@@ -22,3 +27,41 @@ def check_positive_int(name: str, value: object) -> int:
     if value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return value
+
+
+#: The dtypes an index or length tensor may have: torch's whole-byte integers, int8/16/32/64 and
+#: uint8/16/32/64, whose elements read as plain integers (``tolist``, arithmetic, kernel loads).
+#: An explicit list rather than "not floating, complex or bool", because torch has other dtypes
+#: that are neither floating nor complex and are still no index dtype:
+#:
+#: * ``bool``: ``True`` / ``False`` as lengths or offsets are a bug, not 1 / 0;
+#: * quantized dtypes (``qint8``, ``quint8``, ``qint32``, ``quint4x2``, ``quint2x4``): an element
+#:   means ``scale * (q - zero_point)``, not ``q``, and most ops (``tolist``, subtraction)
+#:   refuse them with an unrelated error;
+#: * sub-byte and raw-bits dtypes (``int1``-``int7``, ``uint1``-``uint7``, ``bits8``,
+#:   ``bits16``, ``bits1x8``, ...): storage-only dtypes whose elements torch cannot read
+#:   (``tolist``) or compute with (subtraction, ``searchsorted``).
+#:
+#: A dtype added by a later torch is refused until it is listed here.
+INDEX_DTYPES: frozenset[torch.dtype] = frozenset(
+    {
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+    }
+)
+
+
+def is_index_dtype(dtype: torch.dtype) -> bool:
+    """Whether ``dtype`` is one of ``INDEX_DTYPES`` (int8/16/32/64, uint8/16/32/64).
+
+    The one definition of "integer index dtype" shared by the packages: ``bool``, floating,
+    complex, quantized and sub-byte / raw-bits dtypes are refused (see ``INDEX_DTYPES`` for
+    why). Callers raise their own ``TypeError`` naming the argument.
+    """
+    return dtype in INDEX_DTYPES

@@ -28,9 +28,9 @@ from collections.abc import Sequence
 
 import torch
 
+from cpattn_common.checks import is_index_dtype
 from cpattn_common.group import CPGroupLike
 from cpattn_pcp._group import GroupArg, resolve_group
-from cpattn_pcp.partition import is_integer_dtype
 
 __all__ = [
     "maybe_gather_indexer_k",
@@ -60,8 +60,11 @@ def _validate(
     num_rows = tensors[0][1].shape[0]
     if slot_mapping.dim() != 1:
         raise ValueError(f"slot_mapping must be 1-D, got shape {tuple(slot_mapping.shape)}")
-    if not is_integer_dtype(slot_mapping.dtype):
-        raise TypeError(f"slot_mapping must hold integers, got dtype {slot_mapping.dtype}")
+    if not is_index_dtype(slot_mapping.dtype):
+        raise TypeError(
+            "slot_mapping must hold integers (int8/16/32/64 or uint8/16/32/64), got dtype "
+            f"{slot_mapping.dtype}"
+        )
     devices = {name: t.device for name, t in tensors} | {"slot_mapping": slot_mapping.device}
     if len(set(devices.values())) != 1:
         # One collective moves them all: a backend error would be far less clear than this.
@@ -136,7 +139,8 @@ def maybe_gather_mla_latent_cache_inputs(
         kv_c_normed: ``[T, D_latent]`` normalised latent KV of this rank's local rows.
         k_pe: ``[T, D_rope]`` or ``[T, 1, D_rope]`` rope key (gathered flat, trailing shape kept).
         slot_mapping: ``[N*T]`` (or longer) rank-major expanded slot mapping, or an unexpanded
-            decode-only one (see the module docstring). Integer dtype, ``-1`` = skip.
+            decode-only one (see the module docstring). Integer dtype (int8/16/32/64 or
+            uint8/16/32/64), ``-1`` = skip.
         num_decode_tokens: ``D``, decode rows at the front, ``0 <= D <= T``; ``None`` = not
             known (inputs returned unchanged).
         use_pcp: ``False`` returns the inputs unchanged.
@@ -152,6 +156,9 @@ def maybe_gather_mla_latent_cache_inputs(
     Raises:
         ValueError: row counts differ, ``D`` out of range, slot mapping too short, inputs on
             several devices, or a gather is needed without ``pcp_group``.
+        TypeError: ``slot_mapping``'s dtype is not one of ``cpattn_common.checks.INDEX_DTYPES``
+            (bool, floating, complex, quantized and sub-byte dtypes are refused), or
+            ``num_decode_tokens`` is not an int.
     """
     if not use_pcp or num_decode_tokens is None:
         return kv_c_normed, k_pe, slot_mapping
@@ -196,6 +203,7 @@ def maybe_gather_kv_cache_inputs(
 
     Raises:
         ValueError: as in ``maybe_gather_mla_latent_cache_inputs``.
+        TypeError: as in ``maybe_gather_mla_latent_cache_inputs``.
     """
     if not use_pcp or num_decode_tokens is None:
         return key, value, slot_mapping
@@ -234,6 +242,7 @@ def maybe_gather_indexer_k(
 
     Raises:
         ValueError: as in ``maybe_gather_mla_latent_cache_inputs``.
+        TypeError: as in ``maybe_gather_mla_latent_cache_inputs``.
     """
     if not use_pcp or num_decode_tokens is None:
         return k, slot_mapping

@@ -13,9 +13,15 @@ from dataclasses import dataclass
 
 import torch
 
-from cpattn_pcp.partition import is_integer_dtype
+from cpattn_common.checks import is_index_dtype
 
 __all__ = ["DecodeSubset", "build_mixed_decode_subset"]
+
+#: Index dtypes torch stores and converts but cannot compute with (no subtraction, no
+#: ``searchsorted`` on the CPU): ``query_start_loc`` of these is widened to int64 first.
+_NO_ARITHMETIC_DTYPES: frozenset[torch.dtype] = frozenset(
+    {torch.uint16, torch.uint32, torch.uint64}
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,13 +96,17 @@ def build_mixed_decode_subset(
             below row 0 or decreasing; key or value on another device than ``query``. (A
             ``query`` with fewer rows than ``query_start_loc[-1]`` is accepted, as vLLM does:
             the token mask is truncated to its rows, the per-request metadata is not.)
-        TypeError: ``query_start_loc`` not an integer tensor, ``is_prefilling`` a floating
-            tensor.
+        TypeError: ``query_start_loc`` not an integer tensor (int8/16/32/64 or
+            uint8/16/32/64: ``cpattn_common.checks.INDEX_DTYPES``), ``is_prefilling`` a
+            floating tensor.
     """
     if is_prefilling is None:
         return None
-    if not is_integer_dtype(query_start_loc.dtype):
-        raise TypeError(f"query_start_loc must be an integer tensor, got {query_start_loc.dtype}")
+    if not is_index_dtype(query_start_loc.dtype):
+        raise TypeError(
+            "query_start_loc must be an integer tensor (int8/16/32/64 or uint8/16/32/64), got "
+            f"{query_start_loc.dtype}"
+        )
     if is_prefilling.dtype.is_floating_point or is_prefilling.dtype.is_complex:
         raise TypeError(f"is_prefilling must be a bool tensor, got {is_prefilling.dtype}")
     num_reqs = query_start_loc.shape[0] - 1 if query_start_loc.dim() == 1 else -1
@@ -130,6 +140,10 @@ def build_mixed_decode_subset(
 
     device = query.device
     qsl = query_start_loc.to(device)
+    if qsl.dtype in _NO_ARITHMETIC_DTYPES:
+        # torch has no subtraction or searchsorted for these: compute the row arithmetic in
+        # int64 (cu_seqlens still comes back in query_start_loc's dtype).
+        qsl = qsl.to(torch.int64)
     lens = (qsl[1:] - qsl[:-1]).to(torch.int64)
     if bool((lens < 0).any()):  # host sync
         raise ValueError(f"query_start_loc must be non-decreasing, got {qsl.tolist()}")

@@ -33,6 +33,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from cpattn_common.checks import is_index_dtype
+
 __all__ = ["DualChunkSwapPlan", "dual_chunk_swap"]
 
 
@@ -166,17 +168,26 @@ def _check_rows(x: torch.Tensor, expected: int, name: str, what: str) -> None:
 
 
 def is_integer_dtype(dtype: torch.dtype) -> bool:
-    """Whether ``dtype`` holds integers (bool, floating and complex dtypes do not): what the
-    package's index and length tensors must be."""
-    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+    """Whether ``dtype`` may be the dtype of the package's index and length tensors.
+
+    Kept for callers that imported it from here; it is ``is_index_dtype`` of
+    ``cpattn_common.checks`` (int8/16/32/64, uint8/16/32/64), the one rule every package
+    shares, which the package's own checks call directly. It used to accept every dtype that
+    is not bool, floating or complex, so quantized and sub-byte dtypes passed and then failed
+    later with an unrelated error.
+    """
+    return is_index_dtype(dtype)
 
 
 def _as_int_list(seq_lens: Sequence[int] | torch.Tensor) -> list[int]:
     if isinstance(seq_lens, torch.Tensor):
         if seq_lens.dim() != 1:
             raise ValueError(f"seq_lens must be 1-D, got shape {tuple(seq_lens.shape)}")
-        if not is_integer_dtype(seq_lens.dtype):
-            raise TypeError(f"seq_lens must hold integers, got dtype {seq_lens.dtype}")
+        if not is_index_dtype(seq_lens.dtype):
+            raise TypeError(
+                "seq_lens must hold integers (int8/16/32/64 or uint8/16/32/64), got dtype "
+                f"{seq_lens.dtype}"
+            )
         values: list[int] = [int(v) for v in seq_lens.tolist()]  # the one host sync
     else:
         values = []
@@ -224,7 +235,8 @@ def dual_chunk_swap(
 
     Raises:
         ValueError: ``pcp_size < 1``, negative lengths or a non-1-D tensor.
-        TypeError: non-integer lengths.
+        TypeError: non-integer lengths (a tensor's dtype must be int8/16/32/64 or
+            uint8/16/32/64: ``cpattn_common.checks.INDEX_DTYPES``).
 
     Example:
         >>> plan = dual_chunk_swap([8, 8], pcp_size=2)

@@ -11,6 +11,12 @@ import os
 
 import torch
 
+# INDEX_DTYPES: the dtypes ``seq_lens`` / ``query_start_loc`` may have, int8/16/32/64 and
+# uint8/16/32/64 (``bool``, floating, complex, quantized and sub-byte dtypes are not integers the
+# kernels can index with). Defined once in cpattn_common for every package; re-exported here so
+# that existing imports from this module keep working.
+from cpattn_common.checks import INDEX_DTYPES, is_index_dtype
+
 __all__ = [
     "INDEX_DTYPES",
     "LSE_DTYPES",
@@ -141,20 +147,6 @@ def shares_elements(t: torch.Tensor) -> bool:
 
 _Tensor = torch.Tensor
 
-#: Dtypes ``seq_lens`` / ``query_start_loc`` may have: torch's integer dtypes. ``bool``,
-#: floating, complex, quantized and sub-byte dtypes are not integers the kernels can index with.
-INDEX_DTYPES: frozenset[torch.dtype] = frozenset(
-    {
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.uint8,
-        torch.uint16,
-        torch.uint32,
-        torch.uint64,
-    }
-)
 #: The index dtypes of the cheap eager checks (``mask_args_proven``) and those the direct A2A's
 #: kernel reads as they are (it widens the others to int32 on the device); the ops' kernels
 #: read every ``INDEX_DTYPES`` member as it is.
@@ -228,7 +220,7 @@ def check_mask_args(
             f"(expected {seq_lens.shape[0] + 1})"
         )
     for name, t in (("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
-        if t.dtype not in INDEX_DTYPES:
+        if not is_index_dtype(t.dtype):
             raise TypeError(
                 f"{name} must be an integer tensor (int8/16/32/64 or uint8/16/32/64), got {t.dtype}"
             )
