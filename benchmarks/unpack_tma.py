@@ -23,7 +23,8 @@ guard: these forms launch through Triton's JIT), next to a device copy of the sa
 and the 2 GB copy ceiling. bf16/fp16, ``R % 4 == 0`` (TMA strides: 16-byte multiples).
 
     PYTHONPATH=packages/cp-common/src:packages/cp-dcp/src:packages/cp-testing/src \
-        python3 benchmarks/unpack_tma.py [--rounds R] [--host-guard-us T] [--cpu-check]
+        python3 benchmarks/unpack_tma.py [--rounds R] [--host-guard-us T] [--shapes N,H_r,D ...]
+            [--cpu-check]
 """
 
 from __future__ import annotations
@@ -266,6 +267,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--host-guard-us", type=float, default=100.0)
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        default=["2,32,128", "4,16,128", "8,8,128", "8,16,512"],
+        help="N,H_r,D per timed shape (B=4096)",
+    )
     parser.add_argument("--cpu-check", action="store_true", help="interpreter check only")
     args = parser.parse_args()
     if args.cpu_check:
@@ -278,7 +285,8 @@ def main() -> None:
     moved, ceil = hb.measure_copy_ceiling(dev, timer=hb.time_cold)
     ceiling = moved / (ceil.median_ms * 1e-3)
     print(f"copy ceiling {ceiling / 1e12:.3f} TB/s ({moved / 1e9:.2f} GB moved)")
-    for n, hr, d in ((2, 32, 128), (4, 16, 128), (8, 8, 128), (8, 16, 512)):
+    for shape in args.shapes:
+        n, hr, d = (int(x) for x in shape.split(","))
         time_shape(dev, n, hr, d, passed, ceiling, args.rounds, args.host_guard_us)
 
 
