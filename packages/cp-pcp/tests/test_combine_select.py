@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cpattn_pcp import DCP_COMM_BACKENDS, resolve_dcp_combine
+from cpattn_pcp import DCP_COMM_BACKENDS, dcp_q_gather_size, resolve_dcp_combine
 
 
 @pytest.mark.parametrize(
@@ -41,3 +41,19 @@ def test_bad_input() -> None:
         resolve_dcp_combine(0, 1)
     with pytest.raises(TypeError, match="pcp_world_size must be an int"):
         resolve_dcp_combine(2, 1.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("dcp", "pcp"), [(2, 4), (6, 4), (3, 2), (1, 1)])
+@pytest.mark.parametrize("backend", ["a2a", "ag_rs"])
+def test_layout_is_checked_as_by_the_head_ops(dcp: int, pcp: int, backend: str) -> None:
+    # A layout the head gathers refuse must not get a combine name (one that cannot work:
+    # an all-to-all leaves H/2 heads per rank that a 4-rank PCP gather turns into 2H).
+    try:
+        dcp_q_gather_size(dcp, pcp)
+    except ValueError as exc:
+        with pytest.raises(ValueError, match=str(exc).replace("(", r"\(").replace(")", r"\)")):
+            resolve_dcp_combine(dcp, pcp, backend)
+        return
+    if backend == "a2a" and dcp == 1:
+        return
+    assert resolve_dcp_combine(dcp, pcp, backend) in ("ag_rs", "ag_ar", "a2a")

@@ -69,6 +69,29 @@ def test_optional_kv_and_truncated_query(device: torch.device) -> None:
     assert sub.cu_seqlens.tolist() == [0, 1, 3]  # per-request metadata is not truncated
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16])
+def test_row_numbers_past_a_narrow_dtype(device: torch.device, dtype: torch.dtype) -> None:
+    # 300 query rows (graph padding past qsl[-1] = 7): row numbers computed in int8 / uint8
+    # wrapped, so padding rows 256 and 257 were read as rows 0 and 1 and selected.
+    b = _batch(device, dtype)
+    b["query"] = torch.randn(300, 3, 4, device=device)
+    b["key"] = b["value"] = None  # type: ignore[assignment]
+    sub = build_mixed_decode_subset(**b)
+    assert sub is not None
+    assert torch.nonzero(sub.token_mask).flatten().tolist() == [0, 5, 6]
+    assert sub.q.shape[0] == 3
+    assert sub.cu_seqlens.dtype == dtype
+    assert sub.cu_seqlens.tolist() == [0, 1, 3]
+
+
+def test_decreasing_unsigned_offsets_raise(device: torch.device) -> None:
+    # uint8 5 - 3 wrapped to a length of 254 and passed the ordering check.
+    b = _batch(device)
+    b["query_start_loc"] = torch.tensor([0, 1, 5, 3, 7], dtype=torch.uint8, device=device)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        build_mixed_decode_subset(**b)
+
+
 def test_bad_input(device: torch.device) -> None:
     b = _batch(device)
     bad = dict(b, is_prefilling=b["is_prefilling"][:3])

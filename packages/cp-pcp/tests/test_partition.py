@@ -167,6 +167,30 @@ def test_tensor_input_and_to() -> None:
     assert plan.to("cpu") is plan
 
 
+def test_plan_device_names_the_device_tensors_report() -> None:
+    # "cpu:0" puts tensors on "cpu": the plan must say so, or every device check refuses them.
+    from cpattn_pcp import slice_prefill_output_local
+    from cpattn_testing.simulated import SimulatedWorld
+
+    plan = dual_chunk_swap([5, 3], 1, device="cpu:0")
+    assert plan.device == torch.device("cpu") == plan.restore_idx.device
+    assert plan.to("cpu:0") is plan
+    assert dual_chunk_swap([5, 3], 2).to(torch.device("cpu", 0)).device == torch.device("cpu")
+    out = torch.randn(8, 2)
+    (local,) = SimulatedWorld(1).run(
+        lambda group: slice_prefill_output_local(plan, out, 8, pcp_group=group)
+    )
+    assert torch.equal(local, plan.local_rows(out, 0)[:8])
+
+
+def test_more_tokens_than_int32_cu_seqlens_raises() -> None:
+    # Refused from the lengths alone, before any [N, P] tensor is built.
+    with pytest.raises(ValueError, match=r"2147483648 tokens; .* at most 2147483647"):
+        dual_chunk_swap([2**30, 2**30], 4)
+    with pytest.raises(ValueError, match="at most 2147483647"):
+        dual_chunk_swap(torch.tensor([2**31]), 1)
+
+
 def test_plan_on_device(device: torch.device) -> None:
     lens = torch.tensor([7, 1, 12], device=device)
     plan = dual_chunk_swap(lens, 2)

@@ -15,14 +15,18 @@ share.
 Why not the all-to-all when the DCP group spans TP x PCP (``N_dcp > N_pcp > 1``): it leaves
 DCP group rank ``g`` with head chunk ``g``, and a torch process group numbers its ranks by
 ascending global rank, so with TP innermost (``cpattn_common.build_cp_groups``, and the usual
-serving layouts) ``g = pcp_rank * T + tp_rank``. The PCP gather of ``finalize_mla_pcp_decode``
-then collects chunks ``tp_rank, tp_rank + T, ...``, which are not this TP rank's heads
-(chunks ``tp_rank * N_pcp ...``). vLLM's rule picks the all-to-all there; this one does not.
+serving layouts) ``g = pcp_rank * T_in + t_in``, where ``T_in = N_dcp / N_pcp`` is the number
+of TP ranks the DCP group holds per PCP rank and ``t_in`` this rank's index among them
+(``cpattn_common.cp_layout``'s inner TP rank; ``T_in`` is the whole TP size when DCP = TP x
+PCP). The PCP gather of ``finalize_mla_pcp_decode`` then collects chunks ``t_in, t_in + T_in,
+...``, which are not this rank's heads (chunks ``t_in * N_pcp ...``). vLLM's rule picks the all-to-all there; this one does not.
 """
 
 from __future__ import annotations
 
 from typing import Literal
+
+from cpattn_pcp._layout import gather_axis
 
 __all__ = ["DCP_COMM_BACKENDS", "DCPCombineName", "resolve_dcp_combine"]
 
@@ -54,7 +58,9 @@ def resolve_dcp_combine(
         ``"ag_rs"``, ``"ag_ar"`` or ``"a2a"``.
 
     Raises:
-        ValueError: sizes below 1, an unknown backend, or ``"a2a"`` with ``N_dcp == 1``.
+        ValueError: sizes below 1, a layout the package does not support (with PCP, DCP must
+            equal PCP or be a multiple of it: the same error as ``dcp_q_gather_size``), an
+            unknown backend, or ``"a2a"`` with ``N_dcp == 1``.
         TypeError: sizes that are not ints.
 
     Example:
@@ -63,11 +69,7 @@ def resolve_dcp_combine(
         >>> resolve_dcp_combine(2, 2, "a2a"), resolve_dcp_combine(4, 2, "a2a")
         ('a2a', 'ag_ar')
     """
-    for name, value in (("dcp_world_size", dcp_world_size), ("pcp_world_size", pcp_world_size)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+    gather_axis(dcp_world_size, pcp_world_size)  # sizes and layout, as the other layout ops
     backend = "ag_rs" if comm_backend is None else comm_backend
     if backend not in DCP_COMM_BACKENDS:
         raise ValueError(

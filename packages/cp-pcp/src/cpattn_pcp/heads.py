@@ -20,12 +20,11 @@ over the PCP group split them) or more (an all-reduce kept all TP heads);
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
 from cpattn_common.group import CPGroupLike
 from cpattn_pcp._group import GroupArg, optional_group, resolve_group
+from cpattn_pcp._layout import check_size, gather_axis
 
 __all__ = [
     "dcp_q_gather_group",
@@ -33,33 +32,6 @@ __all__ = [
     "finalize_mla_pcp_decode",
     "maybe_all_gather_q_for_dcp",
 ]
-
-_GatherAxis = Literal["dcp", "tp"] | None
-
-
-def _check_size(value: int, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-
-
-def _gather_axis(dcp_world_size: int, pcp_world_size: int) -> _GatherAxis:
-    """Which group the query is gathered over for this layout (validates the layout)."""
-    _check_size(dcp_world_size, "dcp_world_size")
-    _check_size(pcp_world_size, "pcp_world_size")
-    dcp, pcp = dcp_world_size, pcp_world_size
-    if pcp == 1:
-        return "dcp" if dcp > 1 else None
-    if dcp == 1 or dcp == pcp:
-        return None
-    if dcp < pcp or dcp % pcp != 0:
-        raise ValueError(
-            f"unsupported layout dcp_world_size={dcp}, pcp_world_size={pcp}: with PCP the DCP "
-            f"group must equal the PCP group (DCP = PCP) or span TP x PCP (DCP a multiple of "
-            f"PCP)"
-        )
-    return "tp"
 
 
 def _checked(group: CPGroupLike, expected: int, name: str, layout: str) -> CPGroupLike:
@@ -91,7 +63,7 @@ def dcp_q_gather_group(
         ValueError: an unsupported layout (``1 < N_dcp < N_pcp``, or ``N_dcp`` not a multiple
             of ``N_pcp``), a missing group, or a group whose size does not fit the layout.
     """
-    axis = _gather_axis(dcp_world_size, pcp_world_size)
+    axis = gather_axis(dcp_world_size, pcp_world_size)
     layout = f"dcp_world_size={dcp_world_size}, pcp_world_size={pcp_world_size}"
     if axis == "dcp":
         group = resolve_group(dcp_group, "dcp_group", f"for {layout}")
@@ -128,7 +100,7 @@ def dcp_q_gather_size(
     Raises:
         ValueError: as in ``dcp_q_gather_group``.
     """
-    axis = _gather_axis(dcp_world_size, pcp_world_size)
+    axis = gather_axis(dcp_world_size, pcp_world_size)
     if axis == "dcp":
         if dcp_group is not None:
             dcp_q_gather_group(dcp_world_size, pcp_world_size, dcp_group=dcp_group)
@@ -190,7 +162,7 @@ def maybe_all_gather_q_for_dcp(
     elif q.dim() < 2:
         raise ValueError(f"q must be [T, H, D], got shape {tuple(q.shape)}")
     if already_replicated:
-        _gather_axis(dcp_world_size, pcp_world_size)  # the layout is still checked
+        gather_axis(dcp_world_size, pcp_world_size)  # the layout is still checked
         return q
     group = dcp_q_gather_group(
         dcp_world_size, pcp_world_size, tp_group=tp_group, dcp_group=dcp_group
@@ -231,7 +203,7 @@ def finalize_mla_pcp_decode(
     Raises:
         ValueError: head counts that do not divide as described, or a missing group.
     """
-    _check_size(num_heads, "num_heads")
+    check_size(num_heads, "num_heads")
     if output.dim() < 2:
         raise ValueError(f"output must be [B, H, D], got shape {tuple(output.shape)}")
     have = output.shape[1]

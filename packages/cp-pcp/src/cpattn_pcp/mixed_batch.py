@@ -17,12 +17,6 @@ from cpattn_common.checks import is_index_dtype
 
 __all__ = ["DecodeSubset", "build_mixed_decode_subset"]
 
-#: Index dtypes torch stores and converts but cannot compute with (no subtraction, no
-#: ``searchsorted`` on the CPU): ``query_start_loc`` of these is widened to int64 first.
-_NO_ARITHMETIC_DTYPES: frozenset[torch.dtype] = frozenset(
-    {torch.uint16, torch.uint32, torch.uint64}
-)
-
 
 @dataclass(frozen=True, eq=False)
 class DecodeSubset:
@@ -139,12 +133,13 @@ def build_mixed_decode_subset(
             raise ValueError(f"{name} is on {other.device}, query on {query.device}")
 
     device = query.device
-    qsl = query_start_loc.to(device)
-    if qsl.dtype in _NO_ARITHMETIC_DTYPES:
-        # torch has no subtraction or searchsorted for these: compute the row arithmetic in
-        # int64 (cu_seqlens still comes back in query_start_loc's dtype).
-        qsl = qsl.to(torch.int64)
-    lens = (qsl[1:] - qsl[:-1]).to(torch.int64)
+    # All row arithmetic in int64, whatever query_start_loc's dtype: a narrow dtype would wrap
+    # (row numbers of a query longer than int8 / uint8 allow, a decreasing unsigned
+    # query_start_loc read as a huge length), and torch cannot subtract or searchsorted
+    # uint16/32/64. cu_seqlens comes back in query_start_loc's dtype (its values never exceed
+    # query_start_loc[-1], so they fit).
+    qsl = query_start_loc.to(device=device, dtype=torch.int64)
+    lens = qsl[1:] - qsl[:-1]
     if bool((lens < 0).any()):  # host sync
         raise ValueError(f"query_start_loc must be non-decreasing, got {qsl.tolist()}")
     if int(qsl[0].item()) < 0:  # host sync
@@ -155,7 +150,7 @@ def build_mixed_decode_subset(
         return None
 
     # Row t belongs to request j when qsl[j] <= t < qsl[j+1]; rows outside are padding.
-    rows = torch.arange(num_rows, device=device, dtype=qsl.dtype)
+    rows = torch.arange(num_rows, device=device, dtype=torch.int64)
     owner = torch.searchsorted(qsl, rows, right=True) - 1
     inside = (owner >= 0) & (owner < num_reqs)
     token_mask = inside & is_decode[owner.clamp(0, max(num_reqs - 1, 0))]

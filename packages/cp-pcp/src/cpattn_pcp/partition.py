@@ -17,7 +17,11 @@ gives every rank the same amount of work::
 
 Local order is request-major: for every request the head chunk, then the tail chunk. Every
 rank therefore holds the same number of local rows ``P = sum(Lp) / N`` (equal-size
-all-gathers work), and the padding of a request sits at the end of its tail chunks.
+all-gathers work). A request's padding is its last ``Lp - L`` positions, so it falls on its
+highest chunks: the tail chunks of the lowest ranks first and, when ``Lp - L > c`` (a request
+much shorter than ``2N`` tokens), whole chunks further down, up to the head chunks of the
+highest ranks. Padding can therefore sit between a rank's real rows; ``local_extent`` is one past
+each rank's last real row.
 
 The plan is built once on the host (``dual_chunk_swap`` may read ``seq_lens`` from a GPU
 tensor once); its index tensors then live on the chosen device and the device-side ops
@@ -117,7 +121,7 @@ class DualChunkSwapPlan:
         Returns:
             A new plan (``self`` when already there).
         """
-        dev = _indexed(torch.device(device))
+        dev = _canonical_device(torch.device(device))
         if dev == self.device:
             return self
         moved = {
@@ -206,12 +210,20 @@ def _as_int_list(seq_lens: Sequence[int] | torch.Tensor) -> list[int]:
     return values
 
 
-def _indexed(device: torch.device) -> torch.device:
-    """``cuda`` -> ``cuda:<current>``, so plan and tensor devices compare equal."""
-    index: int | None = device.index
-    if device.type == "cuda" and index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
+#: The most tokens a plan can describe: ``cu_seqlens`` is int32.
+_MAX_TOKENS = 2**31 - 1
+
+
+def _canonical_device(device: torch.device) -> torch.device:
+    """The device a tensor moved to ``device`` reports: ``cuda`` -> ``cuda:<current>``,
+    ``cpu:0`` -> ``cpu`` (and so on for other backends), so that the plan's ``device`` equals
+    its tensors' and the caller's tensors' devices."""
+    if device.type == "cuda":
+        index = torch.cuda.current_device() if device.index is None else device.index
+        return torch.device("cuda", index)
+    if device.type == "cpu":
+        return torch.device("cpu")
+    return torch.empty(0, device=device).device
 
 
 def dual_chunk_swap(
@@ -234,7 +246,8 @@ def dual_chunk_swap(
         request, head chunk first, requests in order.
 
     Raises:
-        ValueError: ``pcp_size < 1``, negative lengths or a non-1-D tensor.
+        ValueError: ``pcp_size < 1``, negative lengths, a non-1-D tensor, or more than
+            ``2**31 - 1`` tokens in all (``cu_seqlens`` is int32).
         TypeError: non-integer lengths (a tensor's dtype must be int8/16/32/64 or
             uint8/16/32/64: ``cpattn_common.checks.INDEX_DTYPES``).
 
@@ -249,8 +262,13 @@ def dual_chunk_swap(
         raise ValueError(f"pcp_size must be >= 1, got {pcp_size}")
     if device is None:
         device = seq_lens.device if isinstance(seq_lens, torch.Tensor) else torch.device("cpu")
-    dev = _indexed(torch.device(device))
+    dev = _canonical_device(torch.device(device))
     lens_list = _as_int_list(seq_lens)
+    if sum(lens_list) > _MAX_TOKENS:
+        raise ValueError(
+            f"the batch has {sum(lens_list)} tokens; the plan's cu_seqlens is int32 (as varlen "
+            f"attention kernels expect), so at most {_MAX_TOKENS}"
+        )
     n = pcp_size
     two_n = 2 * n
     cpu = torch.device("cpu")
