@@ -24,5 +24,24 @@ class CPTritonContext:
         """Launch ``kernel`` on ``grid`` with keyword arguments through the cached launcher."""
         launch_cached(kernel, grid, **kwargs)
 
+    def call_kernel(self, kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
+        """vLLM's spelling of ``launch``: the kernel's leading parameters positionally (in its
+        own order), the rest (usually the constexprs) by keyword.
+
+        Raises:
+            TypeError: more positional arguments than the kernel has parameters, or a
+                parameter given both positionally and by keyword.
+        """
+        names = kernel.arg_names
+        if len(args) > len(names):
+            raise TypeError(
+                f"{kernel.__name__} takes {len(names)} arguments, {len(args)} given positionally"
+            )
+        positional = dict(zip(names, args, strict=False))
+        both = positional.keys() & kwargs.keys()
+        if both:
+            raise TypeError(f"{kernel.__name__} got multiple values for {sorted(both)}")
+        launch_cached(kernel, grid, **positional, **kwargs)
+
     def __repr__(self) -> str:
         return "CPTritonContext()"
