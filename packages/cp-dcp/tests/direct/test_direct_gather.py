@@ -20,6 +20,7 @@ from cpattn_dcp.direct import (
     get_direct_dcp_kv_gather_workspace,
     get_direct_dcp_q_gather_workspace,
 )
+from cpattn_dcp.direct import q_gather as q_gather_module
 from cpattn_dcp.direct._base import error_record_width, missing_ranks
 from cpattn_dcp.gather import reserve_query_head_storage
 from cpattn_dcp.kernels.direct_gather import _direct_gather_publish_kernel
@@ -140,6 +141,10 @@ def test_gather_timeouts_are_reported(sim_build: Build, device: torch.device) ->
     assert qs[0].failed
     with pytest.raises(DirectProtocolError, match="timed out"):
         qs[0].gather(q)
+    with pytest.raises(DirectProtocolError, match="timed out"):
+        qs[0].publish(q)  # the public launches check the state as gather does
+    with pytest.raises(DirectProtocolError, match="timed out"):
+        qs[0].wait(1)
 
     _, kvs = sim_build(
         2, device, _kv(device, 4, 8, torch.bfloat16, max_spins=2, error_check_interval=1)
@@ -158,7 +163,11 @@ def test_gather_timeouts_are_reported(sim_build: Build, device: torch.device) ->
     ):
         kvs[1].gather(out, local)
     assert kvs[1].failed
-    assert kvs[1].epoch.tolist() == [1]  # the refused call launched nothing
+    with pytest.raises(DirectProtocolError, match="timed out"):
+        kvs[1].publish(local)
+    with pytest.raises(DirectProtocolError, match="timed out"):
+        kvs[1].wait(out)
+    assert kvs[1].epoch.tolist() == [1]  # the refused calls launched nothing
     assert torch.all(out == 0)
 
 
@@ -212,6 +221,190 @@ def test_kv_gather_validation(sim_build: Build, device: torch.device) -> None:
         wss[0].gather(torch.zeros(6, 8, device=device, dtype=torch.bfloat16), local)
     with pytest.raises(ValueError, match="expected N\\*T"):
         wss[0].gather(torch.zeros(5, 8, device=device, dtype=torch.bfloat16), local[:2])
+
+
+def test_q_publish_and_wait_refuse_what_gather_refuses(
+    sim_build: Build, device: torch.device
+) -> None:
+    """The public ``publish`` / ``wait`` check what ``gather`` checks (as the direct A2A's
+    ``publish`` does) and raise the same exceptions, before launching anything. Unchecked, a
+    3-row publish into a ``T_max = 2`` workspace stored its third row into every peer's
+    ubatch-1 slot (past the allocation with one ubatch), and ``wait(3)`` returned a view
+    reaching into the next ubatch's slot."""
+    t_max, h_r, d = 2, 1, 8
+    _, wss = sim_build(2, device, _q(device, t_max, h_r, d, torch.bfloat16, num_ubatches=2))
+
+    def rows(value: float, t: int, heads: int = h_r, dtype: torch.dtype = torch.bfloat16) -> Any:
+        return torch.full((t, heads, d), value, device=device, dtype=dtype)
+
+    with ubatch_context(1):  # ubatch 1 holds a gathered query still in use
+        for ws in wss:
+            ws.publish(rows(1.0, 2))
+        held = [ws.wait(2) for ws in wss]
+    held_before = [h.clone() for h in held]
+    epochs = [ws.epoch.tolist() for ws in wss]
+    with ubatch_context(0):
+        with pytest.raises(ValueError, match=r"q-gather: token count 3 exceeds .* capacity 2"):
+            wss[0].publish(rows(9.0, 3))
+        with pytest.raises(ValueError, match="expected 1 local query heads of dim 8, got 2 x 8"):
+            wss[0].publish(rows(9.0, 1, heads=2))
+        with pytest.raises(ValueError, match=r"dtype torch\.float16 != workspace dtype"):
+            wss[0].publish(rows(9.0, 1, dtype=torch.float16))
+        with pytest.raises(ValueError, match="heads must be packed"):
+            wss[0].publish(
+                torch.zeros(1, h_r, 2 * d, device=device, dtype=torch.bfloat16)[..., ::2]
+            )
+        with pytest.raises(ValueError, match=r"q-gather: num_tokens 3 not in \[0, 2\]"):
+            wss[0].wait(3)
+        with pytest.raises(ValueError, match=r"num_tokens -1 not in \[0, 2\]"):
+            wss[0].wait(-1)
+    with pytest.raises(ValueError, match="ubatch 2 exceeds the 2 slot"):
+        wss[0].publish(rows(9.0, 1), ubatch_id=2)
+    for h, before in zip(held, held_before, strict=True):
+        assert torch.equal(h, before)
+    assert torch.all(wss[1].final_query[0] == 0)  # no row of a refused publish was stored
+    assert [ws.epoch.tolist() for ws in wss] == epochs  # no refused wait launched
+
+
+def test_kv_publish_and_wait_refuse_what_gather_refuses(
+    sim_build: Build, device: torch.device
+) -> None:
+    """The KV ``publish`` checks ``local_kv`` (``N*T`` within the capacity) and ``wait`` the
+    output it copies into (``N*T`` rows within the capacity, contiguous, the workspace's row
+    type): same exceptions as ``gather``, nothing launched. Unchecked, rank 1 publishing
+    ``T = 3`` (``N*T = 6 > 4``) stored two rows into every peer's ubatch-1 slot."""
+    n, cap, d = 2, 4, 8
+    _, wss = sim_build(n, device, _kv(device, cap, d, torch.bfloat16, num_ubatches=2))
+
+    def kv(t: int, width: int = d, dtype: torch.dtype = torch.bfloat16) -> Any:
+        return torch.full((t, width), 5.0, device=device, dtype=dtype)
+
+    with ubatch_context(0):
+        with pytest.raises(ValueError, match=r"kv-gather: gathered kv 2\*3 = 6 rows exceed"):
+            wss[1].publish(kv(3))
+        with pytest.raises(ValueError, match="local_kv token dim 16 != workspace token_dim 8"):
+            wss[1].publish(kv(1, width=16))
+        with pytest.raises(ValueError, match=r"local_kv dtype torch\.float16 != workspace dtype"):
+            wss[1].publish(kv(1, dtype=torch.float16))
+        with pytest.raises(ValueError, match="local_kv must be contiguous"):
+            wss[1].publish(kv(2, width=2 * d)[:, :d])
+        with pytest.raises(ValueError, match=r"gathered_kv has 6 rows, more than .* capacity 4"):
+            wss[0].wait(kv(6))
+        with pytest.raises(ValueError, match=r"gathered_kv has 3 rows, not N\*T rows for N = 2"):
+            wss[0].wait(kv(3))
+        with pytest.raises(ValueError, match="gathered_kv must be contiguous"):
+            wss[0].wait(kv(4, width=2 * d)[:, :d])
+        with pytest.raises(ValueError, match=r"gathered_kv dtype torch\.float16 != workspace"):
+            wss[0].wait(kv(4, dtype=torch.float16))
+        with pytest.raises(ValueError, match=r"expected gathered_kv \[rows, D\]"):
+            wss[0].wait(torch.zeros(4 * d, device=device, dtype=torch.bfloat16))
+    for ws in wss:
+        assert torch.all(ws.received_kv == 0), "a refused publish stored rows"
+        assert ws.epoch.tolist() == [0, 0], "a refused wait launched"
+
+    # Valid public calls still work (the unchecked launches gather makes are the same).
+    local = [torch.randn(2, d, device=device).to(torch.bfloat16) for _ in range(n)]
+    outs = [torch.zeros(n * 2, d, device=device, dtype=torch.bfloat16) for _ in range(n)]
+    for r in range(n):
+        wss[r].publish(local[r])
+    for r in range(n):
+        wss[r].wait(outs[r])
+        assert torch.equal(outs[r], torch.cat(local))
+
+
+def test_closed_gathers_refuse_every_call(sim_build: Build, device: torch.device) -> None:
+    """After ``close()`` the public ``publish`` and ``wait`` raise like ``gather`` (the
+    ``RuntimeError`` of the direct A2A) instead of storing through the released buffers'
+    peer pointers or reading them."""
+    n, d = 2, 8
+    _, qs = sim_build(n, device, _q(device, 2, 1, d, torch.bfloat16))
+    _, kvs = sim_build(n, device, _kv(device, 4, d, torch.bfloat16))
+    for ws in (*qs, *kvs):
+        ws.close()
+        assert ws.closed
+    q = torch.ones(2, 1, d, device=device, dtype=torch.bfloat16)
+    local = torch.ones(2, d, device=device, dtype=torch.bfloat16)
+    out = torch.zeros(n * 2, d, device=device, dtype=torch.bfloat16)
+    calls: list[Callable[[], Any]] = [
+        lambda: qs[0].publish(q),
+        lambda: qs[0].wait(2),
+        lambda: qs[0].gather(q),
+        lambda: kvs[0].publish(local),
+        lambda: kvs[0].wait(out),
+        lambda: kvs[0].gather(out, local),
+    ]
+    for call in calls:
+        with pytest.raises(RuntimeError, match="workspace is closed"):
+            call()
+    assert torch.all(qs[1].final_query == 0)
+    assert torch.all(kvs[1].received_kv == 0)
+    assert [ws.epoch.tolist() for ws in (*qs, *kvs)] == [[0]] * (2 * n)
+
+
+def test_gather_checks_once_and_launches_unchecked(
+    sim_build: Build, device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hot path does no new host work: ``gather`` checks the state and its arguments once
+    and then launches through ``publish`` / ``wait`` with ``validate=False``."""
+    n, d = 2, 8
+    _, qs = sim_build(n, device, _q(device, 2, 1, d, torch.bfloat16))
+    _, kvs = sim_build(n, device, _kv(device, 4, d, torch.bfloat16))
+    counts: dict[str, int] = {}
+
+    def count(ws: Any, method: str) -> None:
+        original = getattr(ws, method)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            counts[method] = counts.get(method, 0) + 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(ws, method, counted)
+
+    for method in ("_before_call", "unsupported_reason"):
+        count(qs[0], method)
+    for method in ("_before_call", "unsupported_reason", "_local_kv_reason", "_gathered_kv_reason"):
+        count(kvs[0], method)
+    q = [torch.full((2, 1, d), float(r), device=device, dtype=torch.bfloat16) for r in range(n)]
+    qs[1].publish(q[1])
+    qs[0].gather(q[0])
+    assert counts == {"_before_call": 1, "unsupported_reason": 1}
+    counts.clear()
+    local = [torch.full((2, d), float(r), device=device, dtype=torch.bfloat16) for r in range(n)]
+    out = torch.zeros(n * 2, d, device=device, dtype=torch.bfloat16)
+    kvs[1].publish(local[1])
+    kvs[0].gather(out, local[0])
+    # unsupported_reason checks local_kv through _local_kv_reason; nothing checks twice.
+    assert counts == {"_before_call": 1, "unsupported_reason": 1, "_local_kv_reason": 1}
+    assert torch.equal(out, torch.cat(local))
+
+
+def test_q_gather_result_lives_until_the_layers_combine(
+    sim_build: Build, device: torch.device
+) -> None:
+    """A peer's next gather overwrites this rank's gathered query while this rank makes no call
+    at all (the peer may start it as soon as this rank has entered the layer's combine), so the
+    result is valid until then, not until this rank's next gather, and the docs say so."""
+    n, h_r, d = 2, 1, 8
+    _, wss = sim_build(n, device, _q(device, 2, h_r, d, torch.bfloat16))
+    for r, ws in enumerate(wss):
+        ws.publish(torch.full((2, h_r, d), float(r + 1), device=device, dtype=torch.bfloat16))
+    gathered = [ws.wait(2) for ws in wss]
+    snapshot = gathered[0].clone()
+    # ... attention, then the layer's combine (a rendezvous); rank 1 is faster and starts its
+    # next gather, rank 0 has made no further call:
+    wss[1].publish(torch.full((2, h_r, d), 7.0, device=device, dtype=torch.bfloat16))
+    assert torch.equal(gathered[0][:, :h_r], snapshot[:, :h_r])
+    assert torch.all(gathered[0][:, h_r:] == 7.0), "the peer's next gather overwrote it"
+
+    docs = {
+        "module": q_gather_module.__doc__,
+        "gather": DirectDCPQGatherWorkspace.gather.__doc__,
+        "wait": DirectDCPQGatherWorkspace.wait.__doc__,
+    }
+    for where, doc in docs.items():
+        text = " ".join((doc or "").split()).lower()
+        assert "valid until this rank enters this layer's combine" in text, where
+        assert "valid until this rank's next" not in text, where
 
 
 def test_gathers_need_multicast_and_never_query_it_when_env_disables_it(

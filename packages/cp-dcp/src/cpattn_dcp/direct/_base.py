@@ -259,8 +259,19 @@ class DirectWorkspaceBase:
         """True once a timeout has been reported to the host."""
         return self._failure is not None
 
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` was called: the workspace must not be used any more (its
+        checked calls raise ``RuntimeError``) and the factories no longer hand it out."""
+        return self._closed
+
     def close(self) -> None:
-        """Release the symmetric workspace (collective where the backend needs it)."""
+        """Release the symmetric workspace (collective where the backend needs it; idempotent).
+
+        Every rank of the group must close its workspace at the same point of its call
+        sequence. The ``get_direct_dcp_*`` factories treat a closed workspace as absent and
+        build a new one at their next call for its geometry (collectively, as construction is).
+        """
         if self._closed:
             return
         self._closed = True

@@ -5,7 +5,9 @@ Each ``get_direct_dcp_*_workspace`` returns ``None`` when the capability gating 
 construction are collective: every rank of the group must call a factory with the same
 arguments in the same order. Workspaces are memoized per (group, device, geometry, dtype,
 ubatches) so every layer of a model shares one workspace per geometry; sharing across
-sequential layers is safe because every call is a full rendezvous.
+sequential layers is safe because every call is a full rendezvous. A memoized workspace that
+has been closed (``close()`` is collective) is never handed out again: the next factory call
+for its geometry builds a new one.
 
 The tri-state ``use_direct`` switch: ``None`` (auto: capability probing decides, and never
 picks a direct path for a non-CUDA device), ``True`` (force; an unsupported configuration then
@@ -24,7 +26,7 @@ import torch
 
 from cpattn_common import capability
 from cpattn_common.group import cache_owner, shared_cp_group
-from cpattn_dcp.direct._base import indexed_device
+from cpattn_dcp.direct._base import DirectWorkspaceBase, indexed_device
 from cpattn_dcp.direct.a2a import DIRECT_A2A_DTYPES, DirectDCPA2AWorkspace
 from cpattn_dcp.direct.kv_gather import DIRECT_KV_GATHER_DTYPES, DirectDCPKVGatherWorkspace
 from cpattn_dcp.direct.q_gather import DirectDCPQGatherWorkspace
@@ -127,10 +129,20 @@ def direct_gather_unavailable_reason(
 
 
 def _memo(kind: str, group: Any, geometry: tuple[Any, ...], build: Any) -> Any:
+    """The cached workspace of ``(kind, group, geometry)``, or ``build()``'s (then cached).
+
+    A closed cached workspace counts as a miss: it is dropped and rebuilt. The decision is
+    consistent across ranks without communication because closing is collective: every rank
+    closed its own workspace at the same point of its call sequence, before this (collective)
+    factory call, so every rank finds its entry closed here and all of them rebuild together.
+    """
     owner = cache_owner(shared_cp_group(group))  # wrappers of one group share a workspace
     key = (kind, id(owner), *geometry)
     with _lock:
         hit = _cache.get(key)
+        if hit is not None and isinstance(hit[1], DirectWorkspaceBase) and hit[1].closed:
+            del _cache[key]  # also drops its hold on the group
+            hit = None
     if hit is not None:
         return hit[1]
     ws = build()

@@ -112,38 +112,91 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         self._block_w = min(next_pow2(token_dim), 4096)
         self._n_pow2 = next_pow2(n)
 
-    def unsupported_reason(self, gathered_kv: torch.Tensor, local_kv: torch.Tensor) -> str | None:
-        """Why this call cannot take the direct path (``None``: it can)."""
-        if local_kv.dim() != 2 or gathered_kv.dim() != 2:
-            return (
-                f"expected local_kv [T, D] and gathered_kv [N*T, D], got {tuple(local_kv.shape)} "
-                f"and {tuple(gathered_kv.shape)}"
-            )
-        t, d = local_kv.shape
-        n = self.world_size
-        if d != self.token_dim or gathered_kv.shape[1] != d:
-            return f"token dim {d} / {gathered_kv.shape[1]} != workspace token_dim {self.token_dim}"
-        if gathered_kv.shape[0] != n * t:
-            return f"gathered_kv has {gathered_kv.shape[0]} rows, expected N*T = {n}*{t} = {n * t}"
+    def _kv_rows_reason(self, what: str, kv: torch.Tensor) -> str | None:
+        """Why ``kv`` (named ``what``) is not a contiguous, 16-byte-aligned ``[rows, D]``
+        tensor of this workspace's dtype and device (``None``: it is)."""
+        if kv.dim() != 2:
+            return f"expected {what} [rows, D], got {tuple(kv.shape)}"
+        if kv.shape[1] != self.token_dim:
+            return f"{what} token dim {kv.shape[1]} != workspace token_dim {self.token_dim}"
+        if kv.dtype != self.dtype:
+            return f"{what} dtype {kv.dtype} != workspace dtype {self.dtype}"
+        if kv.device != self.device:
+            return f"{what} on {kv.device}, workspace on {self.device}"
+        if not kv.is_contiguous():
+            return f"{what} must be contiguous"
+        if kv.shape[0] > 0:
+            return check_16b_aligned(kv, what, ())
+        return None
+
+    def _local_kv_reason(self, local_kv: torch.Tensor) -> str | None:
+        """Why ``publish`` cannot take ``local_kv [T, D]`` (``None``: it can)."""
+        reason = self._kv_rows_reason("local_kv", local_kv)
+        if reason is not None:
+            return reason
+        n, t = self.world_size, local_kv.shape[0]
         if n * t > self.max_gathered_tokens:
             return (
                 f"gathered kv {n}*{t} = {n * t} rows exceed the kv-gather capacity "
                 f"{self.max_gathered_tokens}"
             )
-        if local_kv.dtype != self.dtype or gathered_kv.dtype != self.dtype:
-            return f"dtypes {local_kv.dtype}/{gathered_kv.dtype} != workspace dtype {self.dtype}"
-        if local_kv.device != self.device or gathered_kv.device != self.device:
-            return f"tensors on {local_kv.device}/{gathered_kv.device}, workspace on {self.device}"
-        if not local_kv.is_contiguous() or not gathered_kv.is_contiguous():
-            return "local_kv and gathered_kv must be contiguous"
-        if t > 0:
-            return check_16b_aligned(local_kv, "local_kv", ()) or check_16b_aligned(
-                gathered_kv, "gathered_kv", ()
+        return None
+
+    def _gathered_kv_reason(self, gathered_kv: torch.Tensor) -> str | None:
+        """Why ``wait`` cannot copy into ``gathered_kv [N*T, D]`` (``None``: it can)."""
+        reason = self._kv_rows_reason("gathered_kv", gathered_kv)
+        if reason is not None:
+            return reason
+        n, rows = self.world_size, gathered_kv.shape[0]
+        if rows % n != 0:
+            return f"gathered_kv has {rows} rows, not N*T rows for N = {n}"
+        if rows > self.max_gathered_tokens:
+            return (
+                f"gathered_kv has {rows} rows, more than the kv-gather capacity "
+                f"{self.max_gathered_tokens}"
             )
         return None
 
-    def publish(self, local_kv: torch.Tensor, *, ubatch_id: int | None = None) -> None:
-        """First launch: store this rank's rows into every peer's parity slot and signal."""
+    def unsupported_reason(self, gathered_kv: torch.Tensor, local_kv: torch.Tensor) -> str | None:
+        """Why this call cannot take the direct path (``None``: it can).
+
+        ``local_kv [T, D]`` and ``gathered_kv [N*T, D]`` must be contiguous, 16-byte aligned,
+        of the workspace dtype, device and token dim, with ``N*T <= max_gathered_tokens``.
+        """
+        reason = self._local_kv_reason(local_kv) or self._kv_rows_reason("gathered_kv", gathered_kv)
+        if reason is not None:
+            return reason
+        n, t = self.world_size, local_kv.shape[0]
+        if gathered_kv.shape[0] != n * t:  # implies the capacity check of _gathered_kv_reason
+            return f"gathered_kv has {gathered_kv.shape[0]} rows, expected N*T = {n}*{t} = {n * t}"
+        return None
+
+    def publish(
+        self, local_kv: torch.Tensor, *, ubatch_id: int | None = None, validate: bool = True
+    ) -> None:
+        """First launch: store this rank's rows into every peer's parity slot and signal.
+
+        ``gather`` = ``publish`` + ``wait``; the split exists so simulated ranks sharing one
+        process can run all publishes before any wait.
+
+        Args:
+            local_kv: ``[T, D]``, contiguous, with ``N*T <= max_gathered_tokens``.
+            ubatch_id: micro-batch slot (default ``cpattn_common.current_ubatch_id()``).
+            validate: check the workspace state and ``local_kv`` first. Only callers that have
+                made these checks themselves (``gather``) pass ``False``: an unchecked call
+                stores out of bounds of the peers' slots.
+
+        Raises:
+            RuntimeError: the workspace is closed.
+            DirectProtocolError: an earlier call's bounded wait timed out.
+            ValueError: ``local_kv`` has the wrong shape, dtype, device or layout, or
+                ``N*T > max_gathered_tokens``, or the ubatch is out of range.
+        """
+        if validate:
+            self._before_call()
+            reason = self._local_kv_reason(local_kv)
+            if reason is not None:
+                raise ValueError(f"{self.name}: {reason}")
         u = self._resolve_ubatch(ubatch_id)
         t = local_kv.shape[0]
         if t == 0:
@@ -170,8 +223,29 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             BLOCK_W=self._block_w,
         )
 
-    def wait(self, gathered_kv: torch.Tensor, *, ubatch_id: int | None = None) -> None:
-        """Second launch: bounded wait, then copy the slot's ``N*T`` rows into ``gathered_kv``."""
+    def wait(
+        self, gathered_kv: torch.Tensor, *, ubatch_id: int | None = None, validate: bool = True
+    ) -> None:
+        """Second launch: bounded wait, then copy the slot's ``N*T`` rows into ``gathered_kv``.
+
+        Args:
+            gathered_kv: ``[N*T, D]`` output, contiguous, T that of every rank's ``publish``.
+            ubatch_id: micro-batch slot (default ``cpattn_common.current_ubatch_id()``).
+            validate: check the workspace state and ``gathered_kv`` first (``gather``, which
+                checked them, passes ``False``).
+
+        Raises:
+            RuntimeError: the workspace is closed.
+            DirectProtocolError: an earlier call's bounded wait timed out.
+            ValueError: ``gathered_kv`` has the wrong shape, dtype, device or layout, a row
+                count that is not a multiple of N, or more rows than ``max_gathered_tokens``
+                (the copy would read past the slot), or the ubatch is out of range.
+        """
+        if validate:
+            self._before_call()
+            reason = self._gathered_kv_reason(gathered_kv)
+            if reason is not None:
+                raise ValueError(f"{self.name}: {reason}")
         u = self._resolve_ubatch(ubatch_id)
         num_elems = gathered_kv.numel()
         if num_elems == 0:
@@ -209,5 +283,6 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         if reason is not None:
             raise ValueError(f"{self.name}: {reason}")
         u = self._resolve_ubatch(ubatch_id)
-        self.publish(local_kv, ubatch_id=u)
-        self.wait(gathered_kv, ubatch_id=u)
+        # Checked above (N*T <= capacity included): the launches skip the checks.
+        self.publish(local_kv, ubatch_id=u, validate=False)
+        self.wait(gathered_kv, ubatch_id=u, validate=False)

@@ -8,10 +8,14 @@ correct on any symmetric-memory fabric; a multicast store is a drop-in optimisat
 same layout.
 
 Reuse contract (as in the serving engine this mirrors): the returned tensor is a view of the
-ubatch's persistent buffer, valid until this rank's next ``gather`` on the same ubatch. A peer
-overwrites it only in its next gather, which it can only reach after a cross-rank combine that
-waited for this rank's attention output. Using the gather without a subsequent cross-rank
-combine therefore needs an extra rendezvous between calls.
+ubatch's persistent buffer, which every peer's next gather on the same ubatch overwrites. It is
+valid until this rank enters this layer's combine (the next rendezvous across ranks), not until
+this rank's next gather: once this rank has published into the combine, a peer can finish it
+and start its next gather while this rank has made no further call. Copy the result if it is
+needed after the combine. Before that no peer can overwrite it: the combine waits for this
+rank's attention output, so a peer reaches its next gather only after this rank's attention
+has read the gathered query. Using the gather without a subsequent cross-rank combine therefore
+needs an extra rendezvous between calls.
 """
 
 from __future__ import annotations
@@ -166,8 +170,32 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
             return check_16b_aligned(local_query, "local_query", (local_query.stride(0),))
         return None
 
-    def publish(self, local_query: torch.Tensor, *, ubatch_id: int | None = None) -> None:
-        """First launch: store this rank's heads into every peer's final buffer and signal."""
+    def publish(
+        self, local_query: torch.Tensor, *, ubatch_id: int | None = None, validate: bool = True
+    ) -> None:
+        """First launch: store this rank's heads into every peer's final buffer and signal.
+
+        ``gather`` = ``publish`` + ``wait``; the split exists so simulated ranks sharing one
+        process can run all publishes before any wait.
+
+        Args:
+            local_query: ``[T, H_r, D]`` with ``T <= max_num_tokens`` (see ``gather``).
+            ubatch_id: micro-batch slot (default ``cpattn_common.current_ubatch_id()``).
+            validate: check the workspace state and ``local_query`` first. Only callers that
+                have made exactly these checks themselves (``gather``) pass ``False``: an
+                unchecked call stores out of bounds of the peers' slots.
+
+        Raises:
+            RuntimeError: the workspace is closed.
+            DirectProtocolError: an earlier call's bounded wait timed out.
+            ValueError: ``unsupported_reason(local_query)`` is not ``None`` (wrong shape,
+                dtype, device, layout or ``T > max_num_tokens``), or the ubatch is out of range.
+        """
+        if validate:
+            self._before_call()
+            reason = self.unsupported_reason(local_query)
+            if reason is not None:
+                raise ValueError(f"{self.name}: {reason}")
         u = self._resolve_ubatch(ubatch_id)
         t = local_query.shape[0]
         if t == 0:
@@ -194,10 +222,34 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
             BLOCK_W=self._block_w,
         )
 
-    def wait(self, num_tokens: int, *, ubatch_id: int | None = None) -> torch.Tensor:
-        """Second launch: bounded wait for every source; returns the gathered ``[T, N*H_r, D]``."""
-        u = self._resolve_ubatch(ubatch_id)
+    def wait(
+        self, num_tokens: int, *, ubatch_id: int | None = None, validate: bool = True
+    ) -> torch.Tensor:
+        """Second launch: bounded wait for every source's ``publish`` of this call.
+
+        Args:
+            num_tokens: T of this call (every rank published ``T`` rows).
+            ubatch_id: micro-batch slot (default ``cpattn_common.current_ubatch_id()``).
+            validate: check the workspace state and ``num_tokens`` first (``gather``, which
+                checked them, passes ``False``).
+
+        Returns:
+            The gathered ``[T, N*H_r, D]`` view of the ubatch's persistent buffer, valid until
+            this rank enters this layer's combine (see ``gather``).
+
+        Raises:
+            RuntimeError: the workspace is closed.
+            DirectProtocolError: an earlier call's bounded wait timed out.
+            ValueError: ``num_tokens`` not in ``[0, max_num_tokens]`` (a larger view would
+                reach into the next ubatch's slot or past the buffer), or the ubatch is out of
+                range.
+        """
         t = int(num_tokens)
+        if validate:
+            self._before_call()
+            if not 0 <= t <= self.max_num_tokens:
+                raise ValueError(f"{self.name}: num_tokens {t} not in [0, {self.max_num_tokens}]")
+        u = self._resolve_ubatch(ubatch_id)
         if t > 0:
             launch_cached(
                 _direct_gather_wait_kernel,
@@ -234,12 +286,22 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
 
         Returns:
             ``[T, N*H_r, D]`` contiguous view (rank-major heads) of the persistent buffer, with
-            storage for ``T * S * D`` elements behind it (S = padded heads).
+            storage for ``T * S * D`` elements behind it (S = padded heads). Valid until this
+            rank enters this layer's combine (the next rendezvous across ranks): a peer's next
+            gather, which it can start as soon as this rank has published into that combine,
+            overwrites it. Copy it if it is needed afterwards.
+
+        Raises:
+            RuntimeError: the workspace is closed.
+            DirectProtocolError: an earlier call's bounded wait timed out.
+            ValueError: ``unsupported_reason(local_query)`` is not ``None``, or the ubatch is
+                out of range.
         """
         self._before_call()
         reason = self.unsupported_reason(local_query)
         if reason is not None:
             raise ValueError(f"{self.name}: {reason}")
         u = self._resolve_ubatch(ubatch_id)
-        self.publish(local_query, ubatch_id=u)
-        return self.wait(local_query.shape[0], ubatch_id=u)
+        # Checked above (T <= max_num_tokens included): the launches skip the checks.
+        self.publish(local_query, ubatch_id=u, validate=False)
+        return self.wait(local_query.shape[0], ubatch_id=u, validate=False)

@@ -1,0 +1,129 @@
+"""The memo of the direct-workspace factories: one workspace per geometry, and never a closed one.
+
+A workspace's ``close()`` is public and collective (a layer or engine teardown releasing its
+buffers). The memo used to keep handing the closed workspace out for its geometry, so the next
+manager selected the direct path and every call raised "workspace is closed".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import cpattn_dcp.direct.factories as factories_mod
+import cpattn_dcp.direct.kv_gather as kv_gather_mod
+import cpattn_dcp.direct.q_gather as q_gather_mod
+from cpattn_dcp.direct import (
+    clear_direct_workspace_cache,
+    get_direct_dcp_a2a_workspace,
+    get_direct_dcp_kv_gather_workspace,
+    get_direct_dcp_q_gather_workspace,
+)
+from cpattn_dcp.manager import DCPConfig, DCPManager
+from cpattn_testing.simulated import SimulatedWorld
+
+N, T, H_R, D = 2, 2, 1, 8
+DTYPE = torch.bfloat16
+
+
+@pytest.fixture(autouse=True)
+def _fresh_workspaces() -> Iterator[None]:
+    clear_direct_workspace_cache()
+    yield
+    clear_direct_workspace_cache()
+
+
+@pytest.fixture
+def gathers_without_multicast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let the Q / KV gather factories build on simulated ranks: gating says yes and the
+    constructors skip the multicast requirement (no multicast address exists here)."""
+    monkeypatch.setattr(factories_mod, "direct_gather_unavailable_reason", lambda *a, **k: None)
+    for module in (q_gather_mod, kv_gather_mod):
+        monkeypatch.setattr(module, "_require_multicast", lambda *a, **k: None)
+
+
+def _factory(kind: str, device: torch.device) -> Callable[[Any], Any]:
+    """``group -> the factory's workspace`` of one fixed geometry per kind (forced on)."""
+    if kind == "a2a":
+        return lambda g: get_direct_dcp_a2a_workspace(g, device, T, H_R, D, DTYPE, 1, True)
+    if kind == "q":
+        return lambda g: get_direct_dcp_q_gather_workspace(
+            g, device, T, H_R, D, DTYPE, 1, None, True
+        )
+    return lambda g: get_direct_dcp_kv_gather_workspace(g, device, N * T, D, DTYPE, 1, True)
+
+
+def _exchange(kind: str, wss: list[Any], device: torch.device) -> None:
+    """One call of every rank (all publishes, then all waits) with known results."""
+    values = [float(r + 1) for r in range(N)]
+    if kind == "a2a":
+        lse = torch.zeros(T, N * H_R, device=device)
+        for r, ws in enumerate(wss):
+            ws.publish(torch.full((T, N * H_R, D), values[r], device=device, dtype=DTYPE), lse)
+        for ws in wss:  # equal LSEs: the mean of the partials, 1.5 (exact in bf16)
+            assert torch.all(ws.wait_and_combine(T) == sum(values) / N)
+    elif kind == "q":
+        for r, ws in enumerate(wss):
+            ws.publish(torch.full((T, H_R, D), values[r], device=device, dtype=DTYPE))
+        for ws in wss:
+            got = ws.wait(T)
+            for r in range(N):
+                assert torch.all(got[:, r * H_R : (r + 1) * H_R] == values[r])
+    else:
+        for r, ws in enumerate(wss):
+            ws.publish(torch.full((T, D), values[r], device=device, dtype=DTYPE))
+        for ws in wss:
+            out = torch.zeros(N * T, D, device=device, dtype=DTYPE)
+            ws.wait(out)
+            for r in range(N):
+                assert torch.all(out[r * T : (r + 1) * T] == values[r])
+
+
+@pytest.mark.usefixtures("gathers_without_multicast")
+@pytest.mark.parametrize("kind", ["a2a", "q", "kv"])
+def test_factory_rebuilds_a_workspace_that_every_rank_closed(
+    kind: str, device: torch.device
+) -> None:
+    """Every rank closes its memoized workspace at the same point (concurrently, as the rank
+    threads do); the next factory call of that geometry builds a new, working workspace on
+    every rank, which the memo then hands out again."""
+    world = SimulatedWorld(N, device)
+    factory = _factory(kind, device)
+    first = world.run(factory)
+    assert all(ws is not None and not ws.closed for ws in first)
+    assert all(a is b for a, b in zip(world.run(factory), first, strict=True))
+
+    world.run(lambda g: first[g.rank_in_group].close())
+    assert all(ws.closed for ws in first)
+    rebuilt = world.run(factory)
+    for old, new in zip(first, rebuilt, strict=True):
+        assert new is not old
+        assert not new.closed
+    assert all(a is b for a, b in zip(world.run(factory), rebuilt, strict=True))
+    _exchange(kind, rebuilt, device)
+    for ws in rebuilt:
+        ws.check_error()
+
+
+def test_new_manager_gets_a_working_direct_a2a_after_close(device: torch.device) -> None:
+    """The reported symptom: after a teardown closed the managers' direct A2A workspaces, a new
+    manager of the same geometry was handed the closed one (selection ``direct_a2a``, every
+    combine raising "workspace is closed"); it now gets a new workspace."""
+    world = SimulatedWorld(N, device)
+    config = DCPConfig(comm_backend="a2a", use_direct_a2a=True, max_num_tokens=T)
+
+    def make(group: Any) -> DCPManager:
+        return DCPManager(config, group, device, H_R, D, DTYPE)
+
+    managers = world.run(make)
+    closed = [m.direct_a2a for m in managers]
+    world.run(lambda g: closed[g.rank_in_group].close())
+    fresh = world.run(make)
+    for old_ws, manager in zip(closed, fresh, strict=True):
+        assert manager.direct_a2a is not None
+        assert manager.direct_a2a is not old_ws
+        assert not manager.direct_a2a.closed
+    _exchange("a2a", [m.direct_a2a for m in fresh], device)
