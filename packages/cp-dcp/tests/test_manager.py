@@ -477,6 +477,8 @@ def test_direct_gathers_dispatch_and_fallback(
     assert torch.equal(bufs[0][: n * 2], expect)
     assert torch.equal(view1, expect)
     assert ms[1].last_kv_gather_path == "direct"
-    ms[1].kv_gather(bufs[1], torch.zeros(3, d, device=device, dtype=torch.bfloat16))  # 6 > 4
+    # 2*3 = 6 rows exceed the direct capacity 4 (the buffer holds them: no caller mistake)
+    roomy = torch.zeros(n * 3, d, device=device, dtype=torch.bfloat16)
+    ms[1].kv_gather(roomy, torch.zeros(3, d, device=device, dtype=torch.bfloat16))
     assert calls == ["q_nccl", "kv_nccl"]
     assert ms[1].num_fallbacks == 2

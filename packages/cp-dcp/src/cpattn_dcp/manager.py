@@ -25,12 +25,19 @@ Query gather: none with PCP (the PCP package gathers over its own group); the di
 (multicast) gather when gating allows, else an all-gather along the head axis. KV gather: the
 direct (multicast) gather when configured and allowed, else ``all_gather_into_tensor`` into the
 caller's buffer. Direct Q / KV gathers fall back per call like the combine.
+
+Every call is first checked against the manager's geometry (head count, head dims, the KV
+buffer's rows): a mismatch is the caller's mistake on every path, so it raises ``ValueError``
+rather than counting as a fallback. Only what the NCCL path genuinely serves (more rows than a
+direct workspace holds, another dtype, misaligned or unpacked rows) falls back; the first
+fallback of each reason is logged at INFO once per process, later ones at DEBUG.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import threading
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
@@ -72,21 +79,57 @@ QueryGatherPath = Literal["direct", "all_gather", "none"]
 KVGatherPath = Literal["direct", "all_gather_into_tensor"]
 
 _BACKENDS = ("ag_rs", "a2a", "auto")
+# Keys of the messages this process has logged once (the selection line, fallback reasons):
+# shared by every manager, so a 61-layer model logs a reason once, not once per layer.
 _logged: set[str] = set()
 _logged_lock = threading.Lock()
+# Row counts and other numbers differ from call to call; a reason is "the same" without them.
+_NUMBERS = re.compile(r"\d+")
+
+
+def _first_time(key: str) -> bool:
+    """Whether ``key`` is new to this process (and mark it seen)."""
+    with _logged_lock:
+        if key in _logged:
+            return False
+        _logged.add(key)
+        return True
 
 
 def _log_once(level: int, message: str) -> None:
-    with _logged_lock:
-        if message in _logged:
-            return
-        _logged.add(message)
-    logger.log(level, message)
+    if _first_time(message):
+        logger.log(level, message)
 
 
 def _check_tristate(name: str, value: object) -> None:
     if value is not None and not isinstance(value, bool):
         raise TypeError(f"{name} must be True, False or None (auto), got {value!r}")
+
+
+def _check_nonnegative_int(name: str, value: object) -> int:
+    """``value`` if it is an int >= 0 (a bool or a whole float is refused, as sizes are in
+    ``cpattn_common.checks``).
+
+    Raises:
+        TypeError: not an int, or a bool.
+        ValueError: < 0.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return value
+
+
+def _check_dtype(name: str, value: object) -> torch.dtype:
+    """``value`` if it is a ``torch.dtype`` (a string such as ``"bf16"`` is refused).
+
+    Raises:
+        TypeError: not a ``torch.dtype``.
+    """
+    if not isinstance(value, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype, got {value!r}")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,12 +145,22 @@ class DCPConfig:
         max_num_tokens: row capacity T_max of the direct A2A and direct Q-gather workspaces
             (decode batch incl. speculative tokens and CUDA-graph padding).
         num_ubatches: micro-batch slots (dual-batch overlap: 2).
-        use_direct_a2a: tri-state switch of the direct A2A (None = capability probing).
-        use_direct_q_gather: tri-state switch of the direct (multicast) query gather.
-        use_direct_kv_gather: tri-state switch of the direct (multicast) KV gather.
+        use_direct_a2a: switch of the direct A2A combine (only a combine of the ``"a2a"``
+            family, so not with ``comm_backend="ag_rs"`` nor with PCP).
+        use_direct_q_gather: switch of the direct (multicast) query gather (not with PCP).
+        use_direct_kv_gather: switch of the direct (multicast) KV gather (needs the manager's
+            ``kv_token_dim`` and ``max_gathered_kv_tokens``).
+
+    Each ``use_direct_*`` switch is ``None`` (auto: capability probing decides, and never picks
+    a direct path for a non-CUDA device), ``True`` (force: a configuration the direct path
+    cannot serve raises instead of falling back) or ``False`` (off). Where NVLS multicast is
+    disabled by the environment the direct gathers stay off even when forced. A single-rank
+    group exchanges nothing, so no switch applies there.
 
     Raises:
-        ValueError: an unknown ``comm_backend``, a count < 1.
+        ValueError: an unknown ``comm_backend``, a count < 1, ``use_direct_a2a=True`` with
+            ``use_pcp=True`` or ``comm_backend="ag_rs"``, ``use_direct_q_gather=True`` with
+            ``use_pcp=True`` (a forced path the configuration never uses).
         TypeError: a count that is not an int, a switch that is not a bool (or ``None``).
     """
 
@@ -129,6 +182,25 @@ class DCPConfig:
         _check_tristate("use_direct_a2a", self.use_direct_a2a)
         _check_tristate("use_direct_q_gather", self.use_direct_q_gather)
         _check_tristate("use_direct_kv_gather", self.use_direct_kv_gather)
+        # Forcing a path this configuration never selects would be ignored without a word;
+        # "force" promises that the path is used or the construction raises.
+        if self.use_direct_a2a is True and self.use_pcp:
+            raise ValueError(
+                "use_direct_a2a=True cannot apply with use_pcp=True: the combine then "
+                "all-reduces (every rank keeps all heads), it is no A2A; leave use_direct_a2a "
+                "None or False"
+            )
+        if self.use_direct_a2a is True and self.comm_backend == "ag_rs":
+            raise ValueError(
+                "use_direct_a2a=True cannot apply with comm_backend='ag_rs' (the default): the "
+                "direct A2A replaces the 'a2a' combine; set comm_backend='a2a' or 'auto'"
+            )
+        if self.use_direct_q_gather is True and self.use_pcp:
+            raise ValueError(
+                "use_direct_q_gather=True cannot apply with use_pcp=True: the manager then does "
+                "no query gather (cpattn_pcp gathers the query over its own groups); leave "
+                "use_direct_q_gather None or False"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,11 +255,21 @@ class DCPManager:
         dtype: attention output dtype.
         query_head_dim: D of the query (MLA: 576); default ``head_dim``.
         query_dtype: query dtype (e.g. fp8); default ``dtype``.
-        padded_num_heads: head capacity of the gathered query's storage (fixed-head kernels).
+        padded_num_heads: head capacity ``>= N*H_r`` of the gathered query's storage
+            (fixed-head kernels); default: no padding.
         is_lse_base_on_e: LSE base of the attention backend (FlashInfer: base 2 → False).
         kv_token_dim: row width D of the KV gather (MLA: 576); needed for a direct KV gather.
+            When given, ``kv_gather`` takes ``[T, kv_token_dim]`` rows only.
         kv_dtype: KV gather dtype; default ``dtype``.
         max_gathered_kv_tokens: capacity of the direct KV gather (0: no direct KV gather).
+
+    Raises:
+        TypeError: ``config`` not a ``DCPConfig``; a size that is not an int (a bool or a
+            float is refused, not truncated); a dtype that is not a ``torch.dtype``.
+        ValueError: a size < 1 (``max_gathered_kv_tokens`` < 0); ``padded_num_heads < N*H_r``;
+            ``use_direct_kv_gather=True`` without ``kv_token_dim`` and
+            ``max_gathered_kv_tokens >= 1``; a forced direct path that refuses this setup.
+        DirectPathUnavailable: a forced direct gather without a multicast address.
     """
 
     def __init__(
@@ -209,28 +291,53 @@ class DCPManager:
     ) -> None:
         if not isinstance(config, DCPConfig):
             raise TypeError(f"config must be a DCPConfig, got {type(config).__name__}")
-        if num_heads < 1 or head_dim < 1:
+        # Sizes are checked, never converted: int(2.7) == 2 and int(True) == 1 would build a
+        # manager of another geometry than the caller meant.
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.head_dim = check_positive_int("head_dim", head_dim)
+        self.query_head_dim = (
+            self.head_dim
+            if query_head_dim is None
+            else check_positive_int("query_head_dim", query_head_dim)
+        )
+        self.kv_token_dim = (
+            None if kv_token_dim is None else check_positive_int("kv_token_dim", kv_token_dim)
+        )
+        self.max_gathered_kv_tokens = _check_nonnegative_int(
+            "max_gathered_kv_tokens", max_gathered_kv_tokens
+        )
+        self.dtype = _check_dtype("dtype", dtype)
+        self.query_dtype = (
+            self.dtype if query_dtype is None else _check_dtype("query_dtype", query_dtype)
+        )
+        self.kv_dtype = self.dtype if kv_dtype is None else _check_dtype("kv_dtype", kv_dtype)
+        if config.use_direct_kv_gather is True and (
+            self.kv_token_dim is None or self.max_gathered_kv_tokens == 0
+        ):
             raise ValueError(
-                f"num_heads and head_dim must be positive, got {num_heads}, {head_dim}"
+                "use_direct_kv_gather=True needs a direct KV-gather geometry: kv_token_dim "
+                f"(got {self.kv_token_dim}) and max_gathered_kv_tokens >= 1 (got "
+                f"{self.max_gathered_kv_tokens}); without them the NCCL gather is the only path"
             )
-        if max_gathered_kv_tokens < 0:
-            raise ValueError(f"max_gathered_kv_tokens must be >= 0, got {max_gathered_kv_tokens}")
         self.config = config
         self.group = group
         self.cp_group = as_cp_group(group)
         self.world_size = self.cp_group.world_size
         self.rank = self.cp_group.rank_in_group
         self.device = indexed_device(device)
-        self.num_heads = int(num_heads)
-        self.head_dim = int(head_dim)
-        self.dtype = dtype
-        self.query_head_dim = int(query_head_dim) if query_head_dim is not None else self.head_dim
-        self.query_dtype = query_dtype if query_dtype is not None else dtype
+        #: N*H_r: the heads of the combine input and of the gathered query
+        self.group_num_heads = self.world_size * self.num_heads
+        if padded_num_heads is not None:
+            # Checked here, not per call: a capacity below N*H_r fails every query gather, and
+            # a direct workspace refusing it would read as "direct path unavailable" instead.
+            check_positive_int("padded_num_heads", padded_num_heads)
+            if padded_num_heads < self.group_num_heads:
+                raise ValueError(
+                    f"padded_num_heads {padded_num_heads} < gathered heads N*H_r = "
+                    f"{self.world_size}*{self.num_heads} = {self.group_num_heads}"
+                )
         self.padded_num_heads = padded_num_heads
         self.is_lse_base_on_e = bool(is_lse_base_on_e)
-        self.kv_token_dim = kv_token_dim
-        self.kv_dtype = kv_dtype if kv_dtype is not None else dtype
-        self.max_gathered_kv_tokens = int(max_gathered_kv_tokens)
 
         self.direct_a2a: DirectDCPA2AWorkspace | None = None
         self.direct_q_gather: DirectDCPQGatherWorkspace | None = None
@@ -243,9 +350,8 @@ class DCPManager:
         self.last_combine_path: CombinePath | None = None
         self.last_query_gather_path: QueryGatherPath | None = None
         self.last_kv_gather_path: KVGatherPath | None = None
-        #: number of calls that fell back from a direct path to the NCCL path
+        #: number of calls of this manager that fell back from a direct path to the NCCL path
         self.num_fallbacks = 0
-        self._fallbacks_logged: set[str] = set()
         _log_once(
             logging.INFO,
             f"DCP collectives (N={self.world_size}, H_r={self.num_heads}, D={self.head_dim}, "
@@ -365,14 +471,92 @@ class DCPManager:
         return self.selection.kv_gather
 
     def _fallback(self, what: str, reason: str) -> None:
+        """Count a per-call fallback; log it at INFO the first time this process sees its
+        reason (numbers aside: every layer of a model meets the same oversized step)."""
         self.num_fallbacks += 1
-        if what in self._fallbacks_logged:
+        if _first_time(f"fallback|{what}|{_NUMBERS.sub('#', reason)}"):
+            logger.info(
+                "DCP %s: the direct path cannot take a call (%s); using NCCL for it (logged "
+                "once per process for this reason, later ones at DEBUG)",
+                what,
+                reason,
+            )
+        else:
             logger.debug("DCP %s: NCCL fallback (%s)", what, reason)
-            return
-        self._fallbacks_logged.add(what)
-        logger.info(
-            "DCP %s: the direct path cannot take a call (%s); using NCCL for it", what, reason
-        )
+
+    # -- call checks: the caller's mistakes, on every path, before any fallback ---------------
+    def _check_combine_inputs(
+        self, partial_output: torch.Tensor, partial_lse: torch.Tensor
+    ) -> None:
+        if not isinstance(partial_output, torch.Tensor) or not isinstance(
+            partial_lse, torch.Tensor
+        ):
+            raise TypeError(
+                "partial_output and partial_lse must be tensors, got "
+                f"{type(partial_output).__name__} and {type(partial_lse).__name__}"
+            )
+        heads, d = self.group_num_heads, self.head_dim
+        if (
+            partial_output.dim() != 3
+            or partial_output.shape[1] != heads
+            or partial_output.shape[2] != d
+        ):
+            raise ValueError(
+                f"partial_output has shape {tuple(partial_output.shape)}, expected [T, N*H_r, D]"
+                f" = [T, {self.world_size}*{self.num_heads}, {d}] = [T, {heads}, {d}]"
+            )
+        t = partial_output.shape[0]
+        if partial_lse.dim() != 2 or partial_lse.shape[0] != t or partial_lse.shape[1] != heads:
+            raise ValueError(
+                f"partial_lse has shape {tuple(partial_lse.shape)}, expected [T, N*H_r] = "
+                f"[{t}, {heads}]"
+            )
+
+    def _check_query(self, query: torch.Tensor) -> None:
+        if not isinstance(query, torch.Tensor):
+            raise TypeError(f"query must be a tensor, got {type(query).__name__}")
+        h_r, d_q = self.num_heads, self.query_head_dim
+        if query.dim() != 3 or query.shape[1] != h_r or query.shape[2] != d_q:
+            raise ValueError(
+                f"query has shape {tuple(query.shape)}, expected this rank's heads [T, H_r, D_q]"
+                f" = [T, {h_r}, {d_q}]"
+            )
+
+    def _check_kv(self, gathered_kv: torch.Tensor, local_kv: torch.Tensor) -> None:
+        if not isinstance(gathered_kv, torch.Tensor) or not isinstance(local_kv, torch.Tensor):
+            raise TypeError(
+                "gathered_kv and local_kv must be tensors, got "
+                f"{type(gathered_kv).__name__} and {type(local_kv).__name__}"
+            )
+        if local_kv.dim() < 1 or gathered_kv.dim() != local_kv.dim():
+            raise ValueError(
+                f"expected gathered_kv [G, ...] and local_kv [T, ...] of equal rank, got "
+                f"{tuple(gathered_kv.shape)} and {tuple(local_kv.shape)}"
+            )
+        if gathered_kv.shape[1:] != local_kv.shape[1:]:
+            raise ValueError(
+                f"row shapes differ: gathered_kv {tuple(gathered_kv.shape)} vs local_kv "
+                f"{tuple(local_kv.shape)}"
+            )
+        width = self.kv_token_dim
+        if width is not None and (local_kv.dim() != 2 or local_kv.shape[1] != width):
+            raise ValueError(
+                f"local_kv has shape {tuple(local_kv.shape)}, expected [T, kv_token_dim] = "
+                f"[T, {width}]"
+            )
+        n, t = self.world_size, local_kv.shape[0]
+        if gathered_kv.shape[0] < n * t:
+            raise ValueError(
+                f"gathered_kv has {gathered_kv.shape[0]} rows, needs N*T = {n}*{t} = {n * t}"
+            )
+        # The NCCL gather refuses these too, so they are no fallback either.
+        if gathered_kv.dtype != local_kv.dtype or gathered_kv.device != local_kv.device:
+            raise ValueError(
+                f"gathered_kv ({gathered_kv.dtype}, {gathered_kv.device}) and local_kv "
+                f"({local_kv.dtype}, {local_kv.device}) must share dtype and device"
+            )
+        if not gathered_kv.is_contiguous():
+            raise ValueError("gathered_kv must be contiguous")
 
     # -- collectives --------------------------------------------------------------------------
     def combine(
@@ -396,7 +580,14 @@ class DCPManager:
 
         Returns:
             ``[T, H_r, D]`` (``ag_ar``: ``[T, N*H_r, D]``), plus the LSE with ``return_lse``.
+
+        Raises:
+            TypeError: a non-tensor input (and what the combine ops raise).
+            ValueError: ``partial_output`` not ``[T, N*H_r, D]`` or ``partial_lse`` not
+                ``[T, N*H_r]`` for this manager's N, H_r and D, whichever path is selected (and
+                what the combine ops raise: dtypes, ``seq_lens`` / ``query_start_loc``, ...).
         """
+        self._check_combine_inputs(partial_output, partial_lse)
         path = self.selection.combine
         base = self.is_lse_base_on_e
         if path == "direct_a2a":
@@ -432,11 +623,18 @@ class DCPManager:
     def query_gather(self, query: torch.Tensor) -> torch.Tensor:
         """All heads of the group's query: ``[T, H_r, D_q]`` -> ``[T, N*H_r, D_q]`` (rank-major).
 
-        With the direct gather the result is a view of a persistent buffer, valid until the
-        next ``query_gather`` of this ubatch (consume it before the next layer's gather).
+        With the direct gather the result is a view of a persistent buffer that the peers
+        write into: it is valid until this rank enters this layer's combine (the next
+        rendezvous across ranks). Once every rank has contributed to that combine, a faster
+        peer may finish it and start its next gather on this ubatch, overwriting the buffer
+        before this rank calls ``query_gather`` again; copy the result if it is needed after
+        the combine.
 
         Raises:
             RuntimeError: PCP is on (``has_query_gather`` is False).
+            TypeError: ``query`` is not a tensor.
+            ValueError: ``query`` is not ``[T, H_r, D_q]`` for this manager's H_r and D_q,
+                whichever path is selected.
         """
         path = self.selection.query_gather
         if path == "none":
@@ -444,6 +642,7 @@ class DCPManager:
                 "DCPManager.query_gather is disabled with use_pcp=True: gather the query with "
                 "cpattn_pcp over the PCP/DCP groups"
             )
+        self._check_query(query)
         if path == "direct":
             ws = self.direct_q_gather
             assert ws is not None
@@ -456,12 +655,28 @@ class DCPManager:
         return dcp_gather_query(query, self.group, self.padded_num_heads)
 
     def kv_gather(self, gathered_kv: torch.Tensor, local_kv: torch.Tensor) -> torch.Tensor:
-        """``gathered_kv[:N*T]`` = every rank's ``local_kv [T, D]`` rank-major; returns that view."""
+        """``gathered_kv[:N*T]`` = every rank's ``local_kv [T, D]`` rank-major; returns that view.
+
+        Args:
+            gathered_kv: caller buffer ``[G, D]``, ``G >= N*T``, contiguous, same dtype and
+                device as ``local_kv``.
+            local_kv: ``[T, D]`` this rank's rows (``D = kv_token_dim`` where one is given).
+
+        Returns:
+            The written view ``gathered_kv[:N*T]``.
+
+        Raises:
+            TypeError: a non-tensor argument.
+            ValueError: a buffer with fewer than N*T rows, row shapes that differ, a row width
+                other than ``kv_token_dim``, a dtype / device mismatch or a non-contiguous
+                buffer, whichever path is selected.
+        """
+        self._check_kv(gathered_kv, local_kv)
         if self.selection.kv_gather == "direct":
             ws = self.direct_kv_gather
             assert ws is not None
-            n_rows = self.world_size * local_kv.shape[0]
-            target = gathered_kv[:n_rows] if gathered_kv.dim() == 2 else gathered_kv
+            # 2-D here: the direct path exists only with a kv_token_dim, checked above.
+            target = gathered_kv[: self.world_size * local_kv.shape[0]]
             reason = ws.unsupported_reason(target, local_kv)
             if reason is None:
                 self.last_kv_gather_path = "direct"
