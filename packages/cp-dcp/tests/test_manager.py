@@ -415,14 +415,11 @@ def test_manager_multiprocess(run_ranks: RunRanks, dist_backend: str) -> None:
         assert rep["gathers"] == ("all_gather", "all_gather_into_tensor")
 
 
-def test_direct_gathers_dispatch_and_fallback(
-    device: torch.device, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With direct gather workspaces available (simulated peers; no multicast here, so the
-    gating is patched), the manager uses them and falls back per call to the NCCL gathers."""
+def _patch_direct_gathers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Direct gather workspaces on simulated peers: no multicast here, so the gating is
+    patched and the workspaces are built without it."""
     from cpattn_dcp.direct import DirectDCPKVGatherWorkspace, DirectDCPQGatherWorkspace
 
-    n, h_r, d, t_max = 2, 2, 8, 3
     monkeypatch.setattr(manager_mod, "direct_gather_unavailable_reason", lambda *a, **k: None)
     monkeypatch.setattr(
         manager_mod,
@@ -438,6 +435,79 @@ def test_direct_gathers_dispatch_and_fallback(
             g, dev, cap, dk, dt, u, require_multicast=False
         ),
     )
+
+
+def _misaligned(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` whose data pointer is one element past a 16-byte boundary."""
+    store = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    out = store[1:].view(t.shape).copy_(t)
+    assert out.data_ptr() % 16 != 0
+    return out
+
+
+def test_rank_local_layouts_stay_on_the_direct_path(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A misaligned or strided input on one rank is packed there, not sent to NCCL: its peers
+    take the direct path (their inputs are fine) and would wait for it until the timeout."""
+    n, h_r, d = 2, 2, 8
+    _patch_direct_gathers(monkeypatch)
+    world = SimulatedWorld(n, device)
+    cfg = DCPConfig(comm_backend="a2a", use_direct_a2a=True, max_num_tokens=3)
+    ms = _managers(world, cfg, num_heads=h_r, head_dim=d, kv_token_dim=d, max_gathered_kv_tokens=4)
+
+    case = make_dcp_decode_case(
+        seq_lens=[1, 5], world_size=n, num_heads=n * h_r, head_dim=d, padding_rows=1,
+        dtype=torch.bfloat16, device=device, seed=5,
+    )  # fmt: skip
+    ws0 = ms[0].direct_a2a
+    assert ws0 is not None
+    o0, l0 = case.rank_inputs(0)
+    qsl = case.query_start_loc
+    ws0.publish(o0, l0, case.local_seq_lens[0], qsl)
+    o1, l1 = case.rank_inputs(1)
+    assert ws0.unsupported_reason(_misaligned(o1), l1) is not None  # the workspace refuses it
+    out1 = ms[1].combine(_misaligned(o1), l1, seq_lens=case.local_seq_lens[1], query_start_loc=qsl)
+    out0 = ws0.wait_and_combine(case.num_rows)
+    assert isinstance(out1, torch.Tensor)
+    assert isinstance(out0, torch.Tensor)
+    assert ms[1].last_combine_path == "direct_a2a"
+    assert_close_to_ref(out0, case.ref_out[:, 0:h_r], dtype=torch.bfloat16)
+    assert_close_to_ref(out1, case.ref_out[:, h_r:], dtype=torch.bfloat16)
+
+    full = torch.randn(2, n * h_r, d, device=device).to(torch.bfloat16)
+    qws = ms[0].direct_q_gather
+    assert qws is not None
+    qws.publish(full[:, :h_r])
+    strided = full[:, h_r:].transpose(0, 1).contiguous().transpose(0, 1)  # heads not packed
+    assert qws.unsupported_reason(strided) is not None
+    got1 = ms[1].query_gather(strided)
+    assert torch.equal(qws.wait(2), full)
+    assert torch.equal(got1, full)
+    assert ms[1].last_query_gather_path == "direct"
+
+    local = [torch.randn(2, d, device=device).to(torch.bfloat16) for _ in range(n)]
+    kws = ms[0].direct_kv_gather
+    assert kws is not None
+    kws.publish(local[0])
+    buf1 = _misaligned(torch.zeros(n * 2, d, device=device, dtype=torch.bfloat16))
+    view1 = ms[1].kv_gather(buf1, _misaligned(local[1]))
+    buf0 = torch.zeros(n * 2, d, device=device, dtype=torch.bfloat16)
+    kws.wait(buf0)
+    assert torch.equal(buf0, torch.cat(local))
+    assert torch.equal(view1, torch.cat(local))
+    assert view1.data_ptr() == buf1.data_ptr()
+    assert ms[1].last_kv_gather_path == "direct"
+    assert ms[1].num_fallbacks == 0
+
+
+def test_direct_gathers_dispatch_and_fallback(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With direct gather workspaces available (simulated peers; no multicast here, so the
+    gating is patched), the manager uses them and falls back per call to the NCCL gathers."""
+    n, h_r, d, t_max = 2, 2, 8, 3
+    _patch_direct_gathers(monkeypatch)
     calls: list[str] = []
     monkeypatch.setattr(
         manager_mod, "dcp_gather_query", lambda q, g, p: calls.append("q_nccl") or q

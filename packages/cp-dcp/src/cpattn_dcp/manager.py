@@ -17,8 +17,8 @@ False          ``"ag_rs"``                         ``cp_lse_ag_out_rs``
 False          ``"a2a"`` / ``"auto"``              direct A2A if gating allows, else packed NCCL
                                                    ``dcp_a2a_lse_reduce``; a call the direct
                                                    workspace cannot take (more rows than
-                                                   ``max_num_tokens``, misaligned input) uses the
-                                                   NCCL A2A
+                                                   ``max_num_tokens``, another dtype) uses the
+                                                   NCCL A2A; a misaligned input is packed
 =============  =================================  ================================================
 
 Query gather: none with PCP (the PCP package gathers over its own group); the direct
@@ -28,9 +28,11 @@ caller's buffer. Direct Q / KV gathers fall back per call like the combine.
 
 Every call is first checked against the manager's geometry (head count, head dims, the KV
 buffer's rows): a mismatch is the caller's mistake on every path, so it raises ``ValueError``
-rather than counting as a fallback. Only what the NCCL path genuinely serves (more rows than a
-direct workspace holds, another dtype, misaligned or unpacked rows) falls back; the first
-fallback of each reason is logged at INFO once per process, later ones at DEBUG.
+rather than counting as a fallback. Only what is the same on every rank of a call (more rows
+than a direct workspace holds, another dtype) falls back to NCCL; strides or a data pointer the
+direct path refuses are this rank's own, so the manager packs a copy and stays direct
+(``_packed``: ranks on different paths would wait for each other). The first fallback of each
+reason is logged at INFO once per process, later ones at DEBUG.
 """
 
 from __future__ import annotations
@@ -99,6 +101,19 @@ def _first_time(key: str) -> bool:
 def _log_once(level: int, message: str) -> None:
     if _first_time(message):
         logger.log(level, message)
+
+
+def _packed(t: torch.Tensor) -> torch.Tensor:
+    """A fresh contiguous copy of ``t`` (a new allocation: 16-byte aligned).
+
+    The direct paths refuse some strides and unaligned data pointers. Those are properties of
+    this rank's tensor, not of the call: another rank's tensor may be laid out differently. A
+    direct call waits for every peer, so if this rank fell back to NCCL for them while its
+    peers went direct, both sides would wait for each other until the timeout. The choice of
+    path must therefore depend only on what every rank shares (token count, shapes, dtypes),
+    and a layout the direct path refuses is mended here, on this rank, instead.
+    """
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def _check_tristate(name: str, value: object) -> None:
@@ -594,6 +609,11 @@ class DCPManager:
             ws = self.direct_a2a
             assert ws is not None
             reason = ws.unsupported_reason(partial_output, partial_lse)
+            if (
+                reason is not None
+                and ws.unsupported_reason(partial_output, partial_lse, layout=False) is None
+            ):
+                partial_output, reason = _packed(partial_output), None  # see _packed
             if reason is None:
                 self.last_combine_path = "direct_a2a"
                 return ws.lse_reduce(
@@ -647,6 +667,8 @@ class DCPManager:
             ws = self.direct_q_gather
             assert ws is not None
             reason = ws.unsupported_reason(query)
+            if reason is not None and ws.unsupported_reason(query, layout=False) is None:
+                query, reason = _packed(query), None  # see _packed
             if reason is None:
                 self.last_query_gather_path = "direct"
                 return ws.gather(query)
@@ -678,6 +700,13 @@ class DCPManager:
             # 2-D here: the direct path exists only with a kv_token_dim, checked above.
             target = gathered_kv[: self.world_size * local_kv.shape[0]]
             reason = ws.unsupported_reason(target, local_kv)
+            if reason is not None and ws.unsupported_reason(target, local_kv, layout=False) is None:
+                # Only this rank's layouts stand in the way (see _packed): gather from a packed
+                # copy of the rows into a fresh buffer, then copy into the caller's.
+                self.last_kv_gather_path = "direct"
+                staged = torch.empty_like(target, memory_format=torch.contiguous_format)
+                ws.gather(staged, _packed(local_kv))
+                return target.copy_(staged)
             if reason is None:
                 self.last_kv_gather_path = "direct"
                 ws.gather(target, local_kv)

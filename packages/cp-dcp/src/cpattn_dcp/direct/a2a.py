@@ -163,13 +163,15 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         return self.world_size * self.heads_per_rank
 
     def unsupported_reason(
-        self, partial_output: torch.Tensor, partial_lse: torch.Tensor
+        self, partial_output: torch.Tensor, partial_lse: torch.Tensor, *, layout: bool = True
     ) -> str | None:
         """Why this call cannot take the direct path (``None``: it can).
 
         Shape/dtype mismatches that would be errors for any combine are reported by
         ``lse_reduce`` itself; this covers what a fallback to NCCL can handle instead:
-        too many rows, a different dtype, misaligned or unpacked rows.
+        too many rows, a different dtype, misaligned or unpacked rows. ``layout=False`` leaves
+        out the last two (strides and alignment): those are properties of this rank's tensor,
+        which a packed copy mends, while the others are the same on every rank of a call.
         """
         if partial_output.dim() != 3 or partial_lse.dim() != 2:
             return "expected partial_output [T, H, D] and partial_lse [T, H]"
@@ -186,15 +188,13 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
             return f"LSE dtype {partial_lse.dtype} is not fp32/fp16/bf16"
         if partial_output.device != self.device or partial_lse.device != self.device:
             return f"inputs on {partial_output.device}/{partial_lse.device}, workspace on {self.device}"
-        if t > 0 and partial_output.stride(2) != 1:
+        if not layout or t == 0:
+            return None
+        if partial_output.stride(2) != 1:
             return "partial_output must have a unit stride on its last dim"
-        if t > 0:
-            return check_16b_aligned(
-                partial_output,
-                "partial_output",
-                (partial_output.stride(0), partial_output.stride(1)),
-            )
-        return None
+        return check_16b_aligned(
+            partial_output, "partial_output", (partial_output.stride(0), partial_output.stride(1))
+        )
 
     def _validate(
         self,

@@ -112,9 +112,10 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         self._block_w = min(next_pow2(token_dim), 4096)
         self._n_pow2 = next_pow2(n)
 
-    def _kv_rows_reason(self, what: str, kv: torch.Tensor) -> str | None:
+    def _kv_rows_reason(self, what: str, kv: torch.Tensor, layout: bool = True) -> str | None:
         """Why ``kv`` (named ``what``) is not a contiguous, 16-byte-aligned ``[rows, D]``
-        tensor of this workspace's dtype and device (``None``: it is)."""
+        tensor of this workspace's dtype and device (``None``: it is); ``layout=False`` leaves
+        out contiguity and alignment."""
         if kv.dim() != 2:
             return f"expected {what} [rows, D], got {tuple(kv.shape)}"
         if kv.shape[1] != self.token_dim:
@@ -123,15 +124,17 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             return f"{what} dtype {kv.dtype} != workspace dtype {self.dtype}"
         if kv.device != self.device:
             return f"{what} on {kv.device}, workspace on {self.device}"
+        if not layout:
+            return None
         if not kv.is_contiguous():
             return f"{what} must be contiguous"
         if kv.shape[0] > 0:
             return check_16b_aligned(kv, what, ())
         return None
 
-    def _local_kv_reason(self, local_kv: torch.Tensor) -> str | None:
+    def _local_kv_reason(self, local_kv: torch.Tensor, layout: bool = True) -> str | None:
         """Why ``publish`` cannot take ``local_kv [T, D]`` (``None``: it can)."""
-        reason = self._kv_rows_reason("local_kv", local_kv)
+        reason = self._kv_rows_reason("local_kv", local_kv, layout)
         if reason is not None:
             return reason
         n, t = self.world_size, local_kv.shape[0]
@@ -157,13 +160,20 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             )
         return None
 
-    def unsupported_reason(self, gathered_kv: torch.Tensor, local_kv: torch.Tensor) -> str | None:
+    def unsupported_reason(
+        self, gathered_kv: torch.Tensor, local_kv: torch.Tensor, *, layout: bool = True
+    ) -> str | None:
         """Why this call cannot take the direct path (``None``: it can).
 
         ``local_kv [T, D]`` and ``gathered_kv [N*T, D]`` must be contiguous, 16-byte aligned,
         of the workspace dtype, device and token dim, with ``N*T <= max_gathered_tokens``.
+        ``layout=False`` leaves out contiguity and alignment: those are properties of this
+        rank's tensors, which packed copies mend, while the others are the same on every rank
+        of a call.
         """
-        reason = self._local_kv_reason(local_kv) or self._kv_rows_reason("gathered_kv", gathered_kv)
+        reason = self._local_kv_reason(local_kv, layout) or self._kv_rows_reason(
+            "gathered_kv", gathered_kv, layout
+        )
         if reason is not None:
             return reason
         n, t = self.world_size, local_kv.shape[0]

@@ -151,8 +151,12 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         self._block_w = min(next_pow2(heads_per_rank * head_dim), 4096)
         self._n_pow2 = next_pow2(n)
 
-    def unsupported_reason(self, local_query: torch.Tensor) -> str | None:
-        """Why ``local_query`` cannot take the direct path (``None``: it can)."""
+    def unsupported_reason(self, local_query: torch.Tensor, *, layout: bool = True) -> str | None:
+        """Why ``local_query`` cannot take the direct path (``None``: it can).
+
+        ``layout=False`` leaves out the head packing and alignment checks: those are properties
+        of this rank's tensor, which a packed copy mends, while the others are the same on every
+        rank of a call."""
         if local_query.dim() != 3:
             return f"expected local_query [T, H_r, D], got {tuple(local_query.shape)}"
         t, h, d = local_query.shape
@@ -164,6 +168,8 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
             return f"dtype {local_query.dtype} != workspace dtype {self.dtype}"
         if local_query.device != self.device:
             return f"local_query on {local_query.device}, workspace on {self.device}"
+        if not layout:
+            return None
         if t > 0 and (local_query.stride(2) != 1 or (h > 1 and local_query.stride(1) != d)):
             return "local_query heads must be packed (head stride D, dim stride 1)"
         if t > 0:
