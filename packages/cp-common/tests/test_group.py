@@ -350,4 +350,6 @@ def test_a_wrapper_without_weak_references_is_not_memoised() -> None:
     del group
     gc.collect()
     assert payload() is None
-    assert len(_SHARED) == entries
+    # At most: the collection may also free earlier tests' groups and their entries (the x2
+    # GPU run saw 7 -> 0 with ==); what matters is that this wrapper added none.
+    assert len(_SHARED) <= entries
