@@ -92,3 +92,31 @@ def watch_interpreted_accesses(monkeypatch: pytest.MonkeyPatch) -> WatchAccesses
         return seen
 
     return watch
+
+
+@pytest.fixture
+def patch_direct_gathers(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """A call that makes ``DCPManager`` build the direct Q / KV gathers as on a multicast GPU
+    node: the gate says yes and the workspaces are built without a multicast address (simulated
+    peers need none). Tests call it where they want the patch to start."""
+    from cpattn_dcp import manager as manager_mod
+    from cpattn_dcp.direct import DirectDCPKVGatherWorkspace, DirectDCPQGatherWorkspace
+
+    def patch() -> None:
+        monkeypatch.setattr(manager_mod, "direct_gather_unavailable_reason", lambda *a, **k: None)
+        monkeypatch.setattr(
+            manager_mod,
+            "get_direct_dcp_q_gather_workspace",
+            lambda g, dev, t, hr, dq, dt, u, p, use: DirectDCPQGatherWorkspace(
+                g, dev, t, hr, dq, dt, u, p, require_multicast=False
+            ),
+        )
+        monkeypatch.setattr(
+            manager_mod,
+            "get_direct_dcp_kv_gather_workspace",
+            lambda g, dev, cap, dk, dt, u, use: DirectDCPKVGatherWorkspace(
+                g, dev, cap, dk, dt, u, require_multicast=False
+            ),
+        )
+
+    return patch

@@ -4,6 +4,7 @@ collectives end to end on real process groups (gloo on CPU, nccl on GPU)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -415,28 +416,6 @@ def test_manager_multiprocess(run_ranks: RunRanks, dist_backend: str) -> None:
         assert rep["gathers"] == ("all_gather", "all_gather_into_tensor")
 
 
-def _patch_direct_gathers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Direct gather workspaces on simulated peers: no multicast here, so the gating is
-    patched and the workspaces are built without it."""
-    from cpattn_dcp.direct import DirectDCPKVGatherWorkspace, DirectDCPQGatherWorkspace
-
-    monkeypatch.setattr(manager_mod, "direct_gather_unavailable_reason", lambda *a, **k: None)
-    monkeypatch.setattr(
-        manager_mod,
-        "get_direct_dcp_q_gather_workspace",
-        lambda g, dev, t, hr, dq, dt, u, p, use: DirectDCPQGatherWorkspace(
-            g, dev, t, hr, dq, dt, u, p, require_multicast=False
-        ),
-    )
-    monkeypatch.setattr(
-        manager_mod,
-        "get_direct_dcp_kv_gather_workspace",
-        lambda g, dev, cap, dk, dt, u, use: DirectDCPKVGatherWorkspace(
-            g, dev, cap, dk, dt, u, require_multicast=False
-        ),
-    )
-
-
 def _misaligned(t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t`` whose data pointer is one element past a 16-byte boundary."""
     store = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
@@ -446,12 +425,12 @@ def _misaligned(t: torch.Tensor) -> torch.Tensor:
 
 
 def test_rank_local_layouts_stay_on_the_direct_path(
-    device: torch.device, monkeypatch: pytest.MonkeyPatch
+    device: torch.device, patch_direct_gathers: Callable[[], None]
 ) -> None:
     """A misaligned or strided input on one rank is packed there, not sent to NCCL: its peers
     take the direct path (their inputs are fine) and would wait for it until the timeout."""
     n, h_r, d = 2, 2, 8
-    _patch_direct_gathers(monkeypatch)
+    patch_direct_gathers()
     world = SimulatedWorld(n, device)
     cfg = DCPConfig(comm_backend="a2a", use_direct_a2a=True, max_num_tokens=3)
     ms = _managers(world, cfg, num_heads=h_r, head_dim=d, kv_token_dim=d, max_gathered_kv_tokens=4)
@@ -502,12 +481,12 @@ def test_rank_local_layouts_stay_on_the_direct_path(
 
 
 def test_direct_gathers_dispatch_and_fallback(
-    device: torch.device, monkeypatch: pytest.MonkeyPatch
+    device: torch.device, monkeypatch: pytest.MonkeyPatch, patch_direct_gathers: Callable[[], None]
 ) -> None:
     """With direct gather workspaces available (simulated peers; no multicast here, so the
     gating is patched), the manager uses them and falls back per call to the NCCL gathers."""
     n, h_r, d, t_max = 2, 2, 8, 3
-    _patch_direct_gathers(monkeypatch)
+    patch_direct_gathers()
     calls: list[str] = []
     monkeypatch.setattr(
         manager_mod, "dcp_gather_query", lambda q, g, p: calls.append("q_nccl") or q

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,8 +15,6 @@ import torch
 
 from cpattn_dcp import manager as manager_mod
 from cpattn_dcp.direct import (
-    DirectDCPKVGatherWorkspace,
-    DirectDCPQGatherWorkspace,
     clear_direct_workspace_cache,
 )
 from cpattn_dcp.manager import DCPConfig, DCPManager
@@ -44,26 +43,6 @@ def _managers(
     args = {"num_heads": _H_R, "head_dim": _D, "dtype": _BF16, **kw}
     world = SimulatedWorld(world_size, device)
     return world, list(world.run(lambda g: DCPManager(config, g, device, **args)))
-
-
-def _direct_gathers_available(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The direct Q / KV gathers build as on a multicast GPU node (gate said yes; simulated
-    peers need no multicast address), as in test_manager.py."""
-    monkeypatch.setattr(manager_mod, "direct_gather_unavailable_reason", lambda *a, **k: None)
-    monkeypatch.setattr(
-        manager_mod,
-        "get_direct_dcp_q_gather_workspace",
-        lambda g, dev, t, hr, dq, dt, u, p, use: DirectDCPQGatherWorkspace(
-            g, dev, t, hr, dq, dt, u, p, require_multicast=False
-        ),
-    )
-    monkeypatch.setattr(
-        manager_mod,
-        "get_direct_dcp_kv_gather_workspace",
-        lambda g, dev, cap, dk, dt, u, use: DirectDCPKVGatherWorkspace(
-            g, dev, cap, dk, dt, u, require_multicast=False
-        ),
-    )
 
 
 def _nccl_forbidden(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -103,12 +82,12 @@ def test_padded_num_heads_must_be_an_int(device: torch.device, padded: Any) -> N
 
 
 def test_padded_num_heads_error_is_not_read_as_an_unavailable_direct_gather(
-    device: torch.device, monkeypatch: pytest.MonkeyPatch
+    device: torch.device, patch_direct_gathers: Callable[[], None]
 ) -> None:
     """Gate on: the direct q-gather workspace refused the bad padding and the manager chose the
     all-gather ("the workspace refused"), which then failed on every call. Now the
     construction raises, before any workspace is built."""
-    _direct_gathers_available(monkeypatch)
+    patch_direct_gathers()
     with pytest.raises(ValueError, match=re.escape("padded_num_heads 4 < gathered heads")):
         _managers(DCPConfig(), device, num_heads=4, padded_num_heads=4)
     _, ms = _managers(DCPConfig(), device, num_heads=4, padded_num_heads=8)
@@ -190,11 +169,12 @@ def test_query_gather_refuses_another_geometry_on_every_path(
     shape: tuple[int, ...],
     message: str,
     monkeypatch: pytest.MonkeyPatch,
+    patch_direct_gathers: Callable[[], None],
 ) -> None:
     """A 3-head query with H_r=2 was gathered to [T, 6, D]; on the direct path it was
     counted as a fallback first."""
     if direct:
-        _direct_gathers_available(monkeypatch)
+        patch_direct_gathers()
     _, ms = _managers(DCPConfig(max_num_tokens=4), device, query_head_dim=24)
     m = ms[0]
     assert m.query_gather_path == ("direct" if direct else "all_gather")
@@ -218,10 +198,10 @@ def test_query_gather_of_the_manager_geometry_still_runs(device: torch.device) -
 
 
 def _kv_managers(
-    device: torch.device, direct: bool, monkeypatch: pytest.MonkeyPatch
+    device: torch.device, direct: bool, patch_direct_gathers: Callable[[], None]
 ) -> list[DCPManager]:
     if direct:
-        _direct_gathers_available(monkeypatch)
+        patch_direct_gathers()
     _, ms = _managers(DCPConfig(), device, kv_token_dim=8, max_gathered_kv_tokens=8)
     assert ms[0].kv_gather_path == ("direct" if direct else "all_gather_into_tensor")
     return ms
@@ -244,11 +224,15 @@ _BAD_KV = {
 @pytest.mark.parametrize("bad", list(_BAD_KV))
 @pytest.mark.parametrize("direct", [False, True], ids=["all_gather_into_tensor", "direct"])
 def test_kv_gather_refuses_a_buffer_it_cannot_fill_on_every_path(
-    device: torch.device, direct: bool, bad: str, monkeypatch: pytest.MonkeyPatch
+    device: torch.device,
+    direct: bool,
+    bad: str,
+    monkeypatch: pytest.MonkeyPatch,
+    patch_direct_gathers: Callable[[], None],
 ) -> None:
     """A too-small buffer on the direct path was logged and counted as a fallback before the
     NCCL gather raised; the error is now the same on both paths, before either."""
-    m = _kv_managers(device, direct, monkeypatch)[0]
+    m = _kv_managers(device, direct, patch_direct_gathers)[0]
     _nccl_forbidden(monkeypatch)
     gathered_shape, local_shape, gathered_dtype, message = _BAD_KV[bad]
     gathered = torch.zeros(gathered_shape, dtype=gathered_dtype, device=device)
@@ -392,12 +376,12 @@ def test_forced_kv_gather_without_geometry_raises(
 
 
 def test_direct_query_gather_is_valid_until_the_combine_only(
-    device: torch.device, monkeypatch: pytest.MonkeyPatch
+    device: torch.device, patch_direct_gathers: Callable[[], None]
 ) -> None:
     """A peer past this layer's combine may start its next gather and overwrite this rank's
     gathered query before this rank calls ``query_gather`` again; the docstring said the
     result stayed valid until this rank's next ``query_gather``."""
-    _direct_gathers_available(monkeypatch)
+    patch_direct_gathers()
     h_r, d = 1, 8
     _, ms = _managers(DCPConfig(max_num_tokens=4), device, num_heads=h_r, head_dim=d)
     ws0, ws1 = ms[0].direct_q_gather, ms[1].direct_q_gather

@@ -104,6 +104,25 @@ def dcp_gather_kv(gathered_kv: torch.Tensor, local_kv: torch.Tensor, cp_group: A
     Raises:
         ValueError: rank/shape/dtype/device mismatch or a buffer that is too small.
     """
+    group = resolve_group(cp_group)
+    n = group.world_size
+    check_kv_buffers(gathered_kv, local_kv, n)
+    out = gathered_kv[: n * local_kv.shape[0]]
+    if n == 1:
+        out.copy_(local_kv)
+    else:
+        group.all_gather_into_tensor(out, local_kv.contiguous())
+    return out
+
+
+def check_kv_buffers(gathered_kv: torch.Tensor, local_kv: torch.Tensor, world_size: int) -> None:
+    """The KV gather's buffer checks (``dcp_gather_kv``, and ``DCPManager.kv_gather`` on every
+    path): equal rank and row shape, same dtype and device, a contiguous ``gathered_kv`` of at
+    least ``N*T`` rows.
+
+    Raises:
+        ValueError: any of these fails (the message names the shapes or the numbers).
+    """
     if local_kv.dim() < 1 or gathered_kv.dim() != local_kv.dim():
         raise ValueError(
             f"expected gathered_kv [G, ...] and local_kv [T, ...] of equal rank, got "
@@ -121,15 +140,8 @@ def dcp_gather_kv(gathered_kv: torch.Tensor, local_kv: torch.Tensor, cp_group: A
         )
     if not gathered_kv.is_contiguous():
         raise ValueError("gathered_kv must be contiguous")
-    group = resolve_group(cp_group)
-    n, t = group.world_size, local_kv.shape[0]
+    n, t = world_size, local_kv.shape[0]
     if gathered_kv.shape[0] < n * t:
         raise ValueError(
             f"gathered_kv has {gathered_kv.shape[0]} rows, needs N*T = {n}*{t} = {n * t}"
         )
-    out = gathered_kv[: n * t]
-    if n == 1:
-        out.copy_(local_kv)
-    else:
-        group.all_gather_into_tensor(out, local_kv.contiguous())
-    return out

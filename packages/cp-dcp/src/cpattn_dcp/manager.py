@@ -59,7 +59,7 @@ from cpattn_dcp.direct.factories import (
 )
 from cpattn_dcp.direct.kv_gather import DIRECT_KV_GATHER_DTYPES, DirectDCPKVGatherWorkspace
 from cpattn_dcp.direct.q_gather import DirectDCPQGatherWorkspace
-from cpattn_dcp.gather import dcp_gather_kv, dcp_gather_query
+from cpattn_dcp.gather import check_kv_buffers, dcp_gather_kv, dcp_gather_query
 from cpattn_dcp.ops.a2a_combine import dcp_a2a_lse_reduce
 from cpattn_dcp.ops.ag_combine import cp_lse_ag_out_ar, cp_lse_ag_out_rs
 
@@ -543,35 +543,14 @@ class DCPManager:
                 "gathered_kv and local_kv must be tensors, got "
                 f"{type(gathered_kv).__name__} and {type(local_kv).__name__}"
             )
-        if local_kv.dim() < 1 or gathered_kv.dim() != local_kv.dim():
-            raise ValueError(
-                f"expected gathered_kv [G, ...] and local_kv [T, ...] of equal rank, got "
-                f"{tuple(gathered_kv.shape)} and {tuple(local_kv.shape)}"
-            )
-        if gathered_kv.shape[1:] != local_kv.shape[1:]:
-            raise ValueError(
-                f"row shapes differ: gathered_kv {tuple(gathered_kv.shape)} vs local_kv "
-                f"{tuple(local_kv.shape)}"
-            )
         width = self.kv_token_dim
         if width is not None and (local_kv.dim() != 2 or local_kv.shape[1] != width):
             raise ValueError(
                 f"local_kv has shape {tuple(local_kv.shape)}, expected [T, kv_token_dim] = "
                 f"[T, {width}]"
             )
-        n, t = self.world_size, local_kv.shape[0]
-        if gathered_kv.shape[0] < n * t:
-            raise ValueError(
-                f"gathered_kv has {gathered_kv.shape[0]} rows, needs N*T = {n}*{t} = {n * t}"
-            )
-        # The NCCL gather refuses these too, so they are no fallback either.
-        if gathered_kv.dtype != local_kv.dtype or gathered_kv.device != local_kv.device:
-            raise ValueError(
-                f"gathered_kv ({gathered_kv.dtype}, {gathered_kv.device}) and local_kv "
-                f"({local_kv.dtype}, {local_kv.device}) must share dtype and device"
-            )
-        if not gathered_kv.is_contiguous():
-            raise ValueError("gathered_kv must be contiguous")
+        # The NCCL gather's own checks: a buffer it refuses is no fallback either.
+        check_kv_buffers(gathered_kv, local_kv, self.world_size)
 
     # -- collectives --------------------------------------------------------------------------
     def combine(
