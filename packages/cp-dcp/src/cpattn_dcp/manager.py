@@ -342,6 +342,9 @@ class DCPManager:
         self.device = indexed_device(device)
         #: N*H_r: the heads of the combine input and of the gathered query
         self.group_num_heads = self.world_size * self.num_heads
+        # Row shapes of the per-call checks: combine input [T, N*H_r, D], query [T, H_r, D_q].
+        self._combine_row_shape = (self.group_num_heads, self.head_dim)
+        self._query_row_shape = (self.num_heads, self.query_head_dim)
         if padded_num_heads is not None:
             # Checked here, not per call: a capacity below N*H_r fails every query gather, and
             # a direct workspace refusing it would read as "direct path unavailable" instead.
@@ -503,37 +506,34 @@ class DCPManager:
     def _check_combine_inputs(
         self, partial_output: torch.Tensor, partial_lse: torch.Tensor
     ) -> None:
-        if not isinstance(partial_output, torch.Tensor) or not isinstance(
-            partial_lse, torch.Tensor
-        ):
+        # On every call: one shape read per tensor, compared as tuples (about half the host
+        # time of per-dimension .dim() / .shape[i] reads).
+        if not (isinstance(partial_output, torch.Tensor) and isinstance(partial_lse, torch.Tensor)):
             raise TypeError(
                 "partial_output and partial_lse must be tensors, got "
                 f"{type(partial_output).__name__} and {type(partial_lse).__name__}"
             )
-        heads, d = self.group_num_heads, self.head_dim
-        if (
-            partial_output.dim() != 3
-            or partial_output.shape[1] != heads
-            or partial_output.shape[2] != d
-        ):
+        out_shape = partial_output.shape
+        if len(out_shape) != 3 or out_shape[1:] != self._combine_row_shape:
+            heads, d = self._combine_row_shape
             raise ValueError(
-                f"partial_output has shape {tuple(partial_output.shape)}, expected [T, N*H_r, D]"
+                f"partial_output has shape {tuple(out_shape)}, expected [T, N*H_r, D]"
                 f" = [T, {self.world_size}*{self.num_heads}, {d}] = [T, {heads}, {d}]"
             )
-        t = partial_output.shape[0]
-        if partial_lse.dim() != 2 or partial_lse.shape[0] != t or partial_lse.shape[1] != heads:
+        if partial_lse.shape != (out_shape[0], self.group_num_heads):
             raise ValueError(
                 f"partial_lse has shape {tuple(partial_lse.shape)}, expected [T, N*H_r] = "
-                f"[{t}, {heads}]"
+                f"[{out_shape[0]}, {self.group_num_heads}]"
             )
 
     def _check_query(self, query: torch.Tensor) -> None:
         if not isinstance(query, torch.Tensor):
             raise TypeError(f"query must be a tensor, got {type(query).__name__}")
-        h_r, d_q = self.num_heads, self.query_head_dim
-        if query.dim() != 3 or query.shape[1] != h_r or query.shape[2] != d_q:
+        shape = query.shape
+        if len(shape) != 3 or shape[1:] != self._query_row_shape:
+            h_r, d_q = self._query_row_shape
             raise ValueError(
-                f"query has shape {tuple(query.shape)}, expected this rank's heads [T, H_r, D_q]"
+                f"query has shape {tuple(shape)}, expected this rank's heads [T, H_r, D_q]"
                 f" = [T, {h_r}, {d_q}]"
             )
 
