@@ -6,7 +6,10 @@ and the once-per-process fallback log."""
 from __future__ import annotations
 
 import logging
+import os
 import re
+import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -118,8 +121,20 @@ _BAD_COMBINE_INPUTS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("bad", list(_BAD_COMBINE_INPUTS))
-@pytest.mark.parametrize("path", list(_COMBINE_CONFIGS))
+# With PCP (ag_ar) every rank keeps every head: any head count is valid there
+# (test_pcp_combine_takes_any_head_count), and the LSE must be [T, H].
+_PCP_VALID = ("6 heads", "3 heads")
+
+
+@pytest.mark.parametrize(
+    ("path", "bad"),
+    [
+        (path, bad)
+        for path in _COMBINE_CONFIGS
+        for bad in _BAD_COMBINE_INPUTS
+        if not (path == "ag_ar" and bad in _PCP_VALID)
+    ],
+)
 def test_combine_refuses_another_geometry_on_every_path(
     device: torch.device, path: str, bad: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -130,6 +145,8 @@ def test_combine_refuses_another_geometry_on_every_path(
     assert m.combine_path == path
     _nccl_forbidden(monkeypatch)
     out_shape, lse_shape, message = _BAD_COMBINE_INPUTS[bad]
+    if path == "ag_ar":
+        message = message.replace("[T, N*H_r] =", "[T, H] =")
     out = torch.zeros(out_shape, dtype=torch.bfloat16, device=device)
     with pytest.raises(ValueError, match=re.escape(message)):
         m.combine(out, torch.zeros(lse_shape, device=device))
@@ -466,3 +483,158 @@ def test_fallback_log_is_shared_by_threads(
         )
     assert sum("cannot take a call" in r.getMessage() for r in caplog.records) == 1
     assert [m.num_fallbacks for m in ms] == [1, 1, 1, 1]
+
+
+def test_fallback_reasons_differing_in_a_dtype_are_two_reasons(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Row counts are left out of a reason's key, the digits of a dtype name are not."""
+    cfg = DCPConfig(comm_backend="a2a", use_direct_a2a=True, max_num_tokens=2)
+    m = _managers(cfg, device, num_heads=1, head_dim=8)[1][1]
+    monkeypatch.setattr(manager_mod, "dcp_a2a_lse_reduce", lambda out, lse, g, **kw: out[:, :1])
+    with caplog.at_level(logging.INFO, logger="cpattn_dcp.manager"):
+        for dtype in (torch.float16, torch.float32):
+            m.combine(torch.zeros(1, 2, 8, dtype=dtype, device=device), torch.zeros(1, 2))
+    infos = [r.getMessage() for r in caplog.records if "cannot take a call" in r.getMessage()]
+    assert len(infos) == 2, infos
+    assert "float16" in infos[0]
+    assert "float32" in infos[1]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_logs_for_itself() -> None:
+    """The set of logged messages is the parent's until the fork; a child starts empty, with a
+    lock of its own (a fork while another thread held the parent's would leave it locked)."""
+    manager_mod._first_time("parent line")
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold_lock() -> None:
+        with manager_mod._logged_lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold_lock)
+    holder.start()
+    held.wait(10)
+    try:
+        with warnings.catch_warnings():  # forking a multi-threaded process: intended here
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # child: exit code 0 only if it may log the parent's line again
+            ok = manager_mod._logged_lock.acquire(timeout=5)
+            os._exit(0 if ok and "parent line" not in manager_mod._logged else 1)
+    finally:
+        release.set()
+        holder.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert "parent line" in manager_mod._logged  # the parent's set is untouched
+
+
+# --- 6. PCP, one rank, and the direct paths' checks ------------------------------------------
+
+
+def test_pcp_combine_takes_any_head_count(device: torch.device) -> None:
+    """With PCP every rank keeps every head (all-reduce), so H need not be N*H_r nor divisible
+    by N: DCP = PCP = 3 with 8 heads."""
+    from cpattn_dcp import cp_lse_ag_out_ar
+
+    world, ms = _managers(DCPConfig(use_pcp=True), device, world_size=3, num_heads=3)
+    assert ms[0].combine_path == "ag_ar"
+    gen = torch.Generator().manual_seed(3)
+    outs = [torch.randn(2, 8, _D, generator=gen).to(_BF16).to(device) for _ in range(3)]
+    lses = [torch.randn(2, 8, generator=gen).to(device) for _ in range(3)]
+    got = world.run(
+        lambda g: ms[g.rank_in_group].combine(outs[g.rank_in_group], lses[g.rank_in_group])
+    )
+    ref = world.run(
+        lambda g: cp_lse_ag_out_ar(outs[g.rank_in_group].clone(), lses[g.rank_in_group], g)
+    )
+    for a, b in zip(got, ref, strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match=re.escape("expected [T, H] = [2, 8]")):
+        ms[0].combine(outs[0], lses[0][:, :7])
+    with pytest.raises(ValueError, match=re.escape(f"expected [T, H, D] = [T, H, {_D}]")):
+        ms[0].combine(outs[0][..., :8], lses[0])
+
+
+def test_forced_kv_gather_on_one_rank_is_no_error(device: torch.device) -> None:
+    """One rank exchanges nothing, so no switch applies (DCPConfig's docstring)."""
+    _, (m,) = _managers(DCPConfig(use_direct_kv_gather=True), device, world_size=1)
+    assert m.kv_gather_path == "all_gather_into_tensor"
+
+
+def test_direct_gathers_check_each_call_once(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch, patch_direct_gathers: Callable[[], None]
+) -> None:
+    """The manager's path choice runs the workspace's check; the gather does not run it again."""
+    from cpattn_dcp.direct import DirectDCPKVGatherWorkspace, DirectDCPQGatherWorkspace
+
+    patch_direct_gathers()
+    _, ms = _managers(DCPConfig(max_num_tokens=4), device, kv_token_dim=8, max_gathered_kv_tokens=8)
+    counts = {"q": 0, "kv": 0}
+    for kind, cls in (("q", DirectDCPQGatherWorkspace), ("kv", DirectDCPKVGatherWorkspace)):
+        original = cls.unsupported_reason
+
+        def counting(
+            self: Any, *args: Any, _kind: str = kind, _f: Any = original, **kw: Any
+        ) -> Any:
+            counts[_kind] += 1
+            return _f(self, *args, **kw)
+
+        monkeypatch.setattr(cls, "unsupported_reason", counting)
+    ws0_q, ws0_kv = ms[0].direct_q_gather, ms[0].direct_kv_gather
+    assert ws0_q is not None
+    assert ws0_kv is not None
+    full = torch.randn(2, _N * _H_R, _D).to(_BF16).to(device)
+    ws0_q.publish(full[:, :_H_R].contiguous(), validate=False)
+    assert torch.equal(ms[1].query_gather(full[:, _H_R:].contiguous()), full)
+    local = [torch.randn(2, 8).to(_BF16).to(device) for _ in range(_N)]
+    ws0_kv.publish(local[0], validate=False)
+    assert torch.equal(
+        ms[1].kv_gather(torch.zeros(4, 8, dtype=_BF16, device=device), local[1]), torch.cat(local)
+    )
+    assert counts == {"q": 1, "kv": 1}
+
+
+@pytest.mark.parametrize("bad", ["local_kv", "gathered_kv", "both"])
+def test_kv_gather_mends_only_the_rank_local_layout_that_is_off(
+    device: torch.device,
+    bad: str,
+    monkeypatch: pytest.MonkeyPatch,
+    patch_direct_gathers: Callable[[], None],
+) -> None:
+    """A misaligned ``local_kv`` is packed and gathered straight into the caller's buffer; only
+    a misaligned buffer is staged and copied back."""
+    from cpattn_dcp.direct import DirectDCPKVGatherWorkspace
+
+    patch_direct_gathers()
+    _, ms = _managers(DCPConfig(max_num_tokens=4), device, kv_token_dim=8, max_gathered_kv_tokens=8)
+    targets: list[int] = []
+    original = DirectDCPKVGatherWorkspace.gather
+
+    def spy(self: Any, gathered_kv: torch.Tensor, local_kv: torch.Tensor, **kw: Any) -> None:
+        targets.append(gathered_kv.data_ptr())
+        original(self, gathered_kv, local_kv, **kw)
+
+    monkeypatch.setattr(DirectDCPKVGatherWorkspace, "gather", spy)
+
+    def misaligned(t: torch.Tensor) -> torch.Tensor:
+        store = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+        return store[1:].view(t.shape).copy_(t)
+
+    local = [torch.randn(2, 8).to(_BF16).to(device) for _ in range(_N)]
+    buf = torch.zeros(4, 8, dtype=_BF16, device=device)
+    if bad in ("gathered_kv", "both"):
+        buf = misaligned(buf)
+    mine = misaligned(local[1]) if bad in ("local_kv", "both") else local[1]
+    ws0 = ms[0].direct_kv_gather
+    assert ws0 is not None
+    ws0.publish(local[0], validate=False)
+    out = ms[1].kv_gather(buf, mine)
+    assert torch.equal(out, torch.cat(local))
+    assert out.data_ptr() == buf.data_ptr()
+    assert ms[1].last_kv_gather_path == "direct"
+    assert ms[1].num_fallbacks == 0
+    assert (targets == [buf.data_ptr()]) == (bad == "local_kv")

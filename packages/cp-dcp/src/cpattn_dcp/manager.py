@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 import threading
 from collections.abc import Callable
@@ -85,8 +86,20 @@ _BACKENDS = ("ag_rs", "a2a", "auto")
 # shared by every manager, so a 61-layer model logs a reason once, not once per layer.
 _logged: set[str] = set()
 _logged_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child is a process of its own: it logs each message once itself, and must not
+    inherit a lock another thread of the parent held at the fork."""
+    global _logged_lock
+    _logged_lock = threading.Lock()
+    _logged.clear()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 # Row counts and other numbers differ from call to call; a reason is "the same" without them.
-_NUMBERS = re.compile(r"\d+")
+_NUMBERS = re.compile(r"\b\d+\b")  # whole numbers only: "float16" and "float32" stay apart
 
 
 def _first_time(key: str) -> bool:
@@ -170,7 +183,8 @@ class DCPConfig:
     a direct path for a non-CUDA device), ``True`` (force: a configuration the direct path
     cannot serve raises instead of falling back) or ``False`` (off). Where NVLS multicast is
     disabled by the environment the direct gathers stay off even when forced. A single-rank
-    group exchanges nothing, so no switch applies there.
+    group exchanges nothing, so no switch applies there (a configuration that contradicts
+    itself, below, still raises).
 
     Raises:
         ValueError: an unknown ``comm_backend``, a count < 1, ``use_direct_a2a=True`` with
@@ -326,19 +340,22 @@ class DCPManager:
             self.dtype if query_dtype is None else _check_dtype("query_dtype", query_dtype)
         )
         self.kv_dtype = self.dtype if kv_dtype is None else _check_dtype("kv_dtype", kv_dtype)
-        if config.use_direct_kv_gather is True and (
-            self.kv_token_dim is None or self.max_gathered_kv_tokens == 0
+        self.config = config
+        self.group = group
+        self.cp_group = as_cp_group(group)
+        self.world_size = self.cp_group.world_size
+        self.rank = self.cp_group.rank_in_group
+        # A single-rank group exchanges nothing: no switch applies there (DCPConfig docstring).
+        if (
+            config.use_direct_kv_gather is True
+            and self.world_size > 1
+            and (self.kv_token_dim is None or self.max_gathered_kv_tokens == 0)
         ):
             raise ValueError(
                 "use_direct_kv_gather=True needs a direct KV-gather geometry: kv_token_dim "
                 f"(got {self.kv_token_dim}) and max_gathered_kv_tokens >= 1 (got "
                 f"{self.max_gathered_kv_tokens}); without them the NCCL gather is the only path"
             )
-        self.config = config
-        self.group = group
-        self.cp_group = as_cp_group(group)
-        self.world_size = self.cp_group.world_size
-        self.rank = self.cp_group.rank_in_group
         self.device = indexed_device(device)
         #: N*H_r: the heads of the combine input and of the gathered query
         self.group_num_heads = self.world_size * self.num_heads
@@ -514,16 +531,24 @@ class DCPManager:
                 f"{type(partial_output).__name__} and {type(partial_lse).__name__}"
             )
         out_shape = partial_output.shape
-        if len(out_shape) != 3 or out_shape[1:] != self._combine_row_shape:
+        if self.selection.combine == "ag_ar":
+            # PCP: every rank keeps every head, H need not be N*H_r (nor divisible by N).
+            if len(out_shape) != 3 or out_shape[2] != self.head_dim:
+                raise ValueError(
+                    f"partial_output has shape {tuple(out_shape)}, expected [T, H, D] = "
+                    f"[T, H, {self.head_dim}]"
+                )
+        elif len(out_shape) != 3 or out_shape[1:] != self._combine_row_shape:
             heads, d = self._combine_row_shape
             raise ValueError(
                 f"partial_output has shape {tuple(out_shape)}, expected [T, N*H_r, D]"
                 f" = [T, {self.world_size}*{self.num_heads}, {d}] = [T, {heads}, {d}]"
             )
-        if partial_lse.shape != (out_shape[0], self.group_num_heads):
+        if partial_lse.shape != out_shape[:2]:
+            heads = "H" if self.selection.combine == "ag_ar" else "N*H_r"
             raise ValueError(
-                f"partial_lse has shape {tuple(partial_lse.shape)}, expected [T, N*H_r] = "
-                f"[{out_shape[0]}, {self.group_num_heads}]"
+                f"partial_lse has shape {tuple(partial_lse.shape)}, expected [T, {heads}] = "
+                f"[{out_shape[0]}, {out_shape[1]}]"
             )
 
     def _check_query(self, query: torch.Tensor) -> None:
@@ -650,7 +675,7 @@ class DCPManager:
                 query, reason = _packed(query), None  # see _packed
             if reason is None:
                 self.last_query_gather_path = "direct"
-                return ws.gather(query)
+                return ws.gather(query, checked=True)
             self._fallback("query gather", reason)
         self.last_query_gather_path = "all_gather"
         return dcp_gather_query(query, self.group, self.padded_num_heads)
@@ -679,17 +704,21 @@ class DCPManager:
             # 2-D here: the direct path exists only with a kv_token_dim, checked above.
             target = gathered_kv[: self.world_size * local_kv.shape[0]]
             reason = ws.unsupported_reason(target, local_kv)
-            if reason is not None and ws.unsupported_reason(target, local_kv, layout=False) is None:
-                # Only this rank's layouts stand in the way (see _packed): gather from a packed
-                # copy of the rows into a fresh buffer, then copy into the caller's.
-                self.last_kv_gather_path = "direct"
-                staged = torch.empty_like(target, memory_format=torch.contiguous_format)
-                ws.gather(staged, _packed(local_kv))
-                return target.copy_(staged)
             if reason is None:
                 self.last_kv_gather_path = "direct"
-                ws.gather(target, local_kv)
+                ws.gather(target, local_kv, checked=True)
                 return target
+            if ws.unsupported_reason(target, local_kv, layout=False) is None:
+                # Only this rank's layouts stand in the way (see _packed): mend what is off, a
+                # packed copy of the rows and / or a fresh buffer copied into the caller's.
+                self.last_kv_gather_path = "direct"
+                local = local_kv if ws.layout_ok(local_kv) else _packed(local_kv)
+                if ws.layout_ok(target):
+                    ws.gather(target, local, checked=True)
+                    return target
+                staged = torch.empty_like(target, memory_format=torch.contiguous_format)
+                ws.gather(staged, local, checked=True)
+                return target.copy_(staged)
             self._fallback("kv gather", reason)
         self.last_kv_gather_path = "all_gather_into_tensor"
         return dcp_gather_kv(gathered_kv, local_kv, self.group)

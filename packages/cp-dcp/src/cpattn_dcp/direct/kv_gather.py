@@ -132,6 +132,11 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             return check_16b_aligned(kv, what, ())
         return None
 
+    def layout_ok(self, kv: torch.Tensor) -> bool:
+        """Whether ``kv``'s layout is one the direct gather reads or writes as is: contiguous
+        and 16-byte aligned (its shape, dtype and device are not looked at)."""
+        return kv.is_contiguous() and (kv.numel() == 0 or kv.data_ptr() % 16 == 0)
+
     def _local_kv_reason(self, local_kv: torch.Tensor, layout: bool = True) -> str | None:
         """Why ``publish`` cannot take ``local_kv [T, D]`` (``None``: it can)."""
         reason = self._kv_rows_reason("local_kv", local_kv, layout)
@@ -282,14 +287,21 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         self._after_call()
 
     def gather(
-        self, gathered_kv: torch.Tensor, local_kv: torch.Tensor, *, ubatch_id: int | None = None
+        self,
+        gathered_kv: torch.Tensor,
+        local_kv: torch.Tensor,
+        *,
+        ubatch_id: int | None = None,
+        checked: bool = False,
     ) -> None:
         """``gathered_kv [N*T, D]`` = every rank's ``local_kv [T, D]``, rank-major (in place).
 
-        Same result as ``all_gather_into_tensor(gathered_kv, local_kv)``.
+        Same result as ``all_gather_into_tensor(gathered_kv, local_kv)``. ``checked=True``:
+        the caller has just found ``unsupported_reason(gathered_kv, local_kv)`` to be ``None``
+        (``DCPManager`` does, to choose the path), so it is not run again.
         """
         self._before_call()
-        reason = self.unsupported_reason(gathered_kv, local_kv)
+        reason = None if checked else self.unsupported_reason(gathered_kv, local_kv)
         if reason is not None:
             raise ValueError(f"{self.name}: {reason}")
         u = self._resolve_ubatch(ubatch_id)

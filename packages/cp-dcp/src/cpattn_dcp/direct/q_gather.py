@@ -282,13 +282,17 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
             buf, (t, g, self.head_dim), (g * self.head_dim, self.head_dim, 1), buf.storage_offset()
         )
 
-    def gather(self, local_query: torch.Tensor, *, ubatch_id: int | None = None) -> torch.Tensor:
+    def gather(
+        self, local_query: torch.Tensor, *, ubatch_id: int | None = None, checked: bool = False
+    ) -> torch.Tensor:
         """All-gather the query heads of the DCP group.
 
         Args:
             local_query: ``[T, H_r, D]``; heads packed, rows 16-byte aligned (token stride may
                 exceed H_r*D).
             ubatch_id: micro-batch slot (default ``cpattn_common.current_ubatch_id()``).
+            checked: the caller has just found ``unsupported_reason(local_query)`` to be
+                ``None`` (``DCPManager`` does, to choose the path), so it is not run again.
 
         Returns:
             ``[T, N*H_r, D]`` contiguous view (rank-major heads) of the persistent buffer, with
@@ -304,7 +308,7 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
                 out of range.
         """
         self._before_call()
-        reason = self.unsupported_reason(local_query)
+        reason = None if checked else self.unsupported_reason(local_query)
         if reason is not None:
             raise ValueError(f"{self.name}: {reason}")
         u = self._resolve_ubatch(ubatch_id)
