@@ -545,9 +545,9 @@ class DCPManager:
                 f" = [T, {self.world_size}*{self.num_heads}, {d}] = [T, {heads}, {d}]"
             )
         if partial_lse.shape != out_shape[:2]:
-            heads = "H" if self.selection.combine == "ag_ar" else "N*H_r"
+            head_count = "H" if self.selection.combine == "ag_ar" else "N*H_r"
             raise ValueError(
-                f"partial_lse has shape {tuple(partial_lse.shape)}, expected [T, {heads}] = "
+                f"partial_lse has shape {tuple(partial_lse.shape)}, expected [T, {head_count}] = "
                 f"[{out_shape[0]}, {out_shape[1]}]"
             )
 
@@ -606,26 +606,35 @@ class DCPManager:
                 ``[T, N*H_r]`` for this manager's N, H_r and D, whichever path is selected (and
                 what the combine ops raise: dtypes, ``seq_lens`` / ``query_start_loc``, ...).
         """
-        self._check_combine_inputs(partial_output, partial_lse)
         path = self.selection.combine
         base = self.is_lse_base_on_e
         if path == "direct_a2a":
             ws = self.direct_a2a
             assert ws is not None
-            reason = ws.unsupported_reason(partial_output, partial_lse)
-            if (
-                reason is not None
-                and ws.unsupported_reason(partial_output, partial_lse, layout=False) is None
-            ):
-                partial_output, reason = _packed(partial_output), None  # see _packed
+            # The workspace was built for this manager's geometry, so an input it takes as it
+            # is needs no other check (the hot path; lse_reduce checks the LSE against it).
+            # Anything else is checked as a caller mistake first, then mended or sent to NCCL.
+            reason = (
+                ws.unsupported_reason(partial_output, partial_lse)
+                if isinstance(partial_output, torch.Tensor)
+                and isinstance(partial_lse, torch.Tensor)
+                else "not tensors"
+            )
+            if reason is not None:
+                self._check_combine_inputs(partial_output, partial_lse)
+                if ws.unsupported_reason(partial_output, partial_lse, layout=False) is None:
+                    partial_output, reason = _packed(partial_output), None  # see _packed
             if reason is None:
-                self.last_combine_path = "direct_a2a"
-                return ws.lse_reduce(
+                direct = ws.lse_reduce(
                     partial_output, partial_lse, base, seq_lens, query_start_loc,
                     return_lse=return_lse,
                 )  # fmt: skip
+                self.last_combine_path = "direct_a2a"  # after lse_reduce's own checks passed
+                return direct
             self._fallback("combine", reason)
             path = "a2a"
+        else:
+            self._check_combine_inputs(partial_output, partial_lse)
         self.last_combine_path = path
         op = {"a2a": dcp_a2a_lse_reduce, "ag_rs": cp_lse_ag_out_rs, "ag_ar": cp_lse_ag_out_ar}[path]
         result: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = op(
@@ -666,17 +675,23 @@ class DCPManager:
                 "DCPManager.query_gather is disabled with use_pcp=True: gather the query with "
                 "cpattn_pcp over the PCP/DCP groups"
             )
-        self._check_query(query)
         if path == "direct":
             ws = self.direct_q_gather
             assert ws is not None
-            reason = ws.unsupported_reason(query)
-            if reason is not None and ws.unsupported_reason(query, layout=False) is None:
-                query, reason = _packed(query), None  # see _packed
+            # As in combine: what the workspace takes as it is needs no other check.
+            reason = (
+                ws.unsupported_reason(query) if isinstance(query, torch.Tensor) else "not a tensor"
+            )
+            if reason is not None:
+                self._check_query(query)
+                if ws.unsupported_reason(query, layout=False) is None:
+                    query, reason = _packed(query), None  # see _packed
             if reason is None:
                 self.last_query_gather_path = "direct"
                 return ws.gather(query, checked=True)
             self._fallback("query gather", reason)
+        else:
+            self._check_query(query)
         self.last_query_gather_path = "all_gather"
         return dcp_gather_query(query, self.group, self.padded_num_heads)
 
@@ -697,17 +712,25 @@ class DCPManager:
                 other than ``kv_token_dim``, a dtype / device mismatch or a non-contiguous
                 buffer, whichever path is selected.
         """
-        self._check_kv(gathered_kv, local_kv)
         if self.selection.kv_gather == "direct":
             ws = self.direct_kv_gather
             assert ws is not None
+            # As in combine: what the workspace takes as it is needs no other check.
+            if (
+                isinstance(gathered_kv, torch.Tensor)
+                and isinstance(local_kv, torch.Tensor)
+                and local_kv.dim() >= 1
+            ):
+                target = gathered_kv[: self.world_size * local_kv.shape[0]]
+                if ws.unsupported_reason(target, local_kv) is None:
+                    self.last_kv_gather_path = "direct"
+                    ws.gather(target, local_kv, checked=True)
+                    return target
+            self._check_kv(gathered_kv, local_kv)
             # 2-D here: the direct path exists only with a kv_token_dim, checked above.
             target = gathered_kv[: self.world_size * local_kv.shape[0]]
             reason = ws.unsupported_reason(target, local_kv)
-            if reason is None:
-                self.last_kv_gather_path = "direct"
-                ws.gather(target, local_kv, checked=True)
-                return target
+            assert reason is not None
             if ws.unsupported_reason(target, local_kv, layout=False) is None:
                 # Only this rank's layouts stand in the way (see _packed): mend what is off, a
                 # packed copy of the rows and / or a fresh buffer copied into the caller's.
@@ -720,5 +743,7 @@ class DCPManager:
                 ws.gather(staged, local, checked=True)
                 return target.copy_(staged)
             self._fallback("kv gather", reason)
+        else:
+            self._check_kv(gathered_kv, local_kv)
         self.last_kv_gather_path = "all_gather_into_tensor"
         return dcp_gather_kv(gathered_kv, local_kv, self.group)

@@ -373,8 +373,9 @@ def test_gather_checks_once_and_launches_unchecked(
     out = torch.zeros(n * 2, d, device=device, dtype=torch.bfloat16)
     kvs[1].publish(local[1])
     kvs[0].gather(out, local[0])
-    # unsupported_reason checks local_kv through _local_kv_reason; nothing checks twice.
-    assert counts == {"_before_call": 1, "unsupported_reason": 1, "_local_kv_reason": 1}
+    # unsupported_reason accepts valid arguments in one expression (the per-tensor reasons run
+    # only to name what is wrong); nothing checks twice.
+    assert counts == {"_before_call": 1, "unsupported_reason": 1}
     assert torch.equal(out, torch.cat(local))
 
 

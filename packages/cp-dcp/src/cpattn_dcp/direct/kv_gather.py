@@ -176,6 +176,21 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         rank's tensors, which packed copies mend, while the others are the same on every rank
         of a call.
         """
+        # Accept in one expression first (the manager's hot path, each shape read once); the
+        # per-tensor checks below only name what is wrong.
+        local_shape, gathered_shape = local_kv.shape, gathered_kv.shape
+        if (
+            len(local_shape) == 2
+            and local_shape[1] == self.token_dim
+            and gathered_shape == (self.world_size * local_shape[0], self.token_dim)
+            and gathered_shape[0] <= self.max_gathered_tokens
+            and local_kv.dtype == self.dtype
+            and gathered_kv.dtype == self.dtype
+            and local_kv.device == self.device
+            and gathered_kv.device == self.device
+            and (not layout or (self.layout_ok(local_kv) and self.layout_ok(gathered_kv)))
+        ):
+            return None
         reason = self._local_kv_reason(local_kv, layout) or self._kv_rows_reason(
             "gathered_kv", gathered_kv, layout
         )
