@@ -26,9 +26,10 @@ Query gather: none with PCP (the PCP package gathers over its own group); the di
 direct (multicast) gather when configured and allowed, else ``all_gather_into_tensor`` into the
 caller's buffer. Direct Q / KV gathers fall back per call like the combine.
 
-Every call is first checked against the manager's geometry (head count, head dims, the KV
-buffer's rows): a mismatch is the caller's mistake on every path, so it raises ``ValueError``
-rather than counting as a fallback. Only what is the same on every rank of a call (more rows
+A call of another geometry than the manager's (head count, head dims, the KV buffer's rows) is
+the caller's mistake on every path, so it raises ``ValueError`` rather than counting as a
+fallback (on a direct path the workspace's own check accepts a valid call, the hot path; the
+manager's check runs when the workspace refuses one). Only what is the same on every rank of a call (more rows
 than a direct workspace holds, another dtype) falls back to NCCL; strides or a data pointer the
 direct path refuses are this rank's own, so the manager packs a copy and stays direct
 (``_packed``: ranks on different paths would wait for each other). The first fallback of each
@@ -98,6 +99,7 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):  # not on Windows
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
 # Row counts and other numbers differ from call to call; a reason is "the same" without them.
 _NUMBERS = re.compile(r"\b\d+\b")  # whole numbers only: "float16" and "float32" stay apart
 
@@ -602,9 +604,10 @@ class DCPManager:
 
         Raises:
             TypeError: a non-tensor input (and what the combine ops raise).
-            ValueError: ``partial_output`` not ``[T, N*H_r, D]`` or ``partial_lse`` not
-                ``[T, N*H_r]`` for this manager's N, H_r and D, whichever path is selected (and
-                what the combine ops raise: dtypes, ``seq_lens`` / ``query_start_loc``, ...).
+            ValueError: ``partial_output`` not ``[T, N*H_r, D]`` (with PCP: ``[T, H, D]``, any
+                H) for this manager's N, H_r and D, or ``partial_lse`` not its ``[T, H]``,
+                whichever path is selected (and what the combine ops raise: dtypes,
+                ``seq_lens`` / ``query_start_loc``, ...).
         """
         path = self.selection.combine
         base = self.is_lse_base_on_e
