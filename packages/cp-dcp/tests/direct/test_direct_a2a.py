@@ -396,3 +396,23 @@ def test_validation_errors(sim_build: Build, device: torch.device) -> None:
     with pytest.raises(ValueError, match=r"ubatch 2 exceeds the 2 slot"):
         ws.lse_reduce(o, lse, ubatch_id=2)
     assert int(ws.epoch.sum()) == 0  # nothing was launched by a rejected call
+
+
+def test_closed_a2a_refuses_every_call(sim_build: Build, device: torch.device) -> None:
+    """After ``close()`` every public call raises, ``wait_and_combine`` included (it launched
+    the combine kernel, which reads the peers' released buffers)."""
+    n, h_r, d = 2, 1, 8
+    _, wss = sim_build(n, device, _a2a(device, 4, h_r, d, torch.bfloat16))
+    for ws in wss:
+        ws.close()
+        assert ws.closed
+    out = torch.ones(2, n * h_r, d, device=device, dtype=torch.bfloat16)
+    lse = torch.zeros(2, n * h_r, device=device)
+    calls: list[Callable[[], Any]] = [
+        lambda: wss[0].publish(out, lse),
+        lambda: wss[0].wait_and_combine(2),
+        lambda: wss[0].lse_reduce(out, lse),
+    ]
+    for call in calls:
+        with pytest.raises(RuntimeError, match="workspace is closed"):
+            call()

@@ -290,7 +290,14 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
             LSE ``[num_tokens, H_r]`` fp32 in the input base. On a timeout the output is NaN and
             the error surfaces on the host as ``DirectProtocolError`` (lazily or via
             ``check_error()``).
+
+        Raises:
+            RuntimeError: the workspace is closed (its peer pointers are released).
+            ValueError: ``num_tokens`` outside ``[0, max_num_tokens]`` or the ubatch out of
+                range.
         """
+        if self._closed:  # one attribute read: the kernel would read released peer memory
+            raise RuntimeError(f"{self.name}: workspace is closed")
         u = self._resolve_ubatch(ubatch_id)
         t = int(num_tokens)
         if not 0 <= t <= self.max_num_tokens:
