@@ -19,7 +19,8 @@ serving layouts) ``g = pcp_rank * T_in + t_in``, where ``T_in = N_dcp / N_pcp`` 
 of TP ranks the DCP group holds per PCP rank and ``t_in`` this rank's index among them
 (``cpattn_common.cp_layout``'s inner TP rank; ``T_in`` is the whole TP size when DCP = TP x
 PCP). The PCP gather of ``finalize_mla_pcp_decode`` then collects chunks ``t_in, t_in + T_in,
-...``, which are not this rank's heads (chunks ``t_in * N_pcp ...``). vLLM's rule picks the all-to-all there; this one does not.
+...``, which are not this rank's heads (chunks ``t_in * N_pcp ...``). vLLM's rule picks the
+all-to-all there; this one does not.
 """
 
 from __future__ import annotations
