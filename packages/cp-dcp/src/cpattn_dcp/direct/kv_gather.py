@@ -124,13 +124,11 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             return f"{what} dtype {kv.dtype} != workspace dtype {self.dtype}"
         if kv.device != self.device:
             return f"{what} on {kv.device}, workspace on {self.device}"
-        if not layout:
+        if not layout or self.layout_ok(kv):
             return None
         if not kv.is_contiguous():
             return f"{what} must be contiguous"
-        if kv.shape[0] > 0:
-            return check_16b_aligned(kv, what, ())
-        return None
+        return check_16b_aligned(kv, what, ())
 
     def layout_ok(self, kv: torch.Tensor) -> bool:
         """Whether ``kv``'s layout is one the direct gather reads or writes as is: contiguous
