@@ -1,5 +1,5 @@
-"""``check_positive_int`` and ``is_index_dtype``: the one size check and the one index-dtype
-rule of every package."""
+"""``check_positive_int`` / ``check_nonnegative_int``, ``check_dtype`` and ``is_index_dtype``:
+the size, dtype and index-dtype checks of every package."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from cpattn_common import checks
-from cpattn_common.checks import INDEX_DTYPES, check_positive_int, is_index_dtype
+from cpattn_common.checks import (
+    INDEX_DTYPES,
+    check_dtype,
+    check_nonnegative_int,
+    check_positive_int,
+    is_index_dtype,
+)
 
 
 def test_accepts_positive_ints() -> None:
@@ -87,5 +93,25 @@ def test_every_torch_dtype_is_classified(dtype: torch.dtype) -> None:
     assert is_index_dtype(dtype) is (reason is None), f"{dtype} ({reason or 'integer'})"
 
 
+def test_nonnegative_int_accepts_zero_and_refuses_what_sizes_refuse() -> None:
+    assert check_nonnegative_int("capacity", 0) == 0
+    assert check_nonnegative_int("capacity", 7) == 7
+    with pytest.raises(ValueError, match=re.escape("capacity must be >= 0, got -1")):
+        check_nonnegative_int("capacity", -1)
+    for value in (True, 4.0, "4", None):
+        with pytest.raises(TypeError, match=re.escape(f"capacity must be an int, got {value!r}")):
+            check_nonnegative_int("capacity", value)
+
+
+def test_check_dtype() -> None:
+    assert check_dtype("dtype", torch.bfloat16) is torch.bfloat16
+    for value in ("bf16", torch.float16.itemsize, None, torch.empty(0)):
+        with pytest.raises(
+            TypeError, match=re.escape(f"dtype must be a torch.dtype, got {value!r}")
+        ):
+            check_dtype("dtype", value)
+
+
 def test_exported() -> None:
     assert {"INDEX_DTYPES", "is_index_dtype", "check_positive_int"} <= set(checks.__all__)
+    assert {"check_nonnegative_int", "check_dtype"} <= set(checks.__all__)

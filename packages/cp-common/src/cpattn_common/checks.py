@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["INDEX_DTYPES", "check_positive_int", "is_index_dtype"]
+__all__ = [
+    "INDEX_DTYPES",
+    "check_dtype",
+    "check_nonnegative_int",
+    "check_positive_int",
+    "is_index_dtype",
+]
 
 
 def check_positive_int(name: str, value: object) -> int:
@@ -26,6 +32,31 @@ def check_positive_int(name: str, value: object) -> int:
         raise TypeError(f"{name} must be an int, got {value!r}")
     if value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def check_nonnegative_int(name: str, value: object) -> int:
+    """Return ``value`` if it is an int >= 0 (a count that may be zero, e.g. a capacity).
+
+    Raises:
+        TypeError: ``value`` is not an int (or is a bool).
+        ValueError: ``value`` < 0.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return value
+
+
+def check_dtype(name: str, value: object) -> torch.dtype:
+    """Return ``value`` if it is a ``torch.dtype`` (a string such as ``"bf16"`` is not).
+
+    Raises:
+        TypeError: ``value`` is not a ``torch.dtype``.
+    """
+    if not isinstance(value, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype, got {value!r}")
     return value
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from cpattn_common.capability import multicast_disabled_by_env, propagate_multicast_off
+from cpattn_common.checks import check_dtype
 from cpattn_common.group import CPGroupLike, as_cp_group
 
 __all__ = ["DirectCPWorkspace"]
@@ -133,8 +134,7 @@ class DirectCPWorkspace:
             )
         if any(s < 1 for s in shape):
             raise ValueError(f"workspace shape {shape} has a non-positive dimension")
-        if not isinstance(dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+        check_dtype("dtype", dtype)
         allocate_symmetric = getattr(self.group, "allocate_symmetric", None)
         handle: Any = None
         if allocate_symmetric is not None:

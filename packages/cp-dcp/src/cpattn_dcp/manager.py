@@ -48,7 +48,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
-from cpattn_common.checks import check_positive_int
+from cpattn_common.checks import check_dtype, check_nonnegative_int, check_positive_int
 from cpattn_common.group import as_cp_group
 from cpattn_dcp.direct._base import DirectPathUnavailable, indexed_device
 from cpattn_dcp.direct.a2a import DirectDCPA2AWorkspace
@@ -134,32 +134,6 @@ def _packed(t: torch.Tensor) -> torch.Tensor:
 def _check_tristate(name: str, value: object) -> None:
     if value is not None and not isinstance(value, bool):
         raise TypeError(f"{name} must be True, False or None (auto), got {value!r}")
-
-
-def _check_nonnegative_int(name: str, value: object) -> int:
-    """``value`` if it is an int >= 0 (a bool or a whole float is refused, as sizes are in
-    ``cpattn_common.checks``).
-
-    Raises:
-        TypeError: not an int, or a bool.
-        ValueError: < 0.
-    """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
-    return value
-
-
-def _check_dtype(name: str, value: object) -> torch.dtype:
-    """``value`` if it is a ``torch.dtype`` (a string such as ``"bf16"`` is refused).
-
-    Raises:
-        TypeError: not a ``torch.dtype``.
-    """
-    if not isinstance(value, torch.dtype):
-        raise TypeError(f"{name} must be a torch.dtype, got {value!r}")
-    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -334,14 +308,14 @@ class DCPManager:
         self.kv_token_dim = (
             None if kv_token_dim is None else check_positive_int("kv_token_dim", kv_token_dim)
         )
-        self.max_gathered_kv_tokens = _check_nonnegative_int(
+        self.max_gathered_kv_tokens = check_nonnegative_int(
             "max_gathered_kv_tokens", max_gathered_kv_tokens
         )
-        self.dtype = _check_dtype("dtype", dtype)
+        self.dtype = check_dtype("dtype", dtype)
         self.query_dtype = (
-            self.dtype if query_dtype is None else _check_dtype("query_dtype", query_dtype)
+            self.dtype if query_dtype is None else check_dtype("query_dtype", query_dtype)
         )
-        self.kv_dtype = self.dtype if kv_dtype is None else _check_dtype("kv_dtype", kv_dtype)
+        self.kv_dtype = self.dtype if kv_dtype is None else check_dtype("kv_dtype", kv_dtype)
         self.config = config
         self.group = group
         self.cp_group = as_cp_group(group)
