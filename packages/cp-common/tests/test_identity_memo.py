@@ -6,6 +6,7 @@ import gc
 import threading
 
 from cpattn_common.identity_memo import IdentityMemo
+from cpattn_testing.forks import fork_while_held
 
 
 class Key:
@@ -93,37 +94,10 @@ def test_concurrent_first_lookups_agree() -> None:
 
 def test_a_child_forked_while_the_lock_is_held_can_write() -> None:
     """Another thread holds the memo's lock at the fork: the child gets a fresh lock."""
-    import multiprocessing
-
     memo: IdentityMemo[str] = IdentityMemo()
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with memo._lock:
-            held.set()
-            release.wait(10)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    held.wait(10)
-    try:
-        ctx = multiprocessing.get_context("fork")
-        child = ctx.Process(target=_write_in_child, args=(memo,))
-        child.start()
-        child.join(20)
-        still_running = child.is_alive()
-        if still_running:
-            child.kill()
-            child.join()
-    finally:
-        release.set()
-        holder.join()
-    assert not still_running, "the child blocked on the lock held at the fork"
-    assert child.exitcode == 0
-
-
-def _write_in_child(memo: IdentityMemo[str]) -> None:
-    memo.setdefault(Key(), "written")
+    code = fork_while_held([memo._lock], lambda: memo.setdefault(Key(), "written") == "written")
+    assert code is not None, "the child blocked on the lock held at the fork"
+    assert code == 0
 
 
 def test_a_memo_that_does_not_hold_skips_keys_without_weak_references() -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from typing import Any
 
@@ -23,6 +21,7 @@ from cpattn_common.launch import (
     set_launch_cache_enabled,
 )
 from cpattn_common.ops.merge_attn_states import triton_usable
+from cpattn_testing.forks import fork_while_held
 
 # ---- kernels (``@triton.jit`` needs them in a real file) ---------------------------------
 
@@ -777,25 +776,11 @@ def test_gpu_host_overhead_vs_add(device: torch.device) -> None:
 def test_a_fork_while_another_thread_holds_the_launch_locks_leaves_the_child_free() -> None:
     """The child of a fork taken while another thread was inside an interpreted launch (or
     held the cache lock) must not wait forever on a lock no thread of its own will release."""
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with launch_mod._interpreter_lock, launch_mod._lock:
-            held.set()
-            release.wait(10)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    held.wait(10)
-    try:
-        pid = os.fork()
-        if pid == 0:
-            ok = launch_mod._interpreter_lock.acquire(timeout=5) and launch_mod._lock.acquire(
-                timeout=5
-            )
-            os._exit(0 if ok else 1)
-        _, status = os.waitpid(pid, 0)
-    finally:
-        release.set()
-        holder.join(10)
-    assert os.waitstatus_to_exitcode(status) == 0
+    code = fork_while_held(
+        (launch_mod._interpreter_lock, launch_mod._lock),
+        # The child's module state, read after the fork (the hook replaces the locks).
+        lambda: (
+            launch_mod._interpreter_lock.acquire(timeout=5) and launch_mod._lock.acquire(timeout=5)
+        ),
+    )
+    assert code == 0

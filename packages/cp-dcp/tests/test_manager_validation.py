@@ -8,8 +8,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import threading
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +19,7 @@ from cpattn_dcp.direct import (
     clear_direct_workspace_cache,
 )
 from cpattn_dcp.manager import DCPConfig, DCPManager
+from cpattn_testing.forks import fork_while_held
 from cpattn_testing.simulated import SimulatedWorld
 
 # Partial outputs of zeros carry LSEs of -inf rows through the interpreter's log2.
@@ -510,29 +509,13 @@ def test_a_forked_child_logs_for_itself() -> None:
     """The set of logged messages is the parent's until the fork; a child starts empty, with a
     lock of its own (a fork while another thread held the parent's would leave it locked)."""
     manager_mod._first_time("parent line")
-    held = threading.Event()
-    release = threading.Event()
-
-    def hold_lock() -> None:
-        with manager_mod._logged_lock:
-            held.set()
-            release.wait(10)
-
-    holder = threading.Thread(target=hold_lock)
-    holder.start()
-    held.wait(10)
-    try:
-        with warnings.catch_warnings():  # forking a multi-threaded process: intended here
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-        if pid == 0:  # child: exit code 0 only if it may log the parent's line again
-            ok = manager_mod._logged_lock.acquire(timeout=5)
-            os._exit(0 if ok and "parent line" not in manager_mod._logged else 1)
-    finally:
-        release.set()
-        holder.join()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    code = fork_while_held(
+        [manager_mod._logged_lock],
+        lambda: (
+            manager_mod._logged_lock.acquire(timeout=5) and "parent line" not in manager_mod._logged
+        ),
+    )
+    assert code == 0
     assert "parent line" in manager_mod._logged  # the parent's set is untouched
 
 

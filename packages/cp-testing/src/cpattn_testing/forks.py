@@ -1,0 +1,75 @@
+"""Fork-safety tests: fork while another thread holds a lock, and see what the child can do.
+
+A module that keeps a lock (a cache's, a memo's, a log set's) must give a forked child a lock
+of its own (``os.register_at_fork``): a lock that another thread of the parent held at the fork
+stays held in the child, where no thread will ever release it. ``fork_while_held`` sets up
+exactly that moment and reports what the child could do.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack
+from typing import Any
+
+__all__ = ["fork_while_held"]
+
+
+def fork_while_held(
+    locks: Sequence[AbstractContextManager[Any]],
+    in_child: Callable[[], bool],
+    *,
+    timeout_s: float = 20.0,
+) -> int | None:
+    """Fork while another thread holds every one of ``locks``; run ``in_child()`` in the child.
+
+    Args:
+        locks: what the other thread holds (entered in order) across the fork.
+        in_child: runs in the child; ``True`` means the child could do what it must.
+        timeout_s: how long the parent waits for the child.
+
+    Returns:
+        The child's exit code: 0 when ``in_child()`` returned ``True``, 1 when it returned
+        ``False`` or raised. ``None`` when the child did not finish within ``timeout_s`` (it
+        was killed): it blocked, typically on a lock held at the fork.
+    """
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with ExitStack() as stack:
+            for lock in locks:
+                stack.enter_context(lock)
+            held.set()
+            release.wait(timeout_s)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(timeout_s)
+    try:
+        with warnings.catch_warnings():  # forking a multi-threaded process: the point here
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child leaves through os._exit only
+            try:
+                ok = in_child()
+            except BaseException:
+                ok = False
+            os._exit(0 if ok else 1)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return None
+            time.sleep(0.01)
+    finally:
+        release.set()
+        holder.join(timeout_s)
