@@ -97,8 +97,7 @@ def _after_fork_in_child() -> None:
     _logged.clear()
 
 
-if hasattr(os, "register_at_fork"):  # not on Windows
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # Row counts and other numbers differ from call to call; a reason is "the same" without them.
 _NUMBERS = re.compile(r"\b\d+\b")  # whole numbers only: "float16" and "float32" stay apart
