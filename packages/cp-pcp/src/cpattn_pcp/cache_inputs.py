@@ -12,7 +12,9 @@ Layout contract (shared by every function here), with ``N`` ranks and ``T`` loca
 * ``slot_mapping`` is the *expanded* mapping ``[>= N*T]`` laid out rank-major: entry
   ``r*T + i`` is the cache slot of local row ``i`` of rank ``r`` (``-1`` = do not write,
   e.g. padding); entries past ``N*T`` (graph padding) are ignored. The decode entries of all
-  ranks are equal (decodes are replicated);
+  ranks are equal (decodes are replicated). The gathers never read the slot values, they
+  only select and reorder them: a mapping of an unsigned dtype is passed through as it is,
+  and since it cannot hold ``-1`` it marks no row as skipped;
 * an *unexpanded* mapping with at most ``T`` entries (replicated draft decodes, possibly
   shorter than ``T`` because of DP padding; needs ``N*T > T`` or fewer than ``T`` entries)
   means the rows past ``D`` are padding: the first ``D`` rows and slots are returned.
