@@ -75,20 +75,52 @@ def test_four_ranks(run_ranks, world_size):
 def test_markers_and_run_ranks_in_a_downstream_project(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, gpus: int
 ) -> None:
-    """The inner project runs on the CPU (gloo ranks) with the plugin seeing ``gpus`` GPUs,
-    so the outcome is the same on a machine with or without GPUs."""
+    """The inner project runs on the CPU (gloo ranks) with the plugin seeing ``gpus`` GPUs:
+    the GPU tests skip either way (with GPUs, because the CPU was asked for: they used to run
+    and get the CPU device and gloo ranks)."""
     monkeypatch.setenv("CPATTN_TEST_DEVICE", "cpu")
     _fake_gpu_count(monkeypatch, gpus)
     pytester.makepyfile(test_downstream=_INNER_TESTS)
     result = pytester.runpytest_inprocess("-rs", "-p", "no:cacheprovider", "--strict-markers")
     outcomes = result.parseoutcomes()
-    needs_gpu_ran = gpus >= 1
-    assert outcomes.get("passed") == 2 + needs_gpu_ran, result.stdout.str()
-    assert outcomes.get("skipped") == 2 - needs_gpu_ran, result.stdout.str()
-    lines = [f"*needs 64 CUDA GPUs; {gpus} visible to torch on this machine*"]
-    if not needs_gpu_ran:
-        lines.insert(0, "*needs a CUDA GPU; none is visible to torch on this machine*")
-    result.stdout.fnmatch_lines(lines)
+    assert outcomes.get("passed") == 2, result.stdout.str()
+    assert outcomes.get("skipped") == 2, result.stdout.str()
+    first = (
+        "*needs a CUDA GPU; none is visible to torch on this machine*"
+        if gpus == 0
+        else "*runs on CUDA only, and CPATTN_TEST_DEVICE asks for the CPU*"
+    )
+    result.stdout.fnmatch_lines([first, f"*needs 64 CUDA GPUs; {gpus} visible to torch*"])
+
+
+def test_gpu_marked_tests_run_when_cuda_is_asked_for(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CPATTN_TEST_DEVICE", "cuda")
+    _fake_gpu_count(monkeypatch, 2)
+    pytester.makepyfile(
+        test_gpu=textwrap.dedent(
+            """
+            import pytest
+            pytest_plugins = ["cpattn_testing.pytest_plugin"]
+
+            @pytest.mark.gpu
+            def test_one():
+                pass
+
+            @pytest.mark.multigpu(2)
+            def test_two():
+                pass
+
+            @pytest.mark.multigpu(4)
+            def test_four():
+                pass
+            """
+        )
+    )
+    result = pytester.runpytest_inprocess("-rs", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, skipped=1)
+    result.stdout.fnmatch_lines(["*needs 4 CUDA GPUs; 2 visible to torch*"])
 
 
 def test_cuda_device_without_gpu_skips_run_ranks(

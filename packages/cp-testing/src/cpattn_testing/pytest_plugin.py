@@ -12,7 +12,8 @@ What it provides:
 - an autouse fixture that turns on NaN output poisoning (``cpattn_common.alloc``) for every
   test, when that module is importable (opt out with ``@pytest.mark.no_output_poison``);
 - markers ``gpu`` (needs a CUDA GPU) and ``multigpu(n)`` (needs at least n GPUs) that skip the
-  test with the reason when the machine does not have them;
+  test with the reason when the machine does not have them, or when ``CPATTN_TEST_DEVICE``
+  asks for the CPU;
 - under pytest-xdist with ``CPATTN_XDIST_GPUS=<n>``: one GPU per worker (``gwK`` -> ``K % n``),
   pinned through ``CUDA_VISIBLE_DEVICES`` before anything touches CUDA.
 """
@@ -100,7 +101,8 @@ def _multigpu_count(marker: pytest.Mark) -> int:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Skip ``gpu`` / ``multigpu(n)`` tests the machine cannot run, with the reason."""
+    """Skip ``gpu`` / ``multigpu(n)`` tests the machine or the requested device cannot run,
+    with the reason."""
     needed = 0
     if item.get_closest_marker("gpu") is not None:
         needed = 1
@@ -113,6 +115,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if needed == 1:
             pytest.skip("needs a CUDA GPU; none is visible to torch on this machine")
         pytest.skip(f"needs {needed} CUDA GPUs; {gpus} visible to torch on this machine")
+    if _requested_device().type != "cuda":
+        # Run anyway, such a test would get the CPU device and gloo ranks from the fixtures:
+        # a GPU test passing or failing for reasons that have nothing to do with the GPU.
+        pytest.skip(
+            f"runs on CUDA only, and {_DEVICE_ENV} asks for the CPU (set {_DEVICE_ENV}=cuda, "
+            "as scripts/gpu_tests.sh does)"
+        )
 
 
 def require_device_memory(device: torch.device, nbytes: int) -> None:
