@@ -284,7 +284,11 @@ def test_spawn_start_method() -> None:
     [
         ({"world_size": 0}, "world_size must be a positive int, got 0"),
         ({"world_size": 2, "backend": "mpi"}, "backend must be one of"),
-        ({"world_size": 2, "timeout": 0}, "timeout must be > 0"),
+        ({"world_size": 2, "timeout": 0}, r"timeout must be a finite number of seconds in \(0, "),
+        # These passed the check and raised OverflowError in the selector wait.
+        ({"world_size": 2, "timeout": math.inf}, "timeout must be a finite number"),
+        ({"world_size": 2, "timeout": 1e12}, "timeout must be a finite number"),
+        ({"world_size": 2, "timeout": math.nan}, "timeout must be a finite number"),
         ({"world_size": 2, "start_method": "fork"}, "start_method must be one of"),
     ],
 )

@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, find, given, settings
+from hypothesis.errors import NoSuchExample
 
 from cpattn_testing import strategies as cst
 from cpattn_testing.cases import make_dcp_decode_case
@@ -106,6 +108,16 @@ def test_value_filters(x: float) -> None:
     assert not math.isnan(x)
     assert x != math.inf
     assert x == -math.inf or abs(x) <= 50.0
+
+
+def test_finite_values_stay_within_a_magnitude_below_20() -> None:
+    # The dense draw of small values was [-20, 20] whatever the magnitude.
+    with pytest.raises(NoSuchExample):
+        find(
+            cst.adversarial_lse_values(magnitude=5.0),
+            lambda x: math.isfinite(x) and abs(x) > 5.0,
+            settings=settings(database=None),
+        )
 
 
 @FAST

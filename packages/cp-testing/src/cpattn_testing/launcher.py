@@ -84,6 +84,9 @@ _WATCHDOG_PERIOD_S = 0.5
 # The process group's own timeout (NCCL watchdog abort) lies beyond the launcher's deadline, so
 # a stuck collective is always reported by the launcher, with the stuck ranks' stacks.
 _PG_TIMEOUT_MARGIN_S = 60.0
+# The longest run a deadline may allow: one week. The selector wait takes no infinite or
+# astronomically long timeout (it raises OverflowError).
+_MAX_TIMEOUT_S = 7 * 24 * 3600.0
 # Imported once by the fork server so workers start warm. None of them initialises CUDA or
 # reads TRITON_INTERPRET at import (kernels are decorated when the project's modules are
 # imported, in the worker, after its environment is set); missing ones are skipped.
@@ -414,8 +417,8 @@ def run_distributed(
         world_size: number of ranks, >= 1.
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank).
         args: extra positional arguments for ``fn`` (picklable).
-        timeout: seconds for the whole run, start-up included. At the deadline every rank that
-            is still running dumps its stacks and is killed.
+        timeout: seconds for the whole run, start-up included (at most a week). At the
+            deadline every rank that is still running dumps its stacks and is killed.
         env: extra environment variables for the workers (they win over the launching
             process's environment and over :data:`NO_MULTICAST_ENV`).
         start_method: ``"forkserver"`` (default; workers forked from a warm server that imported
@@ -447,8 +450,11 @@ def run_distributed(
     check_positive_int("world_size", world_size)
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
-    if not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    if not 0 < timeout <= _MAX_TIMEOUT_S:
+        raise ValueError(
+            f"timeout must be a finite number of seconds in (0, {_MAX_TIMEOUT_S:g}], "
+            f"got {timeout!r}"
+        )
     if start_method not in _START_METHODS:
         raise ValueError(f"start_method must be one of {_START_METHODS}, got {start_method!r}")
     if backend == "nccl":

@@ -97,9 +97,11 @@ def adversarial_lse_values(
         and (math.isinf(v) or math.isnan(v) or abs(v) <= magnitude)
     ]
     special += [magnitude, -magnitude]
+    # Most real LSEs are small: a second, dense draw there (within the magnitude too).
+    small = min(20.0, magnitude)
     return st.one_of(
         st.sampled_from(special),
-        st.floats(min_value=-20.0, max_value=20.0),
+        st.floats(min_value=-small, max_value=small),
         st.floats(min_value=-magnitude, max_value=magnitude),
     )
 
