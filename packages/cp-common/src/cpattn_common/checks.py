@@ -61,7 +61,10 @@ def check_dtype(name: str, value: object) -> torch.dtype:
 
 
 #: The dtypes an index or length tensor may have: torch's whole-byte integers, int8/16/32/64 and
-#: uint8/16/32/64, whose elements read as plain integers (``tolist``, arithmetic, kernel loads).
+#: uint8/16/32/64, whose elements read as plain integers (``tolist``, ``.to(torch.int64)``,
+#: kernel loads). Torch's own arithmetic is another matter: torch 2.13 implements no
+#: subtraction, ``searchsorted`` or ``max`` for uint16/32/64 on the CPU, so callers widen to
+#: int64 before they compute with such a tensor.
 #: An explicit list rather than "not floating, complex or bool", because torch has other dtypes
 #: that are neither floating nor complex and are still no index dtype:
 #:
