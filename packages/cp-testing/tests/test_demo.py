@@ -15,10 +15,14 @@ import pathlib
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import pytest
 
 from cpattn_testing import demo
+
+if TYPE_CHECKING:
+    import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 SRC_DIRS = [ROOT / "packages" / p / "src" for p in ("cp-common", "cp-dcp", "cp-pcp", "cp-testing")]
@@ -201,6 +205,11 @@ def test_list_paths(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.split() == demo.all_path_names()
 
 
+# Bounded so that a demo without the check runs quickly (and returns 0, not 2).
+KV_SHORTER_THAN_QUERIES = ["--max-seq-len", "2", "--queries-per-request", "3", "--world-size", "2",
+                           "--only", "dcp/gqa/ag_rs", "--quiet"]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -208,8 +217,15 @@ def test_list_paths(capsys: pytest.CaptureFixture[str]) -> None:
         (["--heads", "8", "--kv-heads", "3"], "--heads 8 must be divisible by --kv-heads 3"),
         (["--batch", "0"], "--batch must be >= 1, got 0"),
         (["--only", "nothing/*"], "matches no path"),
+        (KV_SHORTER_THAN_QUERIES, "--max-seq-len 2 must be >= --queries-per-request 3"),
     ],
-    ids=["heads-vs-ranks", "heads-vs-kv-heads", "empty-batch", "only-matches-nothing"],
+    ids=[
+        "heads-vs-ranks",
+        "heads-vs-kv-heads",
+        "empty-batch",
+        "only-matches-nothing",
+        "kv-shorter-than-queries",
+    ],
 )
 def test_bad_arguments_exit_2(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
@@ -252,6 +268,152 @@ def test_empty_shards_get_every_kind_of_garbage_lse() -> None:
                 v = float(prob.partial_lse[req * prob.queries_per_request, 0])
                 kinds.add("nan" if math.isnan(v) else v)
     assert kinds == {0.0, math.inf, "nan"}
+
+
+# Speculative decoding (``--queries-per-request`` tq > 1): the tq query tokens of a request with
+# S KV tokens are its last tq tokens, at positions S - tq .. S - 1, and attend causally.
+SPEC = [(2, 2, 1), (4, 2, 1), (4, 3, 2), (3, 5, 1)]  # (world size, tq, interleave size)
+
+
+def _spec_cfg(n: int, tq: int, inter: int) -> demo.DemoConfig:
+    return demo.DemoConfig(
+        world_size=n, num_heads=2 * n, kv_heads=2, head_dim=8, rope_dim=4, batch=4,
+        queries_per_request=tq, interleave_size=inter, max_seq_len=12, dtype="float32",
+    )  # fmt: skip
+
+
+def _whole_kv(
+    cfg: demo.DemoConfig, probs: list[demo._DecodeProblem]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every request's whole K/V (float64), put back together from the shards of all ranks."""
+    import torch
+
+    from cpattn_testing.reference import interleaved_shard_positions
+
+    kv = []
+    for req, s in enumerate(demo.decode_seq_lens(cfg)):
+        k0, v0 = probs[0].shards[req]
+        k = torch.full((s, *k0.shape[1:]), float("nan"), dtype=torch.float64)
+        v = torch.full((s, *v0.shape[1:]), float("nan"), dtype=torch.float64)
+        for rank, prob in enumerate(probs):
+            pos = interleaved_shard_positions(s, cfg.world_size, rank, cfg.interleave_size)
+            k[pos], v[pos] = prob.shards[req]
+        assert not k.isnan().any()
+        assert not v.isnan().any()
+        kv.append((k, v))
+    return kv
+
+
+@pytest.mark.parametrize(("n", "tq", "inter"), SPEC)
+def test_every_decode_request_holds_its_query_tokens(n: int, tq: int, inter: int) -> None:
+    """S >= tq for every request (the generator gave S = 1 to requests with 2 query tokens)."""
+    cfg = _spec_cfg(n, tq, inter)
+    lens = demo.decode_seq_lens(cfg)
+    assert len(lens) == cfg.batch
+    assert all(tq <= s <= max(cfg.max_seq_len, tq) for s in lens), lens
+    assert lens[0] == tq  # the shortest request possible: its first query row sees key 0 only
+
+
+@pytest.mark.parametrize("layer", demo.LAYERS)
+@pytest.mark.parametrize(("n", "tq", "inter"), SPEC)
+def test_speculative_reference_is_causal(layer: str, n: int, tq: int, inter: int) -> None:
+    """The float64 reference of a speculative request is causal attention with the query
+    tokens at positions S - tq .. S - 1, not attention of every query token to every key."""
+    import torch
+
+    from cpattn_testing.reference import attention_ref
+
+    cfg = _spec_cfg(n, tq, inter)
+    probs = [demo._make_decode_problem(cfg, layer, r, torch.device("cpu")) for r in range(n)]
+    prob = probs[0]
+    for req, (k, v) in enumerate(_whole_kv(cfg, probs)):
+        s = k.shape[0]
+        rows = slice(req * tq, (req + 1) * tq)
+        q = prob.query[rows].to(torch.float64)
+        causal, causal_lse = attention_ref(
+            q, k, v, scale=prob.scale, causal=True, q_pos=torch.arange(s - tq, s)
+        )
+        full, _ = attention_ref(q, k, v, scale=prob.scale)
+        torch.testing.assert_close(prob.ref_out[rows], causal, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(prob.ref_lse[rows], causal_lse, rtol=1e-12, atol=1e-12)
+        # Row 0 sees S - tq + 1 of the S keys: the non-causal answer is a different one.
+        assert not torch.allclose(prob.ref_out[rows][0], full[0], rtol=1e-3, atol=1e-3)
+    for p in probs[1:]:
+        assert torch.equal(p.ref_out, prob.ref_out)
+
+
+@pytest.mark.parametrize("layer", demo.LAYERS)
+@pytest.mark.parametrize(("n", "tq", "inter"), SPEC)
+def test_speculative_partials_are_causal_over_global_key_positions(
+    layer: str, n: int, tq: int, inter: int
+) -> None:
+    """Each rank's partial is causal attention to its shard's keys at their global positions;
+    an early speculative row whose shard keys all lie in its future (a non-empty shard) gets
+    LSE -inf and output 0, and such rows occur in the batch."""
+    import torch
+
+    from cpattn_testing.reference import attention_ref, interleaved_shard_positions
+
+    cfg = _spec_cfg(n, tq, inter)
+    lens = demo.decode_seq_lens(cfg)
+    future_only = 0
+    for rank in range(n):
+        prob = demo._make_decode_problem(cfg, layer, rank, torch.device("cpu"))
+        for req, s in enumerate(lens):
+            k, v = prob.shards[req]
+            if k.shape[0] == 0:
+                continue
+            rows = slice(req * tq, (req + 1) * tq)
+            pos = interleaved_shard_positions(s, n, rank, inter)
+            out, lse = attention_ref(
+                prob.query[rows].to(torch.float64), k, v, scale=prob.scale, causal=True,
+                q_pos=torch.arange(s - tq, s), k_pos=pos,
+            )  # fmt: skip
+            torch.testing.assert_close(prob.partial_out[rows], out.to(prob.dtype))
+            torch.testing.assert_close(prob.partial_lse[rows], lse.to(torch.float32))
+            dead = torch.isneginf(prob.partial_lse[rows]).all(dim=1)
+            assert bool((prob.partial_out[rows][dead] == 0).all())
+            future_only += int(dead.sum())
+    assert future_only > 0, "no speculative row saw only future keys of a non-empty shard"
+
+
+def test_speculative_decode_demo_passes(
+    device: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every DCP combine gives causal speculative attention, with the rows of non-empty
+    shards that see no key (LSE -inf) among the partials."""
+    if str(device) != "cpu":
+        pytest.skip("CPU/gloo launch")
+    monkeypatch.delenv(demo.PLANT_FAULT_ENV, raising=False)
+    monkeypatch.delenv(demo.PLANT_RAISE_ENV, raising=False)
+    status = demo.main(["--world-size", "2", "--queries-per-request", "2", "--only", "dcp/*",
+                        "--quiet", *SMALL])  # fmt: skip
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "OK: all 8 checked paths passed" in out
+
+
+def test_max_prompt_len_1_gives_one_token_prompts_and_runs(
+    device: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--max-prompt-len 1`` passes validation, so the prompts must be generated (they raised
+    inside the path: exit 1, reported as a library failure), all of one token."""
+    for top in (1, 2, 3, 24):
+        for n in (1, 2, 4):
+            cfg = demo.DemoConfig(world_size=n, prefill_batch=6, max_prompt_len=top)
+            lens = demo.prompt_lens(cfg)
+            assert len(lens) == 6
+            assert min(lens) == 1
+            assert max(lens) <= top, (top, n, lens)
+    if str(device) != "cpu":
+        pytest.skip("CPU/gloo launch")
+    monkeypatch.delenv(demo.PLANT_FAULT_ENV, raising=False)
+    monkeypatch.delenv(demo.PLANT_RAISE_ENV, raising=False)
+    status = demo.main(["--world-size", "2", "--only", "pcp/*", "--max-prompt-len", "1",
+                        "--prefill-batch", "3", "--quiet"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "OK: all 3 checked paths passed" in out
 
 
 def test_a_repeat_that_differs_from_the_checked_call_fails() -> None:

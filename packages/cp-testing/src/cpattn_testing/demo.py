@@ -8,9 +8,12 @@ float64 full attention computed from the same inputs:
 1. **DCP decode** of an MLA-shaped layer (one latent KV head, ``Dk = head_dim + rope_dim``,
    ``Dv = head_dim``) and a GQA-shaped layer (``kv_heads`` KV heads). The KV of ragged requests is
    sharded across the ranks (interleaved); short requests leave some ranks with an empty shard.
-   Each rank computes its partial attention ``out [B, H, Dv]`` / ``lse [B, H]`` in float64, cast
-   to the chosen dtype; empty shards and CUDA-graph padding rows get NaN outputs and garbage LSE,
-   as a real backend would produce. Every combine then runs: ``ag_rs``
+   Each request has ``--queries-per-request`` query tokens, the last ones of its sequence
+   (speculative decoding when more than one), attending causally. Each rank computes its partial
+   attention ``out [B, H, Dv]`` / ``lse [B, H]`` in float64 against its shard's keys at their
+   global positions, cast to the chosen dtype (a speculative row all of whose shard keys lie in
+   its future gets output 0 and LSE -inf); empty shards and CUDA-graph padding rows get NaN
+   outputs and garbage LSE, as a real backend would produce. Every combine then runs: ``ag_rs``
    (:func:`cpattn_dcp.cp_lse_ag_out_rs`), ``ag_ar`` (:func:`cpattn_dcp.cp_lse_ag_out_ar`),
    ``a2a`` (:func:`cpattn_dcp.dcp_a2a_lse_reduce`), ``direct`` (the symmetric-memory
    workspace) where the capability gate allows it, else a "skipped: <reason>" line, and
@@ -281,8 +284,14 @@ class _DecodeProblem:
     ``partial_out [B, H, Dv]`` (dtype) and ``partial_lse [B, H]`` (float32) are this rank's
     partial attention of that query over its KV shard; ``ref_out [B, H, Dv]`` and ``ref_lse
     [B, H]`` (float64) are full attention over the whole KV (padding rows: 0 and -inf);
-    ``local_seq_lens [R]`` / ``query_start_loc [R+1]`` (int32) drive empty-shard masking. ``shards`` keeps this rank's ``(k, v)`` per request (float64) so
-    that the partial can be recomputed from a gathered query (:meth:`partials`).
+    ``local_seq_lens [R]`` / ``query_start_loc [R+1]`` (int32) drive empty-shard masking.
+    ``shards`` keeps this rank's ``(k, v)`` per request (float64) and ``shard_positions`` their
+    global key positions (int64), ``seq_lens`` the global KV length of each request, so that
+    the partial can be recomputed from a gathered query (:meth:`partials`).
+
+    Attention is causal: the ``queries_per_request`` (tq) query tokens of a request with ``S``
+    KV tokens are the last tq tokens of its sequence (speculative decoding when tq > 1), query
+    token j at position ``S - tq + j`` sees the keys at positions ``<= S - tq + j``.
     """
 
     query: torch.Tensor
@@ -293,6 +302,8 @@ class _DecodeProblem:
     local_seq_lens: torch.Tensor
     query_start_loc: torch.Tensor
     shards: list[tuple[torch.Tensor, torch.Tensor]]
+    shard_positions: list[torch.Tensor]
+    seq_lens: list[int]
     queries_per_request: int
     padding_rows: int
     scale: float
@@ -302,9 +313,12 @@ class _DecodeProblem:
     def partials(self, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's ``(out [B, H, Dv] dtype, lse [B, H] fp32)`` for ``query [B, H, Dk]``.
 
-        Attention in float64 against the local shard, as a backend would compute it; rows of
-        empty shards get NaN outputs and garbage LSEs (``0``, ``+inf`` or NaN by request and
-        rank, so that each kind occurs), CUDA graph padding rows NaN outputs and LSE ``0``.
+        Causal attention in float64 against the local shard (its keys at their global
+        positions), as a backend would compute it. A query row that sees none of the shard's
+        keys (an early speculative row whose shard keys all lie in its future) gets output 0
+        and LSE -inf, as a kernel does for a fully masked row; rows of empty shards get NaN
+        outputs and garbage LSEs (``0``, ``+inf`` or NaN by request and rank, so that each kind
+        occurs), CUDA graph padding rows NaN outputs and LSE ``0``.
         """
         from cpattn_testing.reference import attention_ref
 
@@ -314,14 +328,22 @@ class _DecodeProblem:
         dv = self.shards[0][1].shape[-1]
         outs: list[torch.Tensor] = []
         lses: list[torch.Tensor] = []
-        for req, (k, v) in enumerate(self.shards):
+        for req, ((k, v), pos) in enumerate(zip(self.shards, self.shard_positions, strict=True)):
             q = q64[req * tq : (req + 1) * tq]
             if k.shape[0] == 0:
                 outs.append(torch.full((tq, h, dv), float("nan"), dtype=torch.float64))
                 garbage = (0.0, float("inf"), float("nan"))[(req + self.rank) % 3]
                 lses.append(torch.full((tq, h), garbage, dtype=torch.float64))
             else:
-                o, lse = attention_ref(q, k, v, scale=self.scale)
+                o, lse = attention_ref(
+                    q,
+                    k,
+                    v,
+                    scale=self.scale,
+                    causal=True,
+                    q_pos=_query_positions(self.seq_lens[req], tq),
+                    k_pos=pos,
+                )
                 outs.append(o)
                 lses.append(lse)
         for _ in range(self.padding_rows):
@@ -334,23 +356,33 @@ class _DecodeProblem:
         )
 
 
+def _query_positions(seq_len: int, queries_per_request: int) -> torch.Tensor:
+    """Global positions ``[tq]`` of a request's query tokens: the last tq of its ``seq_len``."""
+    return torch.arange(seq_len - queries_per_request, seq_len)
+
+
 def decode_seq_lens(cfg: DemoConfig) -> list[int]:
     """Ragged KV lengths of the decode batch; the first requests are short on purpose.
 
-    Request 0 has one KV token (only rank 0 holds any of it), request 1 has ``N - 1`` interleave
-    blocks (the last rank's shard is empty); the rest are random in ``[N, max_seq_len]``.
+    Every request holds at least ``queries_per_request`` (tq) KV tokens, its query tokens
+    being the last tq of its sequence. Request 0 has ``tq`` KV tokens (with tq = 1 only rank 0
+    holds any of it; with tq > 1 its first query row sees key 0 only, so the keys of the other
+    ranks that hold any all lie in that row's future), request 1 has ``N - 1`` interleave
+    blocks (the last rank's shard is empty) or ``tq`` if more; the rest are random in
+    ``[max(tq, N * I), max_seq_len]``. No length exceeds ``max(max_seq_len, tq)``.
     """
-    n, inter = cfg.world_size, cfg.interleave_size
+    n, inter, tq = cfg.world_size, cfg.interleave_size, cfg.queries_per_request
+    top = max(cfg.max_seq_len, tq)
     gen = torch.Generator().manual_seed(cfg.seed + 17)
     lens: list[int] = []
     for i in range(cfg.batch):
         if i == 0:
-            lens.append(1)
+            lens.append(tq)
         elif i == 1 and n > 1:
-            lens.append(max(1, (n - 1) * inter))
+            lens.append(max(tq, min((n - 1) * inter, top)))
         else:
-            lo = min(n * inter, cfg.max_seq_len)
-            lens.append(int(torch.randint(lo, cfg.max_seq_len + 1, (1,), generator=gen)))
+            lo = max(tq, min(n * inter, top))
+            lens.append(int(torch.randint(lo, top + 1, (1,), generator=gen)))
     return lens
 
 
@@ -381,6 +413,7 @@ def _make_decode_problem(
     refs: list[torch.Tensor] = []
     ref_lses: list[torch.Tensor] = []
     shards: list[tuple[torch.Tensor, torch.Tensor]] = []
+    positions: list[torch.Tensor] = []
     local_lens: list[int] = []
     for req, s in enumerate(seq_lens):
         k = torch.randn(s, kv_heads, dk, generator=gen, dtype=torch.float64)
@@ -388,12 +421,15 @@ def _make_decode_problem(
             v = k[..., :dv]  # the latent is both key (with rope part) and value
         else:
             v = torch.randn(s, kv_heads, dv, generator=gen, dtype=torch.float64)
-        ref, ref_lse = attention_ref(q64[req * tq : (req + 1) * tq], k, v, scale=scale)
+        q = q64[req * tq : (req + 1) * tq]
+        q_pos = _query_positions(s, tq)
+        ref, ref_lse = attention_ref(q, k, v, scale=scale, causal=True, q_pos=q_pos)
         refs.append(ref)
         ref_lses.append(ref_lse)
         pos = interleaved_shard_positions(s, n, rank, cfg.interleave_size)
         local_lens.append(int(pos.numel()))
         shards.append((k[pos], v[pos]))
+        positions.append(pos)
     refs.append(torch.zeros(cfg.padding_rows, h, dv, dtype=torch.float64))  # padding rows: 0
     ref_lses.append(torch.full((cfg.padding_rows, h), -math.inf, dtype=torch.float64))
     qsl = [i * tq for i in range(len(seq_lens) + 1)]
@@ -406,6 +442,8 @@ def _make_decode_problem(
         local_seq_lens=torch.tensor(local_lens, dtype=torch.int32, device=device),
         query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
         shards=shards,
+        shard_positions=positions,
+        seq_lens=seq_lens,
         queries_per_request=tq,
         padding_rows=cfg.padding_rows,
         scale=scale,
@@ -611,16 +649,18 @@ def _run_manager_path(
 
 
 def prompt_lens(cfg: DemoConfig) -> list[int]:
-    """Ragged prompt lengths, including 1 and a length shorter than ``2 * world_size``."""
+    """Ragged prompt lengths, including 1 and a length shorter than ``2 * world_size``; none
+    longer than ``max_prompt_len`` (``--max-prompt-len 1``: every prompt has one token)."""
+    top = cfg.max_prompt_len
     gen = torch.Generator().manual_seed(cfg.seed + 29)
     lens: list[int] = []
     for i in range(cfg.prefill_batch):
         if i == 0:
             lens.append(1)
         elif i == 1:
-            lens.append(max(1, 2 * cfg.world_size - 1))
+            lens.append(max(1, min(2 * cfg.world_size - 1, top)))
         else:
-            lens.append(int(torch.randint(2, cfg.max_prompt_len + 1, (1,), generator=gen)))
+            lens.append(int(torch.randint(min(2, top), top + 1, (1,), generator=gen)))
     return lens
 
 
@@ -1037,7 +1077,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-heads", type=int, default=d.kv_heads, help="KV heads of the GQA layer")
     p.add_argument("--batch", type=int, default=d.batch, help="decode requests")
     p.add_argument("--queries-per-request", type=int, default=d.queries_per_request,
-                   help="query tokens per decode request (speculative decoding > 1)")  # fmt: skip
+                   help="query tokens per decode request (speculative decoding > 1: "
+                   "the last tokens of the request, attending causally)")  # fmt: skip
     p.add_argument("--max-seq-len", type=int, default=d.max_seq_len, help="longest decode KV")
     p.add_argument("--interleave-size", type=int, default=d.interleave_size,
                    help="KV interleave block size of the DCP sharding")  # fmt: skip
@@ -1077,6 +1118,11 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
     repeats = args.repeats if args.repeats is not None else (20 if args.backend == "nccl" else 2)
     if args.rope_dim < 0 or repeats < 0:
         raise ValueError(f"--rope-dim and --repeats must be >= 0, got {args.rope_dim}, {repeats}")
+    if args.max_seq_len < args.queries_per_request:
+        raise ValueError(
+            f"--max-seq-len {args.max_seq_len} must be >= --queries-per-request "
+            f"{args.queries_per_request} (a request's query tokens are the last of its KV)"
+        )
     if args.heads % n:
         raise ValueError(f"--heads {args.heads} must be divisible by --world-size {n}")
     if args.heads % args.kv_heads:
