@@ -1,5 +1,5 @@
-"""``check_positive_int`` / ``check_nonnegative_int``, ``check_dtype`` and ``is_index_dtype``:
-the size, dtype and index-dtype checks of every package."""
+"""``check_positive_int`` / ``check_nonnegative_int``, ``check_dtype``, ``check_bool`` and
+``is_index_dtype``: the size, dtype, flag and index-dtype checks of every package."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from cpattn_common import checks
 from cpattn_common.checks import (
     INDEX_DTYPES,
+    check_bool,
     check_dtype,
     check_nonnegative_int,
     check_positive_int,
@@ -112,6 +113,17 @@ def test_check_dtype() -> None:
             check_dtype("dtype", value)
 
 
+def test_check_bool() -> None:
+    np = pytest.importorskip("numpy")
+    for value in (True, False, np.True_, np.False_):
+        got = check_bool("flag", value)
+        assert got.__class__ is bool
+        assert got is bool(value)
+    for value in (None, 0, 1, 0.0, "False", torch.tensor(True), np.int64(1)):
+        with pytest.raises(TypeError, match=re.escape(f"flag must be a bool, got {value!r}")):
+            check_bool("flag", value)
+
+
 def test_exported() -> None:
     assert {"INDEX_DTYPES", "is_index_dtype", "check_positive_int"} <= set(checks.__all__)
-    assert {"check_nonnegative_int", "check_dtype"} <= set(checks.__all__)
+    assert {"check_nonnegative_int", "check_dtype", "check_bool"} <= set(checks.__all__)

@@ -14,11 +14,29 @@ import torch
 
 __all__ = [
     "INDEX_DTYPES",
+    "check_bool",
     "check_dtype",
     "check_nonnegative_int",
     "check_positive_int",
     "is_index_dtype",
 ]
+
+
+def check_bool(name: str, value: object) -> bool:
+    """Return ``value`` as a Python ``bool`` if it is a ``bool`` or a numpy bool scalar.
+
+    For flags such as ``is_lse_base_on_e``, where ``bool(None)`` or ``bool("False")`` would
+    quietly select the other behaviour.
+
+    Raises:
+        TypeError: ``value`` is anything else (``None``, an int, a float, a string, a tensor).
+    """
+    if value.__class__ is bool:
+        return value is True
+    cls = type(value)
+    if cls.__module__ == "numpy" and cls.__name__ in ("bool", "bool_"):  # numpy 2 / numpy 1
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {value!r}")
 
 
 def check_positive_int(name: str, value: object) -> int:

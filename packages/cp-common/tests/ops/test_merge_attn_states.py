@@ -21,6 +21,7 @@ from cpattn_common.ops.merge_attn_states import (
     merge_attn_states_fwd,
     triton_usable,
 )
+from cpattn_testing.dispatch import assert_dispatches
 from cpattn_testing.reference import lse_combine_ref
 from cpattn_testing.tolerances import assert_close_to_ref
 
@@ -215,6 +216,8 @@ def test_opcheck(device: torch.device) -> None:
     torch.library.opcheck(
         torch.ops.cpattn_common.merge_attn_states.default,
         (outs, lses, True),
+        # Not the test_aot_dispatch_* utils: they need an autograd formula, and the op is
+        # inference only (test_inputs_that_require_grad_go_through_autograd).
         test_utils=("test_schema", "test_faketensor"),
     )
 
@@ -470,3 +473,38 @@ def test_gpu_launch_plans_replay_equals_python_path(
     finally:
         clear_launch_plans()
         set_launch_plans_enabled(False)
+
+
+def test_dispatch_modes_see_the_registered_op(device: torch.device) -> None:
+    """FakeTensorMode, make_fx (fake, symbolic, real) and any TorchDispatchMode go through
+    the registered op: the eager shortcut launched the kernel under them (fake tensors have
+    no memory; a real-mode trace recorded only the output allocation)."""
+    outs, lses = make_case(2, 3, 4, 8, dtype=torch.float32, device=device, seed=21)
+    assert_dispatches(
+        lambda o, s: merge_attn_states(o, s, return_lse=True),
+        (outs, lses),
+        "cpattn_common.merge_attn_states.default",
+    )
+
+
+def test_inputs_that_require_grad_go_through_autograd(device: torch.device) -> None:
+    """The op has no autograd formula: with grad on, the output requires grad and backward
+    raises (torch's rule for custom ops), instead of an output that drops the gradient."""
+    outs, lses = make_case(2, 3, 4, 8, dtype=torch.float32, device=device, seed=22)
+    outs.requires_grad_()
+    out = merge_attn_states(outs, lses)
+    assert out.requires_grad
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        out.sum().backward()
+    with torch.no_grad():
+        out2, lse2 = merge_attn_states(outs, lses, return_lse=True)
+    assert not out2.requires_grad
+    _check(out2, lse2, outs.detach(), lses)
+
+
+@pytest.mark.parametrize("flag", [None, "False", 0.0, 1])
+def test_is_lse_base_on_e_must_be_a_bool(device: torch.device, flag: object) -> None:
+    # bool(None) / bool(0.0) silently meant base 2, bool("False") base e.
+    outs, lses = make_case(2, 3, 4, 8, dtype=torch.float32, device=device, seed=23)
+    with pytest.raises(TypeError, match="is_lse_base_on_e must be a bool, got"):
+        merge_attn_states(outs, lses, is_lse_base_on_e=flag)  # type: ignore[arg-type]

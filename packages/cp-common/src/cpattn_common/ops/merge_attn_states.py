@@ -21,6 +21,8 @@ import torch
 import triton
 
 from cpattn_common.alloc import new_output
+from cpattn_common.checks import check_bool
+from cpattn_common.dispatch import must_dispatch
 from cpattn_common.kernels.merge_attn_states import _merge_attn_states_fwd_kernel
 from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_common.launch_plans import OpPlans
@@ -355,6 +357,17 @@ def merge_attn_states(
         ``out [B, H, D]`` in ``partial_outs.dtype``; with ``return_lse`` also
         ``lse [B, H]`` fp32 (same base as the input).
 
+    Raises:
+        TypeError: non-tensor inputs, dtypes other than the ones above, an
+            ``is_lse_base_on_e`` that is not a bool.
+        ValueError: shapes that are not ``[N, B, H, D]`` / ``[N, B, H]`` or disagree, N = 0,
+            tensors on different devices.
+
+    Inference only: no autograd formula. With grad on and an input that requires grad, the
+    call goes through the registered op, so the output requires grad and ``backward`` raises
+    (as under ``torch.compile``, ``make_fx`` and other dispatch modes: see
+    ``cpattn_common.dispatch``).
+
     Example:
         >>> outs = torch.randn(4, 2, 8, 64)          # N=4 shards, B=2 rows, H=8, D=64
         >>> lses = torch.randn(4, 2, 8)
@@ -362,11 +375,12 @@ def merge_attn_states(
         >>> out.shape, lse.shape
         (torch.Size([2, 8, 64]), torch.Size([2, 8]))
     """
-    if torch.compiler.is_compiling():
+    is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
+    if must_dispatch(partial_outs, partial_lses):  # tracing, a dispatch mode, autograd
         out, lse = torch.ops.cpattn_common.merge_attn_states(
-            partial_outs, partial_lses, bool(is_lse_base_on_e)
+            partial_outs, partial_lses, is_lse_base_on_e
         )
-    else:  # eager: a recorded call replays natively (launch plans, when on), else the
+    else:  # plain eager: a recorded call replays natively (launch plans, when on), else the
         # dispatcher is skipped (both paths are tested)
         hit = _plans.replay(partial_outs, partial_lses, is_lse_base_on_e) if _plans.on else None
         if hit.__class__ is tuple:
