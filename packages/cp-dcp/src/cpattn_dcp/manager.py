@@ -48,7 +48,12 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
-from cpattn_common.checks import check_dtype, check_nonnegative_int, check_positive_int
+from cpattn_common.checks import (
+    check_bool,
+    check_dtype,
+    check_nonnegative_int,
+    check_positive_int,
+)
 from cpattn_common.group import as_cp_group
 from cpattn_dcp.direct._base import DirectPathUnavailable, indexed_device
 from cpattn_dcp.direct.a2a import DirectDCPA2AWorkspace
@@ -179,8 +184,7 @@ class DCPConfig:
     def __post_init__(self) -> None:
         if self.comm_backend not in _BACKENDS:
             raise ValueError(f"comm_backend must be one of {_BACKENDS}, got {self.comm_backend!r}")
-        if not isinstance(self.use_pcp, bool):
-            raise TypeError(f"use_pcp must be a bool, got {self.use_pcp!r}")
+        check_bool("use_pcp", self.use_pcp)
         for name in ("max_num_tokens", "num_ubatches"):
             check_positive_int(name, getattr(self, name))
         _check_tristate("use_direct_a2a", self.use_direct_a2a)

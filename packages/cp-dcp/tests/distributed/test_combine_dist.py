@@ -19,6 +19,7 @@ from cpattn_common.group import CPGroup
 from cpattn_dcp import cp_lse_ag_out_ar, cp_lse_ag_out_rs, dcp_a2a_lse_reduce
 from cpattn_dcp.comm.groups import group_token
 from cpattn_testing.cases import make_dcp_decode_case
+from cpattn_testing.dispatch import assert_dispatches
 from cpattn_testing.tolerances import assert_close_to_ref, coarsest
 
 # (seq_lens, queries per request, padding rows, out dtype, lse dtype, base e, interleave, D)
@@ -161,6 +162,28 @@ def _compile_check(rank: int, n: int, device: torch.device, group: Any) -> int:
     return 1
 
 
+def _dispatch_check(rank: int, n: int, device: torch.device, group: Any) -> int:
+    """FakeTensorMode, make_fx and any TorchDispatchMode go through the registered ops (the
+    eager shortcut ran the collectives and kernels under them); a non-bool base flag is a
+    TypeError (bool(None) silently meant base 2)."""
+    gen = torch.Generator().manual_seed(4)
+    out = torch.randn(3, 2 * n, 16, generator=gen).to(device)
+    lse = torch.randn(3, 2 * n, generator=gen).to(device)
+    sl = torch.tensor([1, 0], dtype=torch.int32, device=device)
+    qsl = torch.tensor([0, 1, 2], dtype=torch.int32, device=device)
+    for fn in OPS.values():
+
+        def call(
+            o: torch.Tensor, s: torch.Tensor, a: torch.Tensor, b: torch.Tensor, fn: Any = fn
+        ) -> Any:
+            return fn(o, s, group, return_lse=True, seq_lens=a, query_start_loc=b)
+
+        assert_dispatches(call, (out, lse, sl, qsl), f"cpattn_dcp.{fn.__name__}.default")
+        with pytest.raises(TypeError, match="is_lse_base_on_e must be a bool, got None"):
+            fn(out, lse, group, is_lse_base_on_e=None)  # type: ignore[arg-type]
+    return len(OPS)
+
+
 def _rank_main(rank: int, world_size: int, with_extras: bool, num_cases: int) -> int:
     warnings.filterwarnings("ignore", category=RuntimeWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -172,6 +195,7 @@ def _rank_main(rank: int, world_size: int, with_extras: bool, num_cases: int) ->
     if with_extras:
         checks += _opcheck(rank, world_size, device, world)
         checks += _compile_check(rank, world_size, device, world)
+        checks += _dispatch_check(rank, world_size, device, world)
     return checks
 
 
@@ -181,5 +205,5 @@ def test_combines(run_ranks: Any, world_size: int) -> None:
     with_extras = world_size == 2
     num_cases = 1 if world_size == 8 else len(CASES)
     results = run_ranks(_rank_main, world_size, with_extras, num_cases, timeout=400.0)
-    expected = num_cases * len(OPS) + len(OPS) + (7 if with_extras else 0)
+    expected = num_cases * len(OPS) + len(OPS) + (7 + len(OPS) if with_extras else 0)
     assert results == [expected] * world_size

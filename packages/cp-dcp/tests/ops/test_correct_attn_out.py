@@ -19,6 +19,7 @@ from cpattn_dcp.ops.correct_attn_out import (
     _valid_fast,
     _validate,
 )
+from cpattn_testing.dispatch import assert_dispatches
 from cpattn_testing.reference import correct_attn_out_ref, lse_combine_ref
 from cpattn_testing.tolerances import assert_close_to_ref, coarsest
 
@@ -311,6 +312,44 @@ def test_compile_fullgraph(device: torch.device, backend: str) -> None:
     want_out, want_lse = fn(o, ls)
     torch.testing.assert_close(got_out, want_out, equal_nan=True)
     torch.testing.assert_close(got_lse, want_lse, equal_nan=True)
+
+
+def test_dispatch_modes_see_the_registered_op(device: torch.device) -> None:
+    """FakeTensorMode, make_fx and any TorchDispatchMode go through the registered op (the
+    eager shortcut launched the kernel under them); the [B, 1, H, D] form too."""
+    outs, lses = adversarial_partials(
+        2, 3, 4, 16, seed=12, dtype=torch.float32, lse_dtype=torch.float32
+    )
+    for out in (outs[1], outs[1][:, None]):
+        assert_dispatches(
+            lambda o, ls: correct_attn_out(o, ls, 1),
+            (out.to(device), lses.to(device)),
+            "cpattn_dcp.correct_attn_out.default",
+        )
+
+
+def test_inputs_that_require_grad_go_through_autograd(device: torch.device) -> None:
+    """No autograd formula: with grad on, an input that requires grad takes the registered op,
+    whose in-place use torch refuses or whose backward raises; never a result that drops the
+    gradient without a word."""
+    outs, lses = adversarial_partials(
+        2, 3, 4, 16, seed=13, dtype=torch.float32, lse_dtype=torch.float32
+    )
+    lses = lses.to(device).requires_grad_()
+    out = outs[1].to(device)
+    _, lse = correct_attn_out(out, lses, 1)
+    assert lse.requires_grad
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        lse.sum().backward()
+
+
+@pytest.mark.parametrize("flag", [None, "False", 0.0, 1])
+def test_is_lse_base_on_e_must_be_a_bool(device: torch.device, flag: object) -> None:
+    # bool(None) / bool(0.0) silently meant base 2, bool("False") base e.
+    out = torch.randn(3, 4, 8, device=device)
+    lses = torch.randn(2, 3, 4, device=device)
+    with pytest.raises(TypeError, match="is_lse_base_on_e must be a bool, got"):
+        correct_attn_out(out, lses, 1, is_lse_base_on_e=flag)  # type: ignore[arg-type]
 
 
 def _accepted(out: object, lses: object, cp_rank: object) -> bool:

@@ -146,16 +146,21 @@ def test_correct_attn_out_errors_still_raise(device: torch.device, plans: None) 
 
 
 def test_flags_plans_cannot_key_take_the_python_path(device: torch.device, plans: None) -> None:
-    """numpy bools and floats as flags (accepted by the ops) are not keyed: every call takes
-    the Python path, none is recorded (registration failed and raised into the call)."""
+    """numpy bools as flags (accepted by the ops) are not keyed: every call takes the Python
+    path, none is recorded (registration failed and raised into the call). The base flag
+    of the public ops is no such flag: they turn a numpy bool into a bool first."""
     out = torch.randn(2, 4, 8, device=device)
     lses = torch.randn(3, 2, 4, device=device)
     recv = torch.randn(2, 2, 2, a2a_record_width(8, torch.float32), device=device)
     for _ in range(3):
-        correct_attn_out(out, lses, 1, is_lse_base_on_e=np.True_)
         a2a_unpack_combine(recv, head_dim=8, return_lse=np.True_)
     info = launch_plans_info()
     assert (info["recorded"], info["refusals"], info["hits"]) == (0, 0, 0), info
+    for _ in range(3):
+        got = correct_attn_out(out.clone(), lses, 1, is_lse_base_on_e=np.False_)
+        want = correct_attn_out(out.clone(), lses, 1, is_lse_base_on_e=False)
+        for g, w in zip(got, want, strict=True):
+            assert torch.equal(g, w)
 
 
 def test_mask(device: torch.device, plans: None) -> None:

@@ -15,6 +15,7 @@ from cpattn_dcp.ops.mask_empty_shards import (
     _valid_fast,
     masked_lse_copy,
 )
+from cpattn_testing.dispatch import assert_dispatches
 from cpattn_testing.reference import mask_empty_shards_ref
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -216,6 +217,18 @@ def test_compile_fullgraph(device: torch.device) -> None:
     assert torch.equal(got, fn(x))
     assert torch.isneginf(got[[0, 1, 5, 6]]).all()
     assert torch.isfinite(got[2:5]).all()
+
+
+def test_dispatch_modes_see_the_registered_op(device: torch.device) -> None:
+    """FakeTensorMode, make_fx and any TorchDispatchMode go through the registered op (the
+    eager shortcut launched the kernel under them)."""
+    sl = torch.tensor([0, 3], dtype=torch.int32, device=device)
+    qsl = torch.tensor([0, 2, 5], dtype=torch.int32, device=device)
+    assert_dispatches(
+        mask_dcp_empty_shards_,
+        (torch.randn(7, 3, device=device), sl, qsl),
+        "cpattn_dcp.mask_dcp_empty_shards_.default",
+    )
 
 
 def _accepted(lse: object, sl: object, qsl: object) -> bool:

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 
 from cpattn_common.alloc import new_output
+from cpattn_common.checks import check_bool
+from cpattn_common.dispatch import must_dispatch
 from cpattn_common.group import CPGroupLike
 from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_common.launch_plans import OpPlans
@@ -612,14 +614,18 @@ def dcp_a2a_lse_reduce(
             output dtype other than fp16/bf16/fp32, bad shapes, device mismatch, inconsistent
             ``seq_lens``/``query_start_loc`` (one ``None``, not 1-D, lengths).
         TypeError: non-floating tensors; ``seq_lens``/``query_start_loc`` not tensors or
-            not of an integer dtype (as for ``mask_dcp_empty_shards_``).
+            not of an integer dtype (as for ``mask_dcp_empty_shards_``); an
+            ``is_lse_base_on_e`` that is not a bool.
+
+    Inference only (no autograd formula): see ``cpattn_common.dispatch``.
 
     Example:
         >>> out, lse = dcp_a2a_lse_reduce(partial_out, partial_lse, group, return_lse=True,
         ...                               seq_lens=local_lens, query_start_loc=qsl)
     """
     del ctx
-    if torch.compiler.is_compiling():
+    is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
+    if must_dispatch(cp_attn_out, cp_attn_lse):  # tracing, a dispatch mode, autograd
         return traced_combine(
             torch.ops.cpattn_dcp.dcp_a2a_lse_reduce, "dcp_a2a_lse_reduce", cp_attn_out,
             cp_attn_lse, cp_group, return_lse, is_lse_base_on_e, seq_lens, query_start_loc,

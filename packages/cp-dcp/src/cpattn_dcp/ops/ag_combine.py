@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 from cpattn_common.alloc import empty_output
+from cpattn_common.checks import check_bool
+from cpattn_common.dispatch import must_dispatch
 from cpattn_common.group import CPGroupLike
 from cpattn_dcp.comm.collectives import all_gather_lse, all_reduce_, reduce_scatter_heads
 from cpattn_dcp.comm.groups import (
@@ -148,7 +150,8 @@ def _ag_entry(
     seq_lens: torch.Tensor | None,
     query_start_loc: torch.Tensor | None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    if torch.compiler.is_compiling():
+    is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
+    if must_dispatch(cp_attn_out, cp_attn_lse):  # tracing, a dispatch mode, autograd
         op = (
             torch.ops.cpattn_dcp.cp_lse_ag_out_rs
             if reduce_scatter
@@ -217,7 +220,10 @@ def cp_lse_ag_out_rs(
         ValueError: bad shapes, ``H % N != 0``, unsupported dtypes, device mismatch,
             inconsistent ``seq_lens``/``query_start_loc`` (one ``None``, not 1-D, lengths).
         TypeError: non-floating tensors; ``seq_lens``/``query_start_loc`` not tensors or
-            not of an integer dtype (as for ``mask_dcp_empty_shards_``).
+            not of an integer dtype (as for ``mask_dcp_empty_shards_``); an
+            ``is_lse_base_on_e`` that is not a bool.
+
+    Inference only (no autograd formula): see ``cpattn_common.dispatch``.
 
     Example:
         >>> out = cp_lse_ag_out_rs(partial_out, partial_lse, dist.group.WORLD)

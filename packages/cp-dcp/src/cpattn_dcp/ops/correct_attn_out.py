@@ -16,6 +16,8 @@ import functools
 import torch
 
 from cpattn_common.alloc import new_output
+from cpattn_common.checks import check_bool
+from cpattn_common.dispatch import must_dispatch
 from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_common.launch_plans import OpPlans
 from cpattn_dcp.context import CPTritonContext
@@ -419,14 +421,18 @@ def correct_attn_out(
         ValueError: shapes that disagree, ``D == 0``, an ``out`` whose elements share memory
             (an expanded view), tensors on different devices, ``cp_rank`` out of range, a
             floating dtype other than fp16/bf16/fp32.
-        TypeError: non-tensor or non-floating arguments, a ``cp_rank`` that is not an int.
+        TypeError: non-tensor or non-floating arguments, a ``cp_rank`` that is not an int, an
+            ``is_lse_base_on_e`` that is not a bool.
+
+    Inference only (no autograd formula): see ``cpattn_common.dispatch``.
 
     Example:
         >>> lses = torch.stack([lse_rank0, lse_rank1])         # [2, B, H]
         >>> out, lse = correct_attn_out(out_rank1, lses, cp_rank=1)
     """
     del ctx
-    if torch.compiler.is_compiling():
+    is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
+    if must_dispatch(out, lses):  # tracing, a dispatch mode, autograd
         out3 = _squeeze_out(out)
         lses3 = _squeeze_lses(lses, tuple(out3.shape[:2]))
         _validate(out3, lses3, cp_rank)

@@ -16,6 +16,7 @@ import functools
 import torch
 
 from cpattn_common.alloc import new_output
+from cpattn_common.dispatch import must_dispatch
 from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_common.launch_plans import OpPlans
 from cpattn_dcp.kernels.empty_shards import (
@@ -276,7 +277,8 @@ def mask_dcp_empty_shards_(
         >>> mask_dcp_empty_shards_(lse, torch.tensor([0, 2]), torch.tensor([0, 1, 5]))
         ... # rows 0 (empty shard) and 5, 6 (padding) are now -inf
     """
-    if seq_lens is not None and query_start_loc is not None and not torch.compiler.is_compiling():
+    dispatch = must_dispatch(lse)  # tracing, a dispatch mode, autograd
+    if seq_lens is not None and query_start_loc is not None and not dispatch:
         # Eager hot path: a recorded call key replays natively (launch plans, when on), or the
         # call is proven valid cheaply and skips the full checks and the dispatcher.
         hit = _plans.replay(lse, seq_lens, query_start_loc) if _plans.on else None
@@ -297,7 +299,7 @@ def mask_dcp_empty_shards_(
     _check_writable(lse)
     assert seq_lens is not None
     assert query_start_loc is not None
-    if torch.compiler.is_compiling():
+    if dispatch:
         torch.ops.cpattn_dcp.mask_dcp_empty_shards_(lse, seq_lens, query_start_loc)
     else:
         mask_dcp_empty_shards_impl(lse, seq_lens, query_start_loc)
