@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+import re
+from typing import Any
 
 import pytest
 import torch
 
-from cpattn_dcp import mask_dcp_empty_shards_
+import cpattn_dcp.ops.a2a_combine as a2a_mod
+from cpattn_dcp import dcp_a2a_lse_reduce, mask_dcp_empty_shards_
 from cpattn_dcp.ops.a2a_combine import (
     a2a_buffer_views,
     a2a_pack,
@@ -16,6 +19,7 @@ from cpattn_dcp.ops.a2a_combine import (
     a2a_unpack_combine,
 )
 from cpattn_testing.reference import lse_combine_ref, mask_empty_shards_ref
+from cpattn_testing.simulated import SimulatedWorld
 from cpattn_testing.tolerances import assert_close_to_ref, coarsest
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -362,3 +366,41 @@ def test_bad_inputs(device: torch.device) -> None:
         a2a_buffer_views(torch.randn(2, 3, 1, 8, device=device).half(), 4)
     with pytest.raises(ValueError, match="Cannot pack"):
         a2a_unpack_combine(torch.randn(2, 3, 4, 5, device=device).double(), head_dim=3)
+    # These raised ZeroDivisionError, RuntimeError (negative dimension) or a late TypeError.
+    for size, error in ((0, ValueError), (-1, ValueError), (True, TypeError), (2.0, TypeError)):
+        with pytest.raises(error, match=re.escape("cp_world_size must be a")):
+            a2a_pack(out, lse, size)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"recv must hold N >= 1 blocks"):
+        a2a_unpack_combine(torch.randn(0, 2, 2, 9, device=device), head_dim=8)
+
+
+@pytest.mark.parametrize(("b", "h"), [(1, 2), (3, 2), (2, 2), (1, 8)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_receive_half_starts_16_byte_aligned(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch, b: int, h: int, dtype: torch.dtype
+) -> None:
+    """N*B*H_r records of D + P lanes need not end on 16 bytes (bf16 D=512, N=2, B=1, H_r=1:
+    2056 bytes): the staging buffer leaves a gap so that the unpack reads an aligned recv."""
+    seen: list[int] = []
+    real = a2a_mod._unpack_combine
+
+    def spy(recv: torch.Tensor, *args: Any) -> Any:
+        seen.append(recv.data_ptr() % 16)
+        return real(recv, *args)
+
+    monkeypatch.setattr(a2a_mod, "_unpack_combine", spy)
+    world = SimulatedWorld(2, device)
+    d = 512 if dtype == torch.bfloat16 else 2
+    outs, lses = _partials(2, b, h, d, 5, dtype, torch.float32)
+    outs, lses = outs.to(device), lses.to(device)
+    got = world.run(
+        lambda g: dcp_a2a_lse_reduce(
+            outs[g.rank_in_group], lses[g.rank_in_group], g, return_lse=True
+        )
+    )
+    assert seen == [0, 0]
+    ref_out, ref_lse = lse_combine_ref(outs, lses)
+    for r, (out, lse) in enumerate(got):
+        heads = slice(r * h // 2, (r + 1) * h // 2)
+        assert_close_to_ref(out, ref_out[:, heads], dtype=dtype)
+        assert_close_to_ref(lse, ref_lse[:, heads], dtype=torch.float32)

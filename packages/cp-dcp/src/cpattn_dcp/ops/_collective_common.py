@@ -7,6 +7,7 @@ from typing import Any, Literal, Protocol, cast, overload
 
 import torch
 
+from cpattn_common.checks import check_positive_int
 from cpattn_dcp.comm.groups import group_rank, group_token, group_world_size
 from cpattn_dcp.context import CPTritonContext
 from cpattn_dcp.ops._common import (
@@ -162,6 +163,8 @@ def validate_combine_args(
         cp_attn_out, cp_attn_lse, world_size, seq_lens, query_start_loc, heads_divisible
     ):
         return seq_lens is not None
+    # A group's world size is valid; a2a_pack's cp_world_size is the caller's number.
+    check_positive_int("cp_world_size", world_size)
     if not isinstance(cp_attn_out, torch.Tensor) or not isinstance(cp_attn_lse, torch.Tensor):
         raise TypeError(
             f"{op}: cp_attn_out and cp_attn_lse must be tensors, got "

@@ -154,6 +154,10 @@ def _buffer_shape(
     if not buf.is_contiguous():
         raise ValueError(f"{name} must be contiguous, got strides {buf.stride()}")
     n, b, hr, _ = buf.shape
+    if n < 1:
+        raise ValueError(
+            f"{name} must hold N >= 1 blocks (one per rank), got shape {tuple(buf.shape)}"
+        )
     return n, b, hr, width
 
 
@@ -524,8 +528,17 @@ def a2a_combine_fwd(
         send = recv = new_output(cp_attn_out, shape)
     else:
         # One allocation for both staging buffers (fresh per call: CUDA-graph safe).
-        staging = new_output(cp_attn_out, (2, *shape))
-        send, recv = staging[0], staging[1]
+        numel = n * b * shape[2] * shape[3]
+        gap = -numel % (16 // cp_attn_out.element_size())
+        if gap == 0:
+            staging = new_output(cp_attn_out, (2, *shape))
+            send, recv = staging[0], staging[1]
+        else:
+            # Records are D + P lanes, so N*B*H_r of them need not end on a 16-byte boundary:
+            # a gap puts the receive half on one, for the unpack kernel's vector loads (a
+            # misaligned base compiles the kernel without them).
+            staging = new_output(cp_attn_out, (2 * numel + gap,))
+            send, recv = staging[:numel].view(shape), staging[numel + gap :].view(shape)
     _launch_pack(cp_attn_out, cp_attn_lse, send, n, seq_lens, query_start_loc)
     if n > 1:
         all_to_all_records(group, recv, send)
