@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 
 import pytest
 import torch
 
 import cpattn_common
+import cpattn_common.alloc as alloc_mod
 from cpattn_common.alloc import (
     empty_output,
     get_output_poison,
@@ -17,6 +19,7 @@ from cpattn_common.alloc import (
     set_output_poison,
 )
 from cpattn_common.ubatch import current_ubatch_id, set_ubatch_id, ubatch_context
+from cpattn_testing.forks import fork_while_held
 
 
 @pytest.mark.no_output_poison
@@ -143,3 +146,16 @@ def test_set_output_poison_inside_contexts_is_undone_as_they_exit() -> None:
             assert get_output_poison() == 2.0
         assert get_output_poison() is None  # the outer context's setting, not undone
     assert get_output_poison() is None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_while_the_poison_lock_is_held_can_set_poison() -> None:
+    previous = get_output_poison()
+    try:
+        code = fork_while_held(
+            [alloc_mod._lock],
+            lambda: (set_output_poison(1.5), get_output_poison() == 1.5)[1],
+        )
+    finally:
+        set_output_poison(previous)
+    assert code == 0

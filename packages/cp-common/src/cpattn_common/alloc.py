@@ -8,6 +8,7 @@ Poisoning is off by default: ``empty_output`` is then exactly ``torch.empty``.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -74,6 +75,16 @@ def poison_outputs(value: float = float("nan")) -> Iterator[None]:
         with _lock:
             _open[:] = [entry for entry in _open if entry[0] is not token]
             _publish()
+
+
+def _after_fork_in_child() -> None:
+    # A child forked while another thread held the lock (inside set_output_poison or a
+    # poison_outputs entry or exit) would block on it at its first such call.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def empty_output(
