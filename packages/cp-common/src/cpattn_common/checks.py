@@ -31,8 +31,10 @@ def check_bool(name: str, value: object) -> bool:
     Raises:
         TypeError: ``value`` is anything else (``None``, an int, a float, a string, a tensor).
     """
-    if value.__class__ is bool:
-        return value is True
+    # isinstance, not a class identity test: torch 2.11's dynamo evaluates
+    # True.__class__ is bool to False while it traces (bool has no subclasses, so the two agree).
+    if isinstance(value, bool):
+        return value
     cls = type(value)
     if cls.__module__ == "numpy" and cls.__name__ in ("bool", "bool_"):  # numpy 2 / numpy 1
         return bool(value)
