@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,6 +19,8 @@ from cpattn_common.capability import (
     direct_cp_multicast_enabled,
     group_probe,
     multicast_disabled_by_env,
+    multicast_env_reason,
+    propagate_multicast_off,
 )
 from cpattn_testing.simulated import SimulatedWorld
 
@@ -158,6 +161,55 @@ def test_env_values_that_keep_multicast_on(
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
     monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "0")
     assert not multicast_disabled_by_env()
+
+
+# NCCL reads NCCL_NVLS_ENABLE with strtoll(value, NULL, 0): an integer prefix in base 0, and 0
+# when there is none. The gate used to take only 0 / false / no / off as "disabled", so 00,
+# 0x0, -0, disable and n kept multicast on although NCCL had it off.
+@pytest.mark.parametrize(
+    "value", ["0", "00", "0x0", "-0", " 0 ", "disable", "n", "false", "true", "0x", "08", " "]
+)
+def test_nccl_nvls_enable_read_as_nccl_reads_it_disables(
+    monkeypatch: pytest.MonkeyPatch, no_multicast_env: None, value: str
+) -> None:
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", value)
+    assert multicast_env_reason() == f"NCCL_NVLS_ENABLE={value}"
+
+
+@pytest.mark.parametrize("value", ["1", "2", "0x1", " 1", "1abc", "+1", "010", ""])
+def test_nccl_nvls_enable_nonzero_or_empty_keeps_multicast_on(
+    monkeypatch: pytest.MonkeyPatch, no_multicast_env: None, value: str
+) -> None:
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", value)
+    assert multicast_env_reason() is None
+
+
+# The DISABLE variables: anything but a clear "no" (or an empty value) keeps multicast off.
+@pytest.mark.parametrize("name", ["TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"])
+@pytest.mark.parametrize("value", ["1", "y", "Y", "t", "T", "yes", "TRUE", "on", "2", "00", "?"])
+def test_disable_variables_disable_for_any_value_but_a_clear_no(
+    monkeypatch: pytest.MonkeyPatch, no_multicast_env: None, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    assert multicast_env_reason() == f"{name}={value}"
+
+
+@pytest.mark.parametrize("name", ["TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"])
+@pytest.mark.parametrize("value", ["0", " 0 ", "false", "False", "no", "off", "n", "F", ""])
+def test_disable_variables_that_say_no(
+    monkeypatch: pytest.MonkeyPatch, no_multicast_env: None, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    assert multicast_env_reason() is None
+
+
+def test_an_odd_spelling_also_turns_the_symmetric_memory_backends_off(
+    monkeypatch: pytest.MonkeyPatch, no_multicast_env: None
+) -> None:
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0x0")
+    propagate_multicast_off()
+    assert os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    assert os.environ["NVSHMEM_DISABLE_NVLS"] == "1"
 
 
 def test_auto_decision_with_fake_cuda(no_multicast_env: None, fake_cuda: dict[str, Any]) -> None:

@@ -58,8 +58,37 @@ MULTICAST_ENV_VARS: dict[str, str] = {
     "NCCL_NVLS_ENABLE": "0",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+# Values of a DISABLE variable that leave multicast on; any other non-empty value turns it off.
+_NOT_DISABLED = {"0", "false", "no", "off", "n", "f"}
+
+
+def _c_integer(text: str) -> int:
+    """The integer C's ``strtoll(text, NULL, 0)`` reads: leading blanks, a sign, then a ``0x``
+    (hex), ``0`` (octal) or decimal prefix of digits; 0 when there are none. NCCL reads its
+    ``NCCL_*`` integer variables this way, so ``00``, ``0x0`` and ``disable`` all mean 0."""
+    text = text.lstrip(" \t\n\r\f\v")
+    sign = -1 if text[:1] == "-" else 1
+    if text[:1] in "+-" and text:
+        text = text[1:]
+    base, digits = 10, "0123456789"
+    if text[:2].lower() == "0x" and text[2:3].lower() in set("0123456789abcdef"):
+        base, digits, text = 16, "0123456789abcdef", text[2:]
+    elif text[:1] == "0":
+        base, digits = 8, "01234567"
+    end = 0
+    while end < len(text) and text[end].lower() in digits:
+        end += 1
+    return sign * int(text[:end], base) if end else 0
+
+
+def _disables(name: str, value: str) -> bool:
+    """Whether ``name=value`` disables multicast, read the way its owner reads it, and on the
+    safe side where that is unclear (a value that is neither clearly on nor off disables)."""
+    if value == "":
+        return False  # NCCL, torch and NVSHMEM all ignore an empty value
+    if MULTICAST_ENV_VARS[name] == "0":  # NCCL_NVLS_ENABLE: NCCL's own integer parse
+        return _c_integer(value) == 0
+    return value.strip().lower() not in _NOT_DISABLED
 
 
 def multicast_disabled_by_env() -> bool:
@@ -68,14 +97,20 @@ def multicast_disabled_by_env() -> bool:
 
 
 def multicast_env_reason() -> str | None:
-    """The setting that disables multicast (e.g. ``"NCCL_NVLS_ENABLE=0"``), or ``None``."""
-    for name, off in MULTICAST_ENV_VARS.items():
+    """The setting that disables multicast (e.g. ``"NCCL_NVLS_ENABLE=0"``), or ``None``.
+
+    ``NCCL_NVLS_ENABLE`` disables it when NCCL reads the value as 0 (``0``, ``00``, ``0x0``,
+    ``-0``, but also ``false`` or ``disable``: NCCL parses an integer prefix, and text without
+    one reads as 0). ``TORCH_SYMM_MEM_DISABLE_MULTICAST`` and ``NVSHMEM_DISABLE_NVLS`` disable
+    it for any non-empty value other than ``0``, ``false``, ``no``, ``off``, ``n`` or ``f``
+    (any case, blanks ignored): torch reads only ``1`` and NVSHMEM its own boolean spellings,
+    so an unclear value is taken as a request to keep multicast off. An empty value is
+    ignored, as all three libraries ignore it.
+    """
+    for name in MULTICAST_ENV_VARS:
         value = os.environ.get(name)
-        if value is None:
-            continue
-        value = value.strip().lower()
-        if (off == "1" and value in _TRUE) or (off == "0" and value in _FALSE):
-            return f"{name}={os.environ[name]}"
+        if value is not None and _disables(name, value):
+            return f"{name}={value}"
     return None
 
 
