@@ -12,16 +12,23 @@ from typing import Any
 
 import pytest
 import torch
+import triton
 
 import cpattn_dcp.direct.factories as factories_mod
 import cpattn_dcp.direct.kv_gather as kv_gather_mod
 import cpattn_dcp.direct.q_gather as q_gather_mod
 from cpattn_dcp.direct import (
+    DirectDCPA2AWorkspace,
+    DirectDCPKVGatherWorkspace,
+    DirectDCPQGatherWorkspace,
+    DirectPathUnavailable,
     clear_direct_workspace_cache,
+    direct_a2a_unavailable_reason,
     get_direct_dcp_a2a_workspace,
     get_direct_dcp_kv_gather_workspace,
     get_direct_dcp_q_gather_workspace,
 )
+from cpattn_dcp.direct._base import triton_unsupported_reason
 from cpattn_dcp.manager import DCPConfig, DCPManager
 from cpattn_testing.simulated import SimulatedWorld
 
@@ -127,3 +134,38 @@ def test_new_manager_gets_a_working_direct_a2a_after_close(device: torch.device)
         assert manager.direct_a2a is not old_ws
         assert not manager.direct_a2a.closed
     _exchange("a2a", [m.direct_a2a for m in fresh], device)
+
+
+# Triton before 3.5 ran the waits' vector atomic in a few threads of a block without handing
+# its result to the others (Triton issue #7402): on a GPU every wait spun to its bound.
+@pytest.mark.parametrize(
+    ("version", "supported"),
+    [("3.4.0", False), ("3.2.0", False), ("2.3.1", False), ("dev", False),
+     ("3.5.0", True), ("3.6.0+git1a2b3c", True), ("3.10.0", True), ("4.0", True)],
+)  # fmt: skip
+def test_triton_version_rule(version: str, supported: bool) -> None:
+    reason = triton_unsupported_reason(version)
+    assert (reason is None) is supported
+    if reason is not None:
+        assert f"Triton >= 3.5 on a GPU, found {version}" in reason
+
+
+def test_old_triton_keeps_the_direct_paths_off_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Automatic gating says no before any probe, a forced construction raises
+    ``DirectPathUnavailable`` (which the manager turns into the NCCL path unless forced); the
+    interpreter on the CPU is not affected."""
+    monkeypatch.setattr(triton, "__version__", "3.4.0")
+    world = SimulatedWorld(N, torch.device("cpu"))
+    group = world.groups[0]
+    reason = direct_a2a_unavailable_reason(group, DTYPE, None, device="cuda")
+    assert reason is not None
+    assert "Triton >= 3.5" in reason
+    for build in (
+        lambda: DirectDCPA2AWorkspace(group, "cuda", T, H_R, D, DTYPE),
+        lambda: DirectDCPQGatherWorkspace(group, "cuda", T, H_R, D, DTYPE),
+        lambda: DirectDCPKVGatherWorkspace(group, "cuda", N * T, D, DTYPE),
+    ):
+        with pytest.raises(DirectPathUnavailable, match=r"Triton >= 3\.5 on a GPU, found 3\.4\.0"):
+            build()
+    built = world.run(lambda g: get_direct_dcp_a2a_workspace(g, "cpu", T, H_R, D, DTYPE, 1, True))
+    assert all(ws is not None for ws in built)  # the CPU interpreter runs on any Triton

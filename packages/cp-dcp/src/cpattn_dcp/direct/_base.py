@@ -22,10 +22,12 @@ check (use it where a timeout must be known at once).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+import triton
 
 from cpattn_common.group import CPGroupLike, as_cp_group
 from cpattn_common.ubatch import current_ubatch_id
@@ -33,6 +35,7 @@ from cpattn_common.workspace import DirectCPWorkspace
 
 __all__ = [
     "DEFAULT_MAX_SPINS",
+    "MIN_TRITON_VERSION",
     "DirectPathUnavailable",
     "DirectProtocolError",
     "DirectWorkspaceBase",
@@ -45,10 +48,34 @@ DEFAULT_MAX_SPINS = 1 << 26
 DEFAULT_ERROR_CHECK_INTERVAL = 64
 
 
+#: The oldest Triton whose direct-path kernels work on a GPU. Before 3.5 a vector atomic ran in
+#: a few threads of a block and its result never reached the others (Triton issue #7402, fixed
+#: in 3.5): the waits poll all N signal words with one, so most threads never saw a signal and
+#: every wait spun to its bound. Found by compiling the wait for sm_90 with Triton 3.4.0 (no
+#: shared-memory broadcast after the atom; 3.5.0 has it). The interpreter is not affected.
+MIN_TRITON_VERSION = (3, 5)
+
+
+def triton_unsupported_reason(version: str | None = None) -> str | None:
+    """Why the installed Triton (or ``version``) cannot run the direct paths on a GPU, or
+    ``None``. A version string without a leading ``major.minor`` counts as too old."""
+    text = triton.__version__ if version is None else version
+    match = re.match(r"(\d+)\.(\d+)", text)
+    if match is not None and (int(match[1]), int(match[2])) >= MIN_TRITON_VERSION:
+        return None
+    need = ".".join(map(str, MIN_TRITON_VERSION))
+    return (
+        f"the direct paths need Triton >= {need} on a GPU, found {text} (older Triton does not "
+        "hand a vector atomic's result to every thread, Triton issue #7402: each wait would "
+        "spin to its bound)"
+    )
+
+
 class DirectPathUnavailable(RuntimeError):
     """A direct workspace found at construction that this machine cannot run it (no
-    multicast address for its buffers). ``DCPManager`` falls back to NCCL on it unless the
-    path was forced (``use_direct_*=True``)."""
+    multicast address for its buffers; a Triton older than ``MIN_TRITON_VERSION`` on a GPU).
+    ``DCPManager`` falls back to NCCL on it unless the path was forced
+    (``use_direct_*=True``)."""
 
 
 class DirectProtocolError(RuntimeError):
@@ -130,6 +157,8 @@ class DirectWorkspaceBase:
         max_spins: int = DEFAULT_MAX_SPINS,
         error_check_interval: int = DEFAULT_ERROR_CHECK_INTERVAL,
     ) -> None:
+        if torch.device(device).type == "cuda" and (reason := triton_unsupported_reason()):
+            raise DirectPathUnavailable(f"{name}: {reason}")
         if max_spins < 1:
             raise ValueError(f"{name}: max_spins must be >= 1, got {max_spins}")
         if error_check_interval < 0:

@@ -26,7 +26,11 @@ import torch
 
 from cpattn_common import capability
 from cpattn_common.group import cache_owner, shared_cp_group
-from cpattn_dcp.direct._base import DirectWorkspaceBase, indexed_device
+from cpattn_dcp.direct._base import (
+    DirectWorkspaceBase,
+    indexed_device,
+    triton_unsupported_reason,
+)
 from cpattn_dcp.direct.a2a import DIRECT_A2A_DTYPES, DirectDCPA2AWorkspace
 from cpattn_dcp.direct.kv_gather import DIRECT_KV_GATHER_DTYPES, DirectDCPKVGatherWorkspace
 from cpattn_dcp.direct.q_gather import DirectDCPQGatherWorkspace
@@ -68,7 +72,8 @@ def _automatic_reason(
 ) -> str | None:
     """What rules out a direct path before any symmetric-memory probe (automatic only).
 
-    A single rank has nothing to exchange, and symmetric memory lives on CUDA devices.
+    A single rank has nothing to exchange, symmetric memory lives on CUDA devices, and the
+    kernels need Triton >= ``MIN_TRITON_VERSION`` there.
     """
     if use_direct is not None:
         return None
@@ -77,7 +82,7 @@ def _automatic_reason(
         return f"needs at least two ranks (world size {world_size})"
     if device is not None and torch.device(device).type != "cuda":
         return f"device {torch.device(device)} is not a CUDA device"
-    return None
+    return triton_unsupported_reason()  # the constructor raises it when a path is forced
 
 
 def direct_a2a_unavailable_reason(
