@@ -162,6 +162,146 @@ def test_normalize_dim() -> None:
         normalize_dim(True, 3)
 
 
+def test_normalize_dim_takes_numpy_and_tensor_integers() -> None:
+    """Anything ``operator.index`` takes is a dim (a numpy integer was refused as "not an int");
+    bools and floats, in any wrapping, still are not."""
+    import numpy as np
+
+    for dim in (np.int64(1), np.int32(-2), torch.tensor(1), torch.tensor(-2, dtype=torch.int32)):
+        got = normalize_dim(dim, 3)
+        assert got == 1
+        assert type(got) is int
+    assert normalize_dim(np.uint8(2), 3) == 2
+    with pytest.raises(ValueError, match="dim 3 is out of range"):
+        normalize_dim(np.int64(3), 3)
+    with pytest.raises(ValueError, match="dim -4 is out of range"):
+        normalize_dim(torch.tensor(-4), 3)
+    refused: tuple[Any, ...] = (True, np.bool_(True), torch.tensor(True), 1.0, np.float32(1.0))
+    for bad in (*refused, torch.tensor(1.0), "1", None):
+        with pytest.raises(TypeError, match="dim must be an int"):
+            normalize_dim(bad, 3)
+
+
+def _rank_device(device_type: str) -> torch.device:
+    if device_type == "cuda":
+        return torch.device(device_type, torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def numpy_dim_ranks(rank: int, world_size: int, device_type: str) -> list[list[float]]:
+    """Runs on every rank: CPGroup's dim-taking collectives with a numpy integer dim."""
+    import numpy as np
+
+    group = CPGroup()
+    x = torch.full((2, 2), float(rank + 1), device=_rank_device(device_type))
+    return [
+        group.all_gather(x, np.int64(-1)).flatten().tolist(),  # type: ignore[arg-type]
+        group.reduce_scatter(x, np.int64(0)).flatten().tolist(),  # type: ignore[arg-type]
+    ]
+
+
+def test_collectives_take_a_numpy_dim(
+    run_ranks: Callable[..., list[Any]], device: torch.device
+) -> None:
+    results = run_ranks(numpy_dim_ranks, 2, device.type)
+    assert results[0] == [[1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0], [3.0, 3.0]]
+    assert results[1] == [[1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0], [3.0, 3.0]]
+
+
+# What torch raises for a collective the backend lacks, by the dist function CPGroup calls:
+# the c10d Backend base class (Backend.hpp) and older gloo's own reduce_scatter.
+_MISSING_OP_MESSAGES = {
+    "reduce_scatter_tensor": (
+        "Backend gloo does not support _reduce_scatter_base",
+        "ProcessGroupGloo does not support reduce_scatter",
+    ),
+    "all_gather_into_tensor": ("Backend gloo does not support _allgather_base",),
+    "all_to_all_single": ("Backend gloo does not support alltoall_base",),
+}
+
+
+def missing_native_op_ranks(rank: int, world_size: int, device_type: str) -> list[str]:
+    """Runs on every rank: each native collective raises torch's "does not support" error;
+    CPGroup must answer through its fallback and remember the op as unsupported. Another
+    error must still propagate."""
+    device = _rank_device(device_type)
+    failures: list[str] = []
+    calls: dict[str, int] = {}
+
+    def make_missing(name: str, message: str) -> Callable[..., Any]:
+        def missing(*args: Any, **kwargs: Any) -> Any:
+            calls[name] = calls.get(name, 0) + 1
+            raise RuntimeError(message)
+
+        return missing
+
+    everyone = [_rank_data(r, SHAPE, torch.float32, 5).to(device) for r in range(world_size)]
+    mine = everyone[rank]
+    total = torch.stack(everyone).sum(0)
+    send = [
+        _rank_data(r, (2 * world_size, 3), torch.float32, 6).to(device) for r in range(world_size)
+    ]
+    want_a2a = torch.cat([send[p].chunk(world_size)[rank] for p in range(world_size)])
+
+    def run_op(name: str, group: CPGroup) -> tuple[torch.Tensor, torch.Tensor]:
+        if name == "reduce_scatter_tensor":
+            return group.reduce_scatter(mine, 0), total.chunk(world_size, 0)[rank]
+        if name == "all_gather_into_tensor":
+            out = torch.empty((world_size * SHAPE[0], *SHAPE[1:]), device=device)
+            group.all_gather_into_tensor(out, mine)
+            return out, torch.cat(everyone, 0)
+        out = torch.empty_like(send[rank])
+        group.all_to_all_single(out, send[rank])
+        return out, want_a2a
+
+    real = {name: getattr(dist, name) for name in _MISSING_OP_MESSAGES}
+    try:
+        for name, messages in _MISSING_OP_MESSAGES.items():
+            for message in messages:
+                setattr(dist, name, make_missing(name, message))
+                calls.clear()
+                group = CPGroup()
+                for attempt in range(2):  # the second call goes straight to the fallback
+                    try:
+                        got, want = run_op(name, group)
+                    except Exception as exc:
+                        failures.append(f"{message!r}: raised {type(exc).__name__}: {exc}")
+                        break
+                    if not torch.equal(got, want):
+                        failures.append(f"{message!r}: wrong result on call {attempt}")
+                if name not in group._unsupported:
+                    failures.append(f"{message!r}: {name} not remembered as unsupported")
+                if calls.get(name) != 1:
+                    failures.append(f"{message!r}: native {name} called {calls.get(name)} times")
+            # Any other error is a real failure: raised, not hidden behind the fallback.
+            setattr(dist, name, make_missing(name, "Connection closed by peer"))
+            group = CPGroup()
+            try:
+                run_op(name, group)
+                failures.append(f"{name}: an unrelated error was swallowed")
+            except RuntimeError as exc:
+                if "Connection closed by peer" not in str(exc):
+                    failures.append(f"{name}: unexpected error {exc}")
+            if group._unsupported:
+                failures.append(f"{name}: unrelated error marked {group._unsupported}")
+            setattr(dist, name, real[name])
+    finally:
+        for name, fn in real.items():
+            setattr(dist, name, fn)
+    return failures
+
+
+def test_native_collective_missing_in_the_backend_falls_back(
+    run_ranks: Callable[..., list[Any]], device: torch.device
+) -> None:
+    """torch words a missing op "Backend gloo does not support _allgather_base"; that used to
+    raise instead of using the fallback (only "not supported", "unsupported" and "not
+    implemented" were recognised)."""
+    results = run_ranks(missing_native_op_ranks, 2, device.type)
+    failures = [f for rank_failures in results for f in rank_failures]
+    assert not failures, "\n".join(failures)
+
+
 def test_cache_owner_is_the_process_group_under_a_wrapper() -> None:
     class Wrapper:
         def __init__(self, pg: object) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -86,6 +87,23 @@ def test_validation(device: torch.device) -> None:
         with pytest.raises(TypeError, match="must hold ints"):
             ws.allocate(shape, torch.float32)  # type: ignore[arg-type]
     assert ws.multicast_ptrs(torch.empty(2, 4)) == [0, 0]  # unknown storage
+
+
+def test_allocate_refuses_a_shape_that_is_not_a_sequence(device: torch.device) -> None:
+    """An int or None used to raise "'int' object is not iterable" from the error message
+    itself; a string was split into characters and bytes taken as their values ((2, 4) here)."""
+    ws = DirectCPWorkspace(SimulatedWorld(1, device).groups[0], device, 2)
+    bad: tuple[Any, ...] = (4, None, "24", b"\x02\x04")
+    for shape in bad:
+        message = f"shape must be a sequence of ints, got {shape!r}"
+        with pytest.raises(TypeError, match=f"^{re.escape(message)}$"):
+            ws.allocate(shape, torch.float32)
+    with pytest.raises(TypeError, match=r"^workspace shape \(2, '3'\) must hold ints$"):
+        ws.allocate([2, "3"], torch.float32)  # type: ignore[list-item]
+    good: tuple[Any, ...] = ([2, 4], torch.Size([2, 4]), (2, torch.tensor(4)))
+    for seq in good:  # sequences of ints
+        storage, _ = ws.allocate(seq, torch.float32)
+        assert storage.shape == (2, 4)
 
 
 class _Handle:

@@ -15,9 +15,10 @@ argument on every call) share one weakly held wrapper per process group.
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, SupportsIndex, TypeVar, cast, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -42,6 +43,16 @@ _T = TypeVar("_T")
 
 # Errors a backend raises when it does not implement a collective (or a dtype of it).
 _UNSUPPORTED_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, NotImplementedError)
+# What such an error's (lower-cased) text says; any other error of those types is re-raised.
+# torch's c10d Backend base class words a missing op "Backend <name> does not support
+# _allgather_base" (also _reduce_scatter_base, alltoall_base), as older gloo did for
+# reduce_scatter ("ProcessGroupGloo does not support reduce_scatter").
+_UNSUPPORTED_PHRASES: tuple[str, ...] = (
+    "not supported",
+    "unsupported",
+    "not implemented",
+    "does not support",
+)
 
 
 @runtime_checkable
@@ -88,15 +99,28 @@ class CPGroupLike(Protocol):
         ...
 
 
-def normalize_dim(dim: int, ndim: int) -> int:
-    """Map ``dim`` in ``[-ndim, ndim)`` to ``[0, ndim)``; ``ValueError`` otherwise."""
-    if isinstance(dim, bool) or not isinstance(dim, int):
+def normalize_dim(dim: SupportsIndex, ndim: int) -> int:
+    """Map ``dim`` in ``[-ndim, ndim)`` to ``[0, ndim)``; ``ValueError`` otherwise.
+
+    ``dim`` is anything ``operator.index`` takes (an int, a numpy integer, a one-element integer
+    tensor) except a bool: ``True`` as a dim is a bug, not 1. A float is refused too (it would
+    be truncated).
+    """
+    # A bool tensor passes operator.index (as 0 / 1); a numpy bool does not.
+    if isinstance(dim, bool) or (isinstance(dim, torch.Tensor) and dim.dtype == torch.bool):
         raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+    if isinstance(dim, int):  # the common case: no operator.index call
+        index = dim
+    else:
+        try:
+            index = operator.index(dim)
+        except TypeError:
+            raise TypeError(f"dim must be an int, got {type(dim).__name__}") from None
     if ndim < 1:
         raise ValueError("collectives along a dim need a tensor with at least 1 dimension")
-    if not -ndim <= dim < ndim:
-        raise ValueError(f"dim {dim} is out of range for a tensor with {ndim} dimensions")
-    return dim % ndim
+    if not -ndim <= index < ndim:
+        raise ValueError(f"dim {index} is out of range for a tensor with {ndim} dimensions")
+    return index % ndim
 
 
 def _check_same(output: torch.Tensor, input: torch.Tensor, op: str) -> None:
@@ -245,9 +269,7 @@ class CPGroup:
             return native()
         except _UNSUPPORTED_ERRORS as exc:
             message = str(exc).lower()
-            if not any(
-                word in message for word in ("not supported", "unsupported", "not implemented")
-            ):
+            if not any(phrase in message for phrase in _UNSUPPORTED_PHRASES):
                 raise
             self._unsupported.add(name)
             return fallback()

@@ -121,12 +121,16 @@ class DirectCPWorkspace:
         """
         if self._closed:
             raise RuntimeError("DirectCPWorkspace is closed")
+        # Checked first: the message below iterates the shape (an int or None raised "'int'
+        # object is not iterable"); a string would be split into characters, bytes read as ints.
+        if isinstance(shape, (str, bytes, bytearray)) or not isinstance(shape, Sequence):
+            raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
         try:  # a float or a string is an error, not a truncated size
             if any(isinstance(s, bool) for s in shape):
                 raise TypeError
             shape = tuple(operator.index(s) for s in shape)
         except TypeError:
-            raise TypeError(f"workspace shape {tuple(shape)} must hold ints") from None
+            raise TypeError(f"workspace shape {tuple(shape)!r} must hold ints") from None
         if len(shape) < 1 or shape[0] != self.num_ubatches:
             raise ValueError(
                 f"workspace shape {shape} must start with the ubatch dim num_ubatches="
