@@ -130,6 +130,7 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
                 "peer_sig_ptrs": self._sig_ptrs[u],
                 "counter_ptr": self._pub_counter[u],
                 "epoch_ptr": self.epoch[u:],
+                "err_ptr": self._error[u],
                 "T_MAX": t_max,
                 "rank": self.rank,
                 "N": n,

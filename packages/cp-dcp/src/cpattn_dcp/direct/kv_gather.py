@@ -240,6 +240,7 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             peer_sig_ptrs=self._sig_ptrs[u],
             counter_ptr=self._pub_counter[u],
             epoch_ptr=self.epoch[u:],
+            err_ptr=self._error[u],
             T=t,
             rank=self.rank,
             dst_parity_stride=self.max_gathered_tokens * d,

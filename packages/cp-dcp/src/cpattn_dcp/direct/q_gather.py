@@ -217,6 +217,7 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
             peer_sig_ptrs=self._sig_ptrs[u],
             counter_ptr=self._pub_counter[u],
             epoch_ptr=self.epoch[u:],
+            err_ptr=self._error[u],
             T=t,
             rank=self.rank,
             dst_parity_stride=0,

@@ -14,7 +14,9 @@ row of ``partial_out [T, H, D]`` and the fp32 LSE into destination ``d`` at sour
 ``rank``. Empty-shard masking (``HAS_MASK``): row ``t`` is empty iff
 ``t >= query_start_loc[R]`` (padding) or ``seq_lens[seq(t)] == 0`` with
 ``seq(t) = min(#{i in 1..R : query_start_loc[i] <= t}, R - 1)``; empty rows send LSE ``-inf``
-and skip the payload (the receiver never reads a zero-weight payload).
+and skip the payload (the receiver never reads a zero-weight payload). Once a wait of this
+rank timed out on the ubatch (``err[0]`` set), every program returns before storing anything:
+no payload, no counter, no signal (sticky failure, see ``direct_protocol``).
 
 ``_direct_a2a_combine_kernel`` (grid ``(T, cdiv(H_r, BLOCK_H), cdiv(D, D_PER_PROG))``; small
 batches split heads and the head dim over more programs to cut latency) waits for every source's
@@ -27,7 +29,9 @@ differences, which fp32 holds exactly for close LSEs; see ``kernels.lse_math``):
     out   = sum_{s: w_s > 0} w_s * o_s                       # fp32 accumulation
     lse   = m + log_b(S)                                     # -inf if all sources empty
 
-On a timeout nothing is read; the output is NaN and the error record is set.
+On a timeout nothing is read; the output is NaN and the error record is set. Once the record
+is set, later combines on the ubatch do not poll: NaN at once, the first record kept. A failed
+rank no longer publishes either, so its peers' next combines on the ubatch time out in turn.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import triton.language as tl
 
 from cpattn_dcp.kernels.direct_protocol import (
     _call_epoch,
+    _failed,
     _publish_done,
     _record_timeout,
     _wait_all,
@@ -62,6 +67,7 @@ def _direct_a2a_publish_kernel(
     peer_sig_ptrs,
     counter_ptr,
     epoch_ptr,
+    err_ptr,
     T,
     T_MAX,
     rank,
@@ -74,6 +80,8 @@ def _direct_a2a_publish_kernel(
     HAS_MASK: tl.constexpr,
     NUM_SEQS_POW2: tl.constexpr,
 ):
+    if _failed(err_ptr):  # sticky: after a timeout, never write into a peer again
+        return
     i_d = tl.program_id(0).to(tl.int64)
     i_p = tl.program_id(1)
     e, parity = _call_epoch(epoch_ptr)
@@ -149,8 +157,10 @@ def _direct_a2a_combine_kernel(
     i_db = tl.program_id(2)
     e, parity = _call_epoch(epoch_ptr)
 
-    ok, arrived = _wait_all(sig_ptr + parity * N, e, max_spins, N, N_POW2)
-    if ok == 0:
+    failed = _failed(err_ptr)  # an earlier wait timed out: fail at once, keep its record
+    spins = tl.where(failed, 0, max_spins)
+    ok, arrived = _wait_all(sig_ptr + parity * N, e, spins, N, N_POW2)
+    if (ok == 0) & (failed == 0):
         _record_timeout(err_ptr, e, arrived, N, N_POW2)
 
     o_n = tl.arange(0, N_POW2)

@@ -13,11 +13,15 @@ element offset::
   ``dst_row_stride = D`` — rank-major ``[N*T, D]`` in the parity slot.
 
 The last program of each destination raises ``signal[parity, rank] = E`` there (release, system
-scope; see ``cpattn_dcp.kernels.direct_protocol``).
+scope; see ``cpattn_dcp.kernels.direct_protocol``). Once a wait of this rank timed out on the
+ubatch (``err[0]`` set), every program returns before storing anything: no rows, no counter, no
+signal (sticky failure), so the peers' next waits on the ubatch time out.
 
 ``_direct_gather_wait_kernel`` waits (bounded) for all sources' signals of this call; with
 ``HAS_COPY`` each program then copies its ``BLOCK`` elements of ``slot[parity][0:num_elems]``
-into the caller's ``dst`` (the KV materialization). Nothing is read on a timeout.
+into the caller's ``dst`` (the KV materialization). Nothing is read on a timeout. Once the
+error record is set, later waits on the ubatch do not poll: they fail at once, copy nothing and
+keep the first record.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import triton.language as tl
 
 from cpattn_dcp.kernels.direct_protocol import (
     _call_epoch,
+    _failed,
     _publish_done,
     _record_timeout,
     _wait_all,
@@ -42,6 +47,7 @@ def _direct_gather_publish_kernel(
     peer_sig_ptrs,
     counter_ptr,
     epoch_ptr,
+    err_ptr,
     T,
     rank,
     dst_parity_stride,
@@ -52,6 +58,8 @@ def _direct_gather_publish_kernel(
     W: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
+    if _failed(err_ptr):  # sticky: after a timeout, never write into a peer again
+        return
     i_d = tl.program_id(0).to(tl.int64)
     i_p = tl.program_id(1)
     e, parity = _call_epoch(epoch_ptr)
@@ -92,8 +100,10 @@ def _direct_gather_wait_kernel(
 ):
     pid = tl.program_id(0).to(tl.int64)
     e, parity = _call_epoch(epoch_ptr)
-    ok, arrived = _wait_all(sig_ptr + parity * N, e, max_spins, N, N_POW2)
-    if ok == 0:
+    failed = _failed(err_ptr)  # an earlier wait timed out: fail at once, keep its record
+    spins = tl.where(failed, 0, max_spins)
+    ok, arrived = _wait_all(sig_ptr + parity * N, e, spins, N, N_POW2)
+    if (ok == 0) & (failed == 0):
         _record_timeout(err_ptr, e, arrived, N, N_POW2)
     if HAS_COPY:
         offs = pid * BLOCK + tl.arange(0, BLOCK)

@@ -5,17 +5,33 @@ Shared by the direct A2A LSE-reduce and the direct Q / KV gathers
 
 Protocol (one call of one workspace on ubatch ``u``):
 
-1. Every program of the *publish* launch reads ``E = epoch[u] + 1`` (the epoch of this call;
-   ``epoch[u]`` itself is advanced only at the very end of the call) and the parity slot
-   ``E & 1``. It stores its payload into the destination peer's symmetric receive buffer of
+1. Every program of the *publish* launch first reads this rank's error flag ``err[u][0]``
+   (``_failed``) and returns at once if it is set: no payload store, no counter bump, no
+   signal (see "Sticky failure" below). Otherwise it reads ``E = epoch[u] + 1`` (the epoch of
+   this call; ``epoch[u]`` itself is advanced only at the very end of the call) and the parity
+   slot ``E & 1``. It stores its payload into the destination peer's symmetric receive buffer of
    that slot, then bumps a local per-destination counter (acq_rel). The program that completes
    the counter resets it and raises the signal ``signal[u, parity, rank] = E`` in the
    destination's memory with a release exchange at system scope, so every payload store of
    this rank to that destination is visible before the signal is.
 2. Every program of the *wait* launch acquire-polls its local ``signal[u, parity, 0:N]`` until
    each entry equals ``E``, bounded by ``max_spins`` polls. On timeout it records
-   ``err[u] = (1, E, missing-source bitmask words)`` and never reads the payload. The last
-   program to finish (local completion counter) stores ``epoch[u] = E``.
+   ``err[u] = (1, E, missing-source bitmask words)`` and never reads the payload. A program
+   that finds ``err[u][0]`` already set at its start does not poll at all: it counts as timed
+   out (poisoned output, nothing read) but leaves the record as it is. The last program to
+   finish (local completion counter) stores ``epoch[u] = E``.
+
+Sticky failure: a timed-out wait still advances ``epoch[u]`` (the host learns of the timeout
+only later: on CUDA up to ``error_check_interval`` calls later), so without step 1's check this
+rank would go on publishing calls ``E + 1, E + 2, ...``. A peer that was merely slow may still
+be reading an earlier call of this rank from the very slot such a publish stores into (it saw
+that call's signal), and would return a finite, wrong result with no error. With the check, a
+rank whose wait timed out on ubatch ``u`` never writes into any peer's memory on ``u`` again:
+what it published before the failure stays intact (a peer still reading it gets the right
+result), and the peers' next waits on ``u`` time out in turn (NaN A2A output, no gather copy)
+and record their own errors. The failed rank's own later waits on ``u`` fail at once (step 2):
+the calls it makes before the host learns of the failure do not each spin to ``max_spins``,
+and the record keeps the first timeout, the one that names the missing peer.
 
 Epoch 0 is never published (symmetric memory is zero-filled at allocation), so a freshly
 allocated slot never looks ready. Two parity slots suffice because every call is a full
@@ -33,6 +49,17 @@ def _call_epoch(epoch_ptr):
     """``(E, parity)`` of the running call: ``E = epoch + 1`` (int64), ``parity = E & 1``."""
     e = tl.load(epoch_ptr) + 1
     return e, e & 1
+
+
+@triton.jit
+def _failed(err_ptr):
+    """True (int1 scalar) once a wait of this workspace's ubatch timed out: ``err[0] != 0``.
+
+    ``err_ptr`` points at this ubatch's error record (``_record_timeout``). Read at the start of
+    every publish and wait program: the record of an earlier launch on the same stream is
+    visible to a plain load.
+    """
+    return tl.load(err_ptr) != 0
 
 
 @triton.jit
@@ -100,4 +127,4 @@ def _wait_done(done_ptr, epoch_ptr, epoch_value, num_programs):
         tl.atomic_xchg(epoch_ptr, epoch_value, sem="release", scope="gpu")
 
 
-__all__ = ["_call_epoch", "_publish_done", "_record_timeout", "_wait_all", "_wait_done"]
+__all__ = ["_call_epoch", "_failed", "_publish_done", "_record_timeout", "_wait_all", "_wait_done"]
