@@ -508,3 +508,19 @@ def test_is_lse_base_on_e_must_be_a_bool(device: torch.device, flag: object) -> 
     outs, lses = make_case(2, 3, 4, 8, dtype=torch.float32, device=device, seed=23)
     with pytest.raises(TypeError, match="is_lse_base_on_e must be a bool, got"):
         merge_attn_states(outs, lses, is_lse_base_on_e=flag)  # type: ignore[arg-type]
+
+
+def test_vmap_goes_through_the_registered_op(device: torch.device) -> None:
+    """Under ``torch.vmap`` the inputs are batched wrappers without storage: the eager
+    shortcut raised "Cannot access storage of BatchedTensorImpl"; through the registered op,
+    vmap runs the merge per batch element."""
+    cases = [
+        make_case(2, 3, 4, 8, dtype=torch.float32, device=device, seed=30 + i) for i in range(3)
+    ]
+    outs = torch.stack([c[0] for c in cases])
+    lses = torch.stack([c[1] for c in cases])
+    got, got_lse = torch.vmap(lambda o, s: merge_attn_states(o, s, return_lse=True))(outs, lses)
+    for i, (o, s) in enumerate(cases):
+        want, want_lse = merge_attn_states(o, s, return_lse=True)
+        torch.testing.assert_close(got[i], want, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(got_lse[i], want_lse, rtol=0, atol=0, equal_nan=True)
