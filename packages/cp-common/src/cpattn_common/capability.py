@@ -68,7 +68,7 @@ def _c_integer(text: str) -> int:
     ``NCCL_*`` integer variables this way, so ``00``, ``0x0`` and ``disable`` all mean 0."""
     text = text.lstrip(" \t\n\r\f\v")
     sign = -1 if text[:1] == "-" else 1
-    if text[:1] in "+-" and text:
+    if text[:1] in ("+", "-"):
         text = text[1:]
     base, digits = 10, "0123456789"
     if text[:2].lower() == "0x" and text[2:3].lower() in set("0123456789abcdef"):
