@@ -1,4 +1,5 @@
-"""DirectCPWorkspace: simulated groups (CPU), real symmetric memory (GPU), validation, teardown."""
+"""DirectCPWorkspace: simulated groups (CPU), real symmetric memory (GPU), validation, teardown,
+the ranks' agreement on a failed allocation (gloo on CPU, nccl on GPU)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ import torch
 import torch.distributed as dist
 
 from cpattn_common import capability
-from cpattn_common.group import CPGroupLike
-from cpattn_common.workspace import DirectCPWorkspace
+from cpattn_common.group import CPGroupLike, as_cp_group
+from cpattn_common.workspace import (
+    DirectCPWorkspace,
+    SymmetricAllocationError,
+    _agree_on_local_step,
+)
 from cpattn_testing.simulated import SimulatedWorld
 
 
@@ -157,3 +162,111 @@ def test_gpu_symmetric_memory_workspace(
     results = run_ranks(symm_mem_ranks, world_size, timeout=180.0)
     failures = [f for r in results for f in r]
     assert not failures, failures
+
+
+def agreement_ranks(rank: int, world_size: int, failing: tuple[int, ...]) -> dict[str, Any]:
+    """Every rank runs the agreement after a local step that failed on the ``failing`` ranks;
+    then one more collective shows the group is still in step."""
+    group = as_cp_group(dist.group.WORLD)
+    device = torch.device("cuda", torch.cuda.current_device()) if dist_backend_is_nccl() else None
+    flag = torch.empty(1, dtype=torch.int32, device=device)
+    failure = MemoryError(f"rank {rank} is full") if rank in failing else None
+    report: dict[str, Any] = {"raised": None}
+    try:
+        _agree_on_local_step(group, flag, failure, "the step")
+    except SymmetricAllocationError as exc:
+        report.update(
+            raised=str(exc), failed_ranks=exc.failed_ranks, cause=type(exc.__cause__).__name__
+        )
+    total = group.all_reduce(torch.ones(1, device=device))
+    report["after"] = float(total.item())
+    return report
+
+
+def dist_backend_is_nccl() -> bool:
+    return dist.get_backend() == "nccl"
+
+
+@pytest.mark.parametrize(
+    ("world_size", "failing"),
+    [(1, ()), (1, (0,)), (2, ()), (2, (1,)), (2, (0, 1)), (4, (2,)), (4, (0, 3))],
+)
+def test_a_local_failure_raises_on_every_rank_together(
+    run_ranks: Callable[..., list[Any]], world_size: int, failing: tuple[int, ...]
+) -> None:
+    """A rank-local allocation failure (out of memory on one rank) must not leave the other
+    ranks waiting in the rendezvous: after the agreement every rank raises
+    ``SymmetricAllocationError`` naming the failing ranks, and the group stays in step."""
+    reports = run_ranks(agreement_ranks, world_size, failing, timeout=120.0)
+    for rank, rep in enumerate(reports):
+        assert rep["after"] == world_size
+        if not failing:
+            assert rep["raised"] is None
+            continue
+        assert rep["failed_ranks"] == list(failing)
+        assert rep["raised"].startswith(
+            f"the step failed on rank(s) {list(failing)} of {world_size}"
+        )
+        if rank in failing:
+            assert rep["cause"] == "MemoryError"
+            assert f"here (rank {rank}): MemoryError: rank {rank} is full" in rep["raised"]
+        else:
+            assert rep["cause"] == "NoneType"
+            assert "here" not in rep["raised"]
+
+
+def failing_symm_mem_ranks(rank: int, world_size: int) -> list[str]:
+    """Real symmetric memory: rank 1 cannot allocate (stubbed ``empty``), then every rank
+    raises together, the group stays in step and the next allocation works."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    failures: list[str] = []
+    device = torch.device("cuda", torch.cuda.current_device())
+    real_empty = symm_mem.empty
+
+    def empty_oom(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if rank == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (stubbed on rank 1)")
+        return real_empty(*args, **kwargs)
+
+    with DirectCPWorkspace(dist.group.WORLD, device, 1) as ws:
+        symm_mem.empty = empty_oom  # type: ignore[assignment]
+        try:
+            ws.allocate((1, 64), torch.float32)
+            failures.append("no error")
+        except SymmetricAllocationError as exc:
+            if exc.failed_ranks != [1]:
+                failures.append(f"failed ranks {exc.failed_ranks}")
+        finally:
+            symm_mem.empty = real_empty  # type: ignore[assignment]
+        storage, _ = ws.allocate((1, 64), torch.float32)
+        if not torch.equal(storage, torch.zeros_like(storage)):
+            failures.append("storage not zero-filled")
+    return failures
+
+
+@pytest.mark.multigpu(2)
+def test_gpu_one_rank_out_of_memory_fails_every_rank_together(
+    run_ranks: Callable[..., list[Any]],
+) -> None:
+    results = run_ranks(failing_symm_mem_ranks, 2, timeout=180.0)
+    failures = [f for r in results for f in r]
+    assert not failures, failures
+
+
+@pytest.mark.gpu
+def test_gpu_out_of_memory_is_a_symmetric_allocation_error(
+    run_ranks: Callable[..., list[Any]],
+) -> None:
+    """A real out-of-memory allocation (2**50 bytes) at world size 1."""
+    assert run_ranks(oversized_symm_mem_rank, 1, timeout=180.0) == [[]]
+
+
+def oversized_symm_mem_rank(rank: int, world_size: int) -> list[str]:
+    device = torch.device("cuda", torch.cuda.current_device())
+    with DirectCPWorkspace(dist.group.WORLD, device, 1) as ws:
+        try:
+            ws.allocate((1, 1 << 48), torch.float32)
+        except SymmetricAllocationError as exc:
+            return [] if exc.failed_ranks == [0] and exc.__cause__ is not None else [str(exc)]
+    return ["no error"]

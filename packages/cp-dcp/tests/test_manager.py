@@ -193,6 +193,42 @@ def test_auto_falls_back_when_a_direct_workspace_refuses(monkeypatch: pytest.Mon
         _managers(world, DCPConfig(comm_backend="a2a", use_direct_q_gather=True), **kw)
 
 
+def test_auto_falls_back_together_when_a_rank_cannot_allocate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A symmetric allocation that failed on one rank (out of memory) raises
+    ``SymmetricAllocationError`` on every rank (``DirectCPWorkspace`` agrees first): every
+    manager then keeps the NCCL paths, with the failing rank in the reason; forcing raises
+    ``DirectPathUnavailable`` (it let the allocation error through, which the manager did not
+    catch)."""
+    from cpattn_common.workspace import DirectCPWorkspace, SymmetricAllocationError
+    from cpattn_dcp.direct import DirectPathUnavailable
+
+    _gate_on(monkeypatch)
+    monkeypatch.setattr(manager_mod, "direct_gather_unavailable_reason", lambda *a, **k: None)
+
+    def rank_1_is_full(self: DirectCPWorkspace, shape: Any, dtype: torch.dtype) -> Any:
+        raise SymmetricAllocationError("allocation failed on rank(s) [1] of 2", [1])
+
+    monkeypatch.setattr(DirectCPWorkspace, "allocate", rank_1_is_full)
+    world = SimulatedWorld(2, "cpu")
+    kw = {"kv_token_dim": 8, "max_gathered_kv_tokens": 4}
+    for m in _managers(world, DCPConfig(comm_backend="a2a"), **kw):
+        assert (m.combine_path, m.query_gather_path, m.kv_gather_path) == (
+            "a2a", "all_gather", "all_gather_into_tensor",
+        )  # fmt: skip
+        for reason in (
+            m.selection.combine_reason,
+            m.selection.query_gather_reason,
+            m.selection.kv_gather_reason,
+        ):
+            assert "the workspace refused" in reason
+            assert "allocation failed on rank(s) [1] of 2" in reason
+    with pytest.raises(DirectPathUnavailable, match=r"Direct DCP A2A: allocation failed") as info:
+        _managers(world, DCPConfig(comm_backend="a2a", use_direct_a2a=True), **kw)
+    assert isinstance(info.value.__cause__, SymmetricAllocationError)
+
+
 def test_wrappers_of_one_group_share_a_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
     """A layer that wraps the group anew (``as_cp_group(pg)`` per layer) gets the workspace
     the first wrapper built, not one more set of symmetric buffers."""
@@ -414,6 +450,48 @@ def test_manager_multiprocess(run_ranks: RunRanks, dist_backend: str) -> None:
             assert expected == "a2a"
         assert rep["a2a_auto"] == (expected, expected)
         assert rep["gathers"] == ("all_gather", "all_gather_into_tensor")
+
+
+def _rank_1_out_of_memory_body(rank: int, world_size: int) -> dict[str, Any]:
+    """Real ranks: symmetric memory runs out on rank 1 only (stubbed ``empty``); every rank's
+    manager must take the same path and the combine must work on it."""
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    group = dist.group.WORLD
+    device = torch.device("cuda", torch.cuda.current_device())
+    expected = _expected_auto_combine(group, device)
+    real_empty = symm_mem.empty
+
+    def empty(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if rank == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (stubbed on rank 1)")
+        return real_empty(*args, **kwargs)
+
+    symm_mem.empty = empty  # type: ignore[assignment]
+    try:
+        m = DCPManager(DCPConfig(comm_backend="a2a"), group, device, 2, 16, torch.bfloat16)
+    finally:
+        symm_mem.empty = real_empty  # type: ignore[assignment]
+    case = make_dcp_decode_case(
+        seq_lens=[1, 6, 3], world_size=world_size, num_heads=world_size * 2, head_dim=16,
+        dtype=torch.bfloat16, device=device, seed=5,
+    )  # fmt: skip
+    out, lse = case.rank_inputs(rank)
+    got = m.combine(out, lse, seq_lens=case.local_seq_lens[rank])
+    assert isinstance(got, torch.Tensor)
+    assert_close_to_ref(got, case.ref_out[:, rank * 2 : rank * 2 + 2], dtype=torch.bfloat16)
+    return {"expected": expected, "path": m.combine_path, "reason": m.selection.combine_reason}
+
+
+@pytest.mark.multigpu(2)
+def test_gpu_one_rank_out_of_memory_every_manager_keeps_nccl(run_ranks: RunRanks) -> None:
+    """Before the ranks agreed on the allocation, rank 1 raised while rank 0 waited in the
+    rendezvous for good."""
+    for rep in run_ranks(_rank_1_out_of_memory_body, 2, timeout=240.0):
+        assert rep["path"] == "a2a", rep
+        if rep["expected"] == "direct_a2a":  # the gate was on: the workspace refused
+            assert "failed on rank(s) [1] of 2" in rep["reason"], rep
 
 
 def _misaligned(t: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from cpattn_common.lse import merge_attn_states_torch
 from cpattn_common.ops.merge_attn_states import merge_attn_states
 from cpattn_common.topology import CPGroups, CPLayout, build_cp_groups, cp_layout
 from cpattn_common.ubatch import current_ubatch_id, set_ubatch_id, ubatch_context
-from cpattn_common.workspace import DirectCPWorkspace
+from cpattn_common.workspace import DirectCPWorkspace, SymmetricAllocationError
 
 __all__ = [
     "CPGroup",
@@ -35,6 +35,7 @@ __all__ = [
     "CPGroups",
     "CPLayout",
     "DirectCPWorkspace",
+    "SymmetricAllocationError",
     "__version__",
     "as_cp_group",
     "build_cp_groups",

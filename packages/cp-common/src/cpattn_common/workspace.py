@@ -12,8 +12,15 @@ Allocation backends:
 - a group that provides ``allocate_symmetric(shape, dtype, device) -> (storage, peer_views)``
   (the in-process simulated groups of cpattn_testing) is used as is;
 - otherwise ``torch.distributed._symmetric_memory``: ``empty`` + zero-fill + device sync (so a
-  peer never observes uninitialised signal memory; epoch 0 is never a published epoch),
-  ``rendezvous`` on the group's name, ``barrier``, then ``get_buffer`` per peer.
+  peer never observes uninitialised signal memory; epoch 0 is never a published epoch), then
+  the ranks agree that every one of them allocated (one all-gather of a flag), then
+  ``rendezvous`` on the group's name, ``barrier``, and ``get_buffer`` per peer.
+
+The agreement is what keeps a rank-local failure (out of memory on one rank, typically after a
+KV cache took the rest) from splitting the group: without it, the failing rank raised while its
+peers waited in the rendezvous for good. With it, every rank raises
+``SymmetricAllocationError`` naming the ranks that failed, so callers that fall back (the
+direct paths of cp-dcp) fall back together.
 
 ``close()`` (or leaving the ``with`` block) drops every buffer so a workspace can be rebuilt.
 """
@@ -33,7 +40,46 @@ from cpattn_common.capability import multicast_disabled_by_env, propagate_multic
 from cpattn_common.checks import check_dtype
 from cpattn_common.group import CPGroupLike, as_cp_group
 
-__all__ = ["DirectCPWorkspace"]
+__all__ = ["DirectCPWorkspace", "SymmetricAllocationError"]
+
+
+class SymmetricAllocationError(RuntimeError):
+    """A symmetric allocation failed on at least one rank of the group; raised on every rank
+    (``failed_ranks`` names them, in group ranks), none of which rendezvoused. On a rank that
+    failed, ``__cause__`` is its own error."""
+
+    def __init__(self, message: str, failed_ranks: list[int]):
+        super().__init__(message)
+        self.failed_ranks = failed_ranks
+
+
+def _agree_on_local_step(
+    group: CPGroupLike, flag: torch.Tensor, failure: BaseException | None, what: str
+) -> None:
+    """Collective: raise ``SymmetricAllocationError`` on every rank if ``failure`` is set on any.
+
+    Call it after a rank-local step that may fail on some ranks only (an allocation) and before
+    the next collective step, so a failing rank does not leave its peers waiting in that step.
+
+    Args:
+        group: the group whose ranks must agree (one all-gather over it).
+        flag: int32 ``[1]`` scratch on the group's device (NCCL needs a CUDA tensor), allocated
+            before the local step: an out-of-memory device may refuse even 4 bytes after it.
+        failure: this rank's error of the local step, or ``None``.
+        what: the step, named in the message.
+    """
+    flag.fill_(0 if failure is not None else 1)
+    flags = group.all_gather(flag, dim=0).tolist()
+    failed_ranks = [r for r, ok in enumerate(flags) if not ok]
+    if not failed_ranks:
+        return
+    rank = group.rank_in_group
+    local = (
+        f"; here (rank {rank}): {type(failure).__name__}: {failure}" if failure is not None else ""
+    )
+    raise SymmetricAllocationError(
+        f"{what} failed on rank(s) {failed_ranks} of {group.world_size}{local}", failed_ranks
+    ) from failure
 
 
 @dataclass
@@ -174,9 +220,19 @@ class DirectCPWorkspace:
         if self.device.type != "cuda":
             raise RuntimeError(f"symmetric memory needs a CUDA device, got {self.device}")
         propagate_multicast_off()
-        storage = symm_mem.empty(shape, dtype=dtype, device=self.device)
-        storage.zero_()
-        torch.cuda.synchronize(self.device)
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        storage: torch.Tensor | None = None
+        failure: Exception | None = None
+        flag = torch.empty(1, dtype=torch.int32, device=self.device)
+        try:  # rank-local: may fail on some ranks only (out of memory)
+            storage = symm_mem.empty(shape, dtype=dtype, device=self.device)
+            storage.zero_()
+            torch.cuda.synchronize(self.device)
+        except Exception as exc:
+            storage, failure = None, exc
+        what = f"symmetric allocation of {nbytes} bytes ({tuple(shape)}, {dtype})"
+        _agree_on_local_step(self.group, flag, failure, what)
+        assert storage is not None
         handle: Any = symm_mem.rendezvous(storage, pg.group_name)
         if handle is None:
             raise RuntimeError("CP symmetric memory rendezvous returned None")

@@ -31,7 +31,7 @@ import triton
 
 from cpattn_common.group import CPGroupLike, as_cp_group
 from cpattn_common.ubatch import current_ubatch_id
-from cpattn_common.workspace import DirectCPWorkspace
+from cpattn_common.workspace import DirectCPWorkspace, SymmetricAllocationError
 
 __all__ = [
     "DEFAULT_MAX_SPINS",
@@ -73,7 +73,8 @@ def triton_unsupported_reason(version: str | None = None) -> str | None:
 
 class DirectPathUnavailable(RuntimeError):
     """A direct workspace found at construction that this machine cannot run it (no
-    multicast address for its buffers; a Triton older than ``MIN_TRITON_VERSION`` on a GPU).
+    multicast address for its buffers; a Triton older than ``MIN_TRITON_VERSION`` on a GPU; a
+    symmetric buffer that some rank could not allocate, raised on every rank together).
     ``DCPManager`` falls back to NCCL on it unless the path was forced
     (``use_direct_*=True``)."""
 
@@ -202,7 +203,13 @@ class DirectWorkspaceBase:
         """Collective symmetric allocation ``[U, *shape]`` -> ``(storage, peer_ptrs [U, N])``."""
         assert self._symm is not None
         full = (self.num_ubatches, *shape)
-        storage, peer_ptrs = self._symm.allocate(full, dtype)
+        try:
+            storage, peer_ptrs = self._symm.allocate(full, dtype)
+        except SymmetricAllocationError as exc:
+            # Raised on every rank together (the ranks agree before the rendezvous), so all of
+            # them take the NCCL path, or all raise where the path is forced.
+            self._symm.close()  # drop the buffers this workspace allocated before
+            raise DirectPathUnavailable(f"{self.name}: {exc}") from exc
         if tuple(storage.shape) != full or tuple(peer_ptrs.shape) != (
             self.num_ubatches,
             self.world_size,
