@@ -31,9 +31,16 @@ PTR_TYPES = {
 }  # fmt: skip
 
 
-def _compile(fn: Any, consts: dict[str, Any], div16: list[str], num_warps: int = 4) -> list[str]:
+def _compile(
+    fn: Any,
+    consts: dict[str, Any],
+    div16: list[str],
+    num_warps: int = 4,
+    ptr_types: dict[str, str] | None = None,
+) -> list[str]:
     names = fn.arg_names
-    sig = {n: "constexpr" if n in consts else PTR_TYPES.get(n, "i32") for n in names}
+    types = {**PTR_TYPES, **(ptr_types or {})}
+    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in div16 if n in names}
     kernel = triton.compile(
         ASTSource(fn, sig, consts, attrs), target=TARGET, options={"num_warps": num_warps}
@@ -91,11 +98,25 @@ def main() -> None:
     out["gather_publish"] = _compile(
         _direct_gather_publish_kernel, {"N": 4, "W": 3456, "BLOCK_W": 4096}, div
     )
-    for copy in (False, True):
-        out[f"gather_wait_copy{int(copy)}"] = _compile(
+    # As q_gather.py (no copy, the destination an int16 view for the NaN) and kv_gather.py
+    # (bf16 copy) launch it, plus an fp8 KV copy: the NaN stores go through an integer pointer.
+    waits = (
+        ("gather_wait_copy0", False, 1024, 0x7FC0, {"dst_ptr": "*i16"}),
+        ("gather_wait_copy1", True, 2048, 0x7FC0, None),
+        (
+            "gather_wait_copy1_fp8",
+            True,
+            2048,
+            0x7F,
+            {"slot_ptr": "*fp8e4nv", "dst_ptr": "*fp8e4nv"},
+        ),
+    )
+    for name, copy, block, nan, types in waits:
+        out[name] = _compile(
             _direct_gather_wait_kernel,
-            {"N": 4, "N_POW2": 4, "HAS_COPY": copy, "BLOCK": 2048},
+            {"N": 4, "N_POW2": 4, "HAS_COPY": copy, "BLOCK": block, "NAN_BITS": nan},
             div,
+            ptr_types=types,
         )
     print(json.dumps(out))
 

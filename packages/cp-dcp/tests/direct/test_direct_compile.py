@@ -24,6 +24,9 @@ def test_direct_kernels_compile_for_sm90_with_protocol_ordering(
         else:
             assert "atom.global.sys.acquire.add.u64" in forms, (name, forms)  # the wait
             assert "atom.global.gpu.release.exch.b64" in forms, (name, forms)  # epoch advance
-        if name.startswith("a2a_combine") or name == "gather_wait_copy1":
+        if name.startswith("a2a_combine") or name.startswith("gather_wait_copy1"):
             assert any(f.startswith("ld.global.cg.v4") for f in forms), (name, forms)
+            assert any(f.startswith("st.global.v4") for f in forms), (name, forms)
+        if name == "gather_wait_copy0":  # the query gather reads nothing; a failure stores NaN
+            assert not any(f.startswith("ld.global.cg") for f in forms), (name, forms)
             assert any(f.startswith("st.global.v4") for f in forms), (name, forms)

@@ -5,6 +5,11 @@ every peer's symmetric parity slot at ``rank * T``, signals, waits, then the row
 Created only where NVLS multicast spans the group; the factory returns ``None`` elsewhere and
 always when the environment disables multicast. Because the result is copied out, the parity
 slot is free again once every rank finished the call (the two-slot argument of the protocol).
+
+A wait that times out (or runs on a ubatch whose error record is set: the sticky failure of
+``cpattn_dcp.kernels.direct_protocol``) reads nothing from the slot and fills ``gathered_kv``
+with NaN, so the caller sees NaN rather than the buffer's previous finite contents until the
+host raises ``DirectProtocolError`` (on CUDA up to ``error_check_interval`` calls later).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from cpattn_dcp.direct.q_gather import _require_multicast
 from cpattn_dcp.kernels.direct_gather import (
     _direct_gather_publish_kernel,
     _direct_gather_wait_kernel,
+    nan_bits,
 )
 
 __all__ = ["DIRECT_KV_GATHER_DTYPES", "DirectDCPKVGatherWorkspace"]
@@ -111,6 +117,7 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             _require_multicast(name, self.symmetric_workspace, [self.received_kv, self.recv_signal])
         self._block_w = min(next_pow2(token_dim), 4096)
         self._n_pow2 = next_pow2(n)
+        self._nan_bits = nan_bits(dtype)  # what a failed wait stores into ``gathered_kv``
 
     def _kv_rows_reason(self, what: str, kv: torch.Tensor, layout: bool = True) -> str | None:
         """Why ``kv`` (named ``what``) is not a contiguous, 16-byte-aligned ``[rows, D]``
@@ -257,6 +264,10 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
     ) -> None:
         """Second launch: bounded wait, then copy the slot's ``N*T`` rows into ``gathered_kv``.
 
+        If the wait timed out, or the ubatch's error record was already set, nothing is read:
+        ``gathered_kv`` is filled with NaN, and ``DirectProtocolError`` is raised at a later
+        call or by ``check_error()``.
+
         Args:
             gathered_kv: ``[N*T, D]`` output, contiguous, T that of every rank's ``publish``.
             ubatch_id: micro-batch slot (default ``cpattn_common.current_ubatch_id()``).
@@ -297,6 +308,7 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             N_POW2=self._n_pow2,
             HAS_COPY=True,
             BLOCK=_COPY_BLOCK,
+            NAN_BITS=self._nan_bits,
         )
         self._after_call()
 
@@ -312,7 +324,8 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
 
         Same result as ``all_gather_into_tensor(gathered_kv, local_kv)``. ``checked=True``:
         the caller has just found ``unsupported_reason(gathered_kv, local_kv)`` to be ``None``
-        (``DCPManager`` does, to choose the path), so it is not run again.
+        (``DCPManager`` does, to choose the path), so it is not run again. NaN after a
+        timed-out wait (see ``wait``).
         """
         self._before_call()
         reason = None if checked else self.unsupported_reason(gathered_kv, local_kv)

@@ -16,6 +16,14 @@ needed after the combine. Before that no peer can overwrite it: the combine wait
 rank's attention output, so a peer reaches its next gather only after this rank's attention
 has read the gathered query. Using the gather without a subsequent cross-rank combine therefore
 needs an extra rendezvous between calls.
+
+A wait that times out (or runs on a ubatch whose error record is set: the sticky failure of
+``cpattn_dcp.kernels.direct_protocol``) fills the call's ``T * S * D`` elements of the ubatch's
+buffer with NaN: the returned ``[T, N*H_r, D]`` view and the padding heads of the storage behind
+it. The caller sees NaN, not the previous call's finite queries, until the host raises
+``DirectProtocolError`` (on CUDA up to ``error_check_interval`` calls later). A peer that was
+only slow can still store its heads of this call over the NaN afterwards: those rows are then
+that peer's correct data, never an earlier call's.
 """
 
 from __future__ import annotations
@@ -37,11 +45,21 @@ from cpattn_dcp.direct._base import (
 from cpattn_dcp.kernels.direct_gather import (
     _direct_gather_publish_kernel,
     _direct_gather_wait_kernel,
+    nan_bits,
+    same_size_int,
 )
 
 __all__ = ["DirectDCPQGatherWorkspace"]
 
 _MAX_PUBLISH_PROGRAMS = 32
+# Elements per NaN store of a failed wait (its single program loops over the call's rows).
+_NAN_FILL_BLOCK = 1024
+# Query dtypes the publish passes to Triton as they are. Triton has no type for
+# float8_e8m0fnu and does not build the fnuz fp8 types for NVIDIA GPUs: the publish moves those
+# through a same-size integer view (a bit-exact copy either way).
+_PUBLISHED_AS_IS = frozenset(
+    {torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2}
+)
 
 
 def _require_multicast(name: str, symm: Any, storages: list[torch.Tensor]) -> None:
@@ -72,7 +90,8 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         max_num_tokens: T_max.
         heads_per_rank: H_r, this rank's query heads.
         head_dim: D (e.g. 576 for MLA).
-        dtype: query dtype (any 1-, 2- or 4-byte floating dtype, fp8 included).
+        dtype: query dtype (any 1-, 2- or 4-byte floating dtype with a NaN encoding, fp8
+            included, float8_e8m0fnu too).
         num_ubatches: micro-batch slots.
         padded_num_heads: head capacity S >= N*H_r of the returned tensor's storage, for
             fixed-head attention kernels (``None``: N*H_r).
@@ -97,12 +116,11 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         error_check_interval: int = DEFAULT_ERROR_CHECK_INTERVAL,
     ) -> None:
         name = "Direct DCP q-gather"
-        if not dtype.is_floating_point or torch.empty((), dtype=dtype).element_size() not in (
-            1,
-            2,
-            4,
-        ):
-            raise ValueError(f"{name} does not support {dtype}")
+        try:
+            # A failed wait marks the call's rows with this pattern (no NaN: not supported).
+            self._nan_bits = nan_bits(dtype)
+        except ValueError as exc:
+            raise ValueError(f"{name} does not support {dtype}: {exc}") from None
         if num_ubatches < 1:
             raise ValueError(f"{name} requires at least one ubatch slot, got {num_ubatches}")
         if max_num_tokens < 1 or heads_per_rank < 1 or head_dim < 1:
@@ -148,6 +166,9 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         self.recv_signal, self._sig_ptrs = self._allocate((2, n), torch.int64)
         if require_multicast:
             _require_multicast(name, self.symmetric_workspace, [self.final_query, self.recv_signal])
+        # The wait stores NaN bit patterns through this view (its dtype Triton always knows).
+        self._final_query_bits = self.final_query.view(same_size_int(dtype))
+        self._publish_view = None if dtype in _PUBLISHED_AS_IS else same_size_int(dtype)
         self._block_w = min(next_pow2(heads_per_rank * head_dim), 4096)
         self._n_pow2 = next_pow2(n)
 
@@ -208,10 +229,11 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
             return
         n, w = self.world_size, self.heads_per_rank * self.head_dim
         num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
+        src = local_query if self._publish_view is None else local_query.view(self._publish_view)
         launch_cached(
             _direct_gather_publish_kernel,
             (n, num_pub),
-            src_ptr=local_query,
+            src_ptr=src,
             stride_src_t=local_query.stride(0),
             peer_dst_ptrs=self._q_ptrs[u],
             peer_sig_ptrs=self._sig_ptrs[u],
@@ -242,7 +264,10 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
 
         Returns:
             The gathered ``[T, N*H_r, D]`` view of the ubatch's persistent buffer, valid until
-            this rank enters this layer's combine (see ``gather``).
+            this rank enters this layer's combine (see ``gather``). If the bounded wait timed
+            out, or the ubatch's error record was already set, the view (and the padding heads
+            of the ``T * S * D`` storage behind it) holds NaN, and ``DirectProtocolError`` is
+            raised at a later call or by ``check_error()``.
 
         Raises:
             RuntimeError: the workspace is closed.
@@ -266,15 +291,16 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
                 done_ptr=self._wait_done[u:],
                 err_ptr=self._error[u],
                 slot_ptr=self.recv_signal[u],
-                dst_ptr=self.recv_signal[u],
-                num_elems=0,
+                dst_ptr=self._final_query_bits[u],  # NaN only on a failure: nothing to copy
+                num_elems=t * self.storage_heads * self.head_dim,
                 slot_parity_stride=0,
                 max_spins=self.max_spins,
                 num_programs=1,
                 N=self.world_size,
                 N_POW2=self._n_pow2,
                 HAS_COPY=False,
-                BLOCK=16,
+                BLOCK=_NAN_FILL_BLOCK,
+                NAN_BITS=self._nan_bits,
             )
             self._after_call()
         g = self.world_size * self.heads_per_rank
@@ -300,7 +326,8 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
             storage for ``T * S * D`` elements behind it (S = padded heads). Valid until this
             rank enters this layer's combine (the next rendezvous across ranks): a peer's next
             gather, which it can start as soon as this rank has published into that combine,
-            overwrites it. Copy it if it is needed afterwards.
+            overwrites it. Copy it if it is needed afterwards. NaN after a timed-out wait
+            (see ``wait``).
 
         Raises:
             RuntimeError: the workspace is closed.

@@ -19,13 +19,23 @@ signal (sticky failure), so the peers' next waits on the ubatch time out.
 
 ``_direct_gather_wait_kernel`` waits (bounded) for all sources' signals of this call; with
 ``HAS_COPY`` each program then copies its ``BLOCK`` elements of ``slot[parity][0:num_elems]``
-into the caller's ``dst`` (the KV materialization). Nothing is read on a timeout. Once the
-error record is set, later waits on the ubatch do not poll: they fail at once, copy nothing and
-keep the first record.
+into the caller's ``dst`` (the KV materialization). On a timeout nothing is read: the programs
+fill ``dst[0:num_elems]`` with NaN instead (program ``p`` of ``num_programs`` the blocks
+``p, p + num_programs, ...``; the query gather's single program, which has nothing to copy on
+success, loops over all of them only then), so a caller that uses the result before the host
+learns of the timeout sees NaN, not stale finite data. Once the error record is set, later
+waits on the ubatch do not poll: they fail at once, write NaN the same way and keep the first
+record.
+
+The NaN is stored as the element type's bit pattern ``NAN_BITS`` (``nan_bits(dtype)``, taken
+on the host from torch) through an integer pointer of the element's width, never as a float
+constant converted in the kernel: the fp8 formats encode NaN differently (0x7F for
+float8_e4m3fn, 0x80 for the ``fnuz`` formats, 0xFF for float8_e8m0fnu).
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -37,6 +47,59 @@ from cpattn_dcp.kernels.direct_protocol import (
     _wait_all,
     _wait_done,
 )
+
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32}
+
+
+def same_size_int(dtype: torch.dtype) -> torch.dtype:
+    """The signed integer dtype of ``dtype``'s size (1, 2 or 4 bytes): what a bit-exact
+    ``tensor.view`` of ``dtype`` data takes.
+
+    Raises:
+        ValueError: ``dtype`` is of another size.
+    """
+    size = torch.empty((), dtype=dtype).element_size()
+    if size not in _INT_OF_SIZE:
+        raise ValueError(f"{dtype} is not a 1-, 2- or 4-byte dtype")
+    return _INT_OF_SIZE[size]
+
+
+def nan_bits(dtype: torch.dtype) -> int:
+    """The NaN bit pattern of the floating ``dtype`` (1, 2 or 4 bytes) as the signed integer
+    of its width: ``NAN_BITS`` of ``_direct_gather_wait_kernel``.
+
+    Raises:
+        ValueError: ``dtype`` is not a 1-, 2- or 4-byte type with a NaN encoding (e.g.
+            ``float4_e2m1fn_x2``).
+    """
+    if not dtype.is_floating_point:
+        raise ValueError(f"{dtype} is not a floating dtype")
+    int_dtype = same_size_int(dtype)
+    try:
+        nan = torch.tensor(float("nan"), dtype=dtype)
+    except (RuntimeError, TypeError) as exc:  # a format torch cannot convert a float into
+        raise ValueError(f"{dtype} has no NaN encoding torch can produce") from exc
+    if not bool(nan.float().isnan()):
+        raise ValueError(f"{dtype} has no NaN encoding")
+    return int(nan.view(int_dtype).item())
+
+
+@triton.jit
+def _store_nan_bits(ptr, offs, mask, NAN_BITS: tl.constexpr):
+    """``ptr[offs] = NaN`` where ``mask``: the bit pattern ``NAN_BITS`` (``nan_bits``) stored
+    through ``ptr`` reinterpreted as a pointer to the signed integer of its element's width
+    (a no-op cast where ``ptr`` points at integers already)."""
+    bits: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth
+    if bits == 8:
+        int_ptr = ptr.to(tl.pointer_type(tl.int8), bitcast=True)
+        tl.store(int_ptr + offs, tl.full(offs.shape, NAN_BITS, tl.int8), mask=mask)
+    elif bits == 16:
+        int_ptr = ptr.to(tl.pointer_type(tl.int16), bitcast=True)
+        tl.store(int_ptr + offs, tl.full(offs.shape, NAN_BITS, tl.int16), mask=mask)
+    else:
+        tl.static_assert(bits == 32, "NaN stores take 1-, 2- or 4-byte elements")
+        int_ptr = ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+        tl.store(int_ptr + offs, tl.full(offs.shape, NAN_BITS, tl.int32), mask=mask)
 
 
 @triton.jit
@@ -97,6 +160,7 @@ def _direct_gather_wait_kernel(
     N_POW2: tl.constexpr,
     HAS_COPY: tl.constexpr,
     BLOCK: tl.constexpr,
+    NAN_BITS: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     e, parity = _call_epoch(epoch_ptr)
@@ -110,4 +174,10 @@ def _direct_gather_wait_kernel(
         m = offs < tl.where(ok, num_elems, 0)  # nothing is read after a timeout
         x = tl.load(slot_ptr + parity * slot_parity_stride + offs, mask=m, cache_modifier=".cg")
         tl.store(dst_ptr + offs, x, mask=m)
+    if ok == 0:
+        # Mark the output instead of leaving the previous call's finite data in it: the host
+        # learns of the failure only later. Only here does a lone program (query gather) loop.
+        for start in range(pid * BLOCK, num_elems, num_programs * BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            _store_nan_bits(dst_ptr, offs, offs < num_elems, NAN_BITS)
     _wait_done(done_ptr, epoch_ptr, e, num_programs)

@@ -16,10 +16,11 @@ Protocol (one call of one workspace on ubatch ``u``):
    this rank to that destination is visible before the signal is.
 2. Every program of the *wait* launch acquire-polls its local ``signal[u, parity, 0:N]`` until
    each entry equals ``E``, bounded by ``max_spins`` polls. On timeout it records
-   ``err[u] = (1, E, missing-source bitmask words)`` and never reads the payload. A program
-   that finds ``err[u][0]`` already set at its start does not poll at all: it counts as timed
-   out (poisoned output, nothing read) but leaves the record as it is. The last program to
-   finish (local completion counter) stores ``epoch[u] = E``.
+   ``err[u] = (1, E, missing-source bitmask words)`` and never reads the payload: it stores NaN
+   into its share of the call's output instead (A2A combine output, KV gather destination,
+   query gather rows). A program that finds ``err[u][0]`` already set at its start does not
+   poll at all: it counts as timed out (NaN output, nothing read) but leaves the record as it
+   is. The last program to finish (local completion counter) stores ``epoch[u] = E``.
 
 Sticky failure: a timed-out wait still advances ``epoch[u]`` (the host learns of the timeout
 only later: on CUDA up to ``error_check_interval`` calls later), so without step 1's check this
@@ -28,7 +29,7 @@ be reading an earlier call of this rank from the very slot such a publish stores
 that call's signal), and would return a finite, wrong result with no error. With the check, a
 rank whose wait timed out on ubatch ``u`` never writes into any peer's memory on ``u`` again:
 what it published before the failure stays intact (a peer still reading it gets the right
-result), and the peers' next waits on ``u`` time out in turn (NaN A2A output, no gather copy)
+result), and the peers' next waits on ``u`` time out in turn (NaN A2A and gather output)
 and record their own errors. The failed rank's own later waits on ``u`` fail at once (step 2):
 the calls it makes before the host learns of the failure do not each spin to ``max_spins``,
 and the record keeps the first timeout, the one that names the missing peer.
