@@ -194,13 +194,59 @@ def test_disable_variables_disable_for_any_value_but_a_clear_no(
     assert multicast_env_reason() == f"{name}={value}"
 
 
-@pytest.mark.parametrize("name", ["TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"])
 @pytest.mark.parametrize("value", ["0", " 0 ", "false", "False", "no", "off", "n", "F", ""])
-def test_disable_variables_that_say_no(
-    monkeypatch: pytest.MonkeyPatch, no_multicast_env: None, name: str, value: str
+def test_torch_disable_variable_that_says_no(
+    monkeypatch: pytest.MonkeyPatch, no_multicast_env: None, value: str
 ) -> None:
-    monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", value)
     assert multicast_env_reason() is None
+
+
+# NVSHMEM reads a boolean option as true whenever it is set, unless its first character is 0,
+# N, n, F or f. The gate read NVSHMEM_DISABLE_NVLS like the torch variable, so "", "off",
+# " 0" and "\t0" kept multicast on although NVSHMEM had it off. Values NVSHMEM reads as false
+# but that are no clear "no" ("00", "nope") still disable (the safe side).
+@pytest.mark.parametrize("value", ["0", "false", "False", "no", "NO", "n", "N", "F", "f"])
+def test_nvshmem_disable_variable_that_says_no(
+    monkeypatch: pytest.MonkeyPatch, no_multicast_env: None, value: str
+) -> None:
+    monkeypatch.setenv("NVSHMEM_DISABLE_NVLS", value)
+    assert multicast_env_reason() is None
+
+
+@pytest.mark.parametrize(
+    "value", ["", "off", "OFF", " 0", "\t0", " no", "1", "yes", "true", "00", "nope", "f1"]
+)
+def test_nvshmem_disable_variable_read_as_nvshmem_reads_it_disables(
+    monkeypatch: pytest.MonkeyPatch, no_multicast_env: None, value: str
+) -> None:
+    monkeypatch.setenv("NVSHMEM_DISABLE_NVLS", value)
+    assert multicast_env_reason() == f"NVSHMEM_DISABLE_NVLS={value}"
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1" * 5000, (1 << 63) - 1),  # int("1" * 5000) raises past Python's 4300 digits
+        ("-" + "9" * 30, -(1 << 63)),
+        ("0x" + "f" * 40, (1 << 63) - 1),
+        ("0" * 5000, 0),
+        ("0" * 5000 + "7", 7),  # octal, leading zeros
+        ("9223372036854775808", (1 << 63) - 1),  # saturates like strtoll
+        ("12abc", 12),
+    ],
+)
+def test_c_integer_saturates_like_strtoll(text: str, value: int) -> None:
+    assert capability._c_integer(text) == value
+
+
+def test_a_very_long_nccl_value_is_read_not_raised(
+    monkeypatch: pytest.MonkeyPatch, no_multicast_env: None
+) -> None:
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1" * 5000)
+    assert multicast_env_reason() is None
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0" * 5000)
+    assert multicast_env_reason() is not None
 
 
 def test_an_odd_spelling_also_turns_the_symmetric_memory_backends_off(
@@ -388,3 +434,45 @@ def test_multicast_off_reaches_torch_symm_mem(
     capability.propagate_multicast_off()
     assert "TORCH_SYMM_MEM_DISABLE_MULTICAST" not in os.environ
     assert "NVSHMEM_DISABLE_NVLS" not in os.environ
+
+
+def _probe_with_rank_1_out_of_memory(rank: int, world_size: int) -> str | None:
+    """gloo ranks that pretend to have CUDA: the probe's symmetric allocation fails on rank 1
+    only; the stubbed rendezvous is collective like torch's (store keys of every rank)."""
+
+    class _Handle:
+        multicast_ptr = 0
+
+    def empty(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if rank == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (stubbed on rank 1)")
+        return torch.zeros(8, dtype=torch.uint8)
+
+    def rendezvous(buf: torch.Tensor, name: str) -> _Handle:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"rendezvous/{rank}", "handle")
+        for peer in range(world_size):
+            store.get(f"rendezvous/{peer}")  # waits for the peer (the store's timeout)
+        return _Handle()
+
+    torch.cuda.is_available = lambda: True  # type: ignore[assignment]
+    torch.cuda.current_device = lambda: 0  # type: ignore[assignment]
+    torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
+    capability._device_has_multicast = lambda device: False  # type: ignore[assignment]
+    capability._symm_mem.empty = empty  # type: ignore[assignment]
+    capability._symm_mem.rendezvous = rendezvous  # type: ignore[assignment]
+    return capability.direct_cp_disabled_reason(dist.group.WORLD, torch.bfloat16)
+
+
+def test_a_probe_allocation_failing_on_one_rank_fails_the_probe_on_every_rank(
+    run_ranks: Callable[..., list[Any]], device: torch.device
+) -> None:
+    """Rank 1 used to report "direct off" at once while rank 0 waited in the rendezvous until
+    the store timed out (and then went on, out of step with rank 1's NCCL calls). Now the ranks
+    agree first: both probes fail at once, naming rank 1."""
+    if device.type != "cpu":
+        pytest.skip("stubs CUDA on gloo ranks")
+    for reason in run_ranks(_probe_with_rank_1_out_of_memory, 2, timeout=60.0):
+        assert reason is not None
+        assert "symmetric-memory probe failed: SymmetricAllocationError" in reason
+        assert "failed on rank(s) [1] of 2" in reason

@@ -12,12 +12,9 @@ import torch
 import torch.distributed as dist
 
 from cpattn_common import capability
+from cpattn_common.agreement import SymmetricAllocationError, agree_on_local_step, agreement_flag
 from cpattn_common.group import CPGroupLike, as_cp_group
-from cpattn_common.workspace import (
-    DirectCPWorkspace,
-    SymmetricAllocationError,
-    _agree_on_local_step,
-)
+from cpattn_common.workspace import DirectCPWorkspace
 from cpattn_testing.simulated import SimulatedWorld
 
 
@@ -169,11 +166,11 @@ def agreement_ranks(rank: int, world_size: int, failing: tuple[int, ...]) -> dic
     then one more collective shows the group is still in step."""
     group = as_cp_group(dist.group.WORLD)
     device = torch.device("cuda", torch.cuda.current_device()) if dist_backend_is_nccl() else None
-    flag = torch.empty(1, dtype=torch.int32, device=device)
+    flag = agreement_flag(group, torch.device("cpu") if device is None else device)
     failure = MemoryError(f"rank {rank} is full") if rank in failing else None
     report: dict[str, Any] = {"raised": None}
     try:
-        _agree_on_local_step(group, flag, failure, "the step")
+        agree_on_local_step(group, flag, failure, "the step")
     except SymmetricAllocationError as exc:
         report.update(
             raised=str(exc), failed_ranks=exc.failed_ranks, cause=type(exc.__cause__).__name__

@@ -1,6 +1,7 @@
 """Shared layer for context-parallel attention: process-group wrapper, capability gating, symmetric workspaces, LSE merge kernels."""
 
 from cpattn_common.__about__ import __version__
+from cpattn_common.agreement import SymmetricAllocationError
 from cpattn_common.alloc import (
     empty_output,
     get_output_poison,
@@ -27,7 +28,7 @@ from cpattn_common.lse import merge_attn_states_torch
 from cpattn_common.ops.merge_attn_states import merge_attn_states
 from cpattn_common.topology import CPGroups, CPLayout, build_cp_groups, cp_layout
 from cpattn_common.ubatch import current_ubatch_id, set_ubatch_id, ubatch_context
-from cpattn_common.workspace import DirectCPWorkspace, SymmetricAllocationError
+from cpattn_common.workspace import DirectCPWorkspace
 
 __all__ = [
     "CPGroup",

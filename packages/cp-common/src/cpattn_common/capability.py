@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from cpattn_common.agreement import agree_on_local_step, agreement_flag
 from cpattn_common.group import CPGroupLike, cache_owner, shared_cp_group
 from cpattn_common.identity_memo import IdentityMemo
 
@@ -58,14 +59,21 @@ MULTICAST_ENV_VARS: dict[str, str] = {
     "NCCL_NVLS_ENABLE": "0",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
-# Values of a DISABLE variable that leave multicast on; any other non-empty value turns it off.
+# Values of TORCH_SYMM_MEM_DISABLE_MULTICAST that leave multicast on; any other non-empty value
+# turns it off.
 _NOT_DISABLED = {"0", "false", "no", "off", "n", "f"}
+
+
+# strtoll saturates on overflow; past this many digits the value is out of int64 range in any
+# base strtoll reads (and Python's int() refuses decimal strings of more than 4300 digits).
+_INT64_MAX, _MAX_DIGITS = (1 << 63) - 1, 24
 
 
 def _c_integer(text: str) -> int:
     """The integer C's ``strtoll(text, NULL, 0)`` reads: leading blanks, a sign, then a ``0x``
-    (hex), ``0`` (octal) or decimal prefix of digits; 0 when there are none. NCCL reads its
-    ``NCCL_*`` integer variables this way, so ``00``, ``0x0`` and ``disable`` all mean 0."""
+    (hex), ``0`` (octal) or decimal prefix of digits; 0 when there are none; saturated to the
+    int64 range on overflow. NCCL reads its ``NCCL_*`` integer variables this way, so ``00``,
+    ``0x0`` and ``disable`` all mean 0."""
     text = text.lstrip(" \t\n\r\f\v")
     sign = -1 if text[:1] == "-" else 1
     if text[:1] in ("+", "-"):
@@ -78,15 +86,26 @@ def _c_integer(text: str) -> int:
     end = 0
     while end < len(text) and text[end].lower() in digits:
         end += 1
-    return sign * int(text[:end], base) if end else 0
+    significant = text[:end].lstrip("0")
+    if not significant:
+        return 0
+    if len(significant) > _MAX_DIGITS:
+        return _INT64_MAX if sign > 0 else -_INT64_MAX - 1
+    return max(-_INT64_MAX - 1, min(_INT64_MAX, sign * int(significant, base)))
 
 
 def _disables(name: str, value: str) -> bool:
     """Whether ``name=value`` disables multicast, read the way its owner reads it, and on the
     safe side where that is unclear (a value that is neither clearly on nor off disables)."""
-    if value == "":
-        return False  # NCCL, torch and NVSHMEM all ignore an empty value
-    if MULTICAST_ENV_VARS[name] == "0":  # NCCL_NVLS_ENABLE: NCCL's own integer parse
+    if name == "NVSHMEM_DISABLE_NVLS":
+        # NVSHMEM's boolean options: set means true unless the value starts with 0, N, n, F or
+        # f; an empty value is set, hence true. A value NVSHMEM reads as false but that is no
+        # clear "no" ("00", "nope") disables too, as for the torch variable.
+        if value[:1] not in ("0", "N", "n", "F", "f"):
+            return True
+    elif value == "":
+        return False  # NCCL and torch ignore an empty value
+    if name == "NCCL_NVLS_ENABLE":  # NCCL's own integer parse
         return _c_integer(value) == 0
     return value.strip().lower() not in _NOT_DISABLED
 
@@ -101,11 +120,14 @@ def multicast_env_reason() -> str | None:
 
     ``NCCL_NVLS_ENABLE`` disables it when NCCL reads the value as 0 (``0``, ``00``, ``0x0``,
     ``-0``, but also ``false`` or ``disable``: NCCL parses an integer prefix, and text without
-    one reads as 0). ``TORCH_SYMM_MEM_DISABLE_MULTICAST`` and ``NVSHMEM_DISABLE_NVLS`` disable
-    it for any non-empty value other than ``0``, ``false``, ``no``, ``off``, ``n`` or ``f``
-    (any case, blanks ignored): torch reads only ``1`` and NVSHMEM its own boolean spellings,
-    so an unclear value is taken as a request to keep multicast off. An empty value is
-    ignored, as all three libraries ignore it.
+    one reads as 0; an empty value is ignored, as NCCL ignores it).
+    ``TORCH_SYMM_MEM_DISABLE_MULTICAST`` disables it for any non-empty value other than ``0``,
+    ``false``, ``no``, ``off``, ``n`` or ``f`` (any case, blanks ignored): torch reads only
+    ``1``, so an unclear value is taken as a request to keep multicast off.
+    ``NVSHMEM_DISABLE_NVLS`` disables it where NVSHMEM reads its boolean option as true (set,
+    even to the empty string, unless the value starts with ``0``, ``N``, ``n``, ``F`` or ``f``:
+    ``off`` and `` 0`` disable it) and, like the torch variable, for anything that is no clear
+    ``0`` / ``false`` / ``no`` / ``n`` / ``f``.
     """
     for name in MULTICAST_ENV_VARS:
         value = os.environ.get(name)
@@ -203,9 +225,19 @@ def _rendezvous_probe(
     if pg is None:
         return False, False
     propagate_multicast_off()
-    buf = _symm_mem.empty(8, dtype=torch.uint8, device=device)
-    buf.zero_()
-    torch.cuda.synchronize(device)
+    flag = agreement_flag(group, device)
+    buf: torch.Tensor | None = None
+    failure: Exception | None = None
+    try:  # rank-local: may fail on one rank only (out of memory)
+        buf = _symm_mem.empty(8, dtype=torch.uint8, device=device)
+        buf.zero_()
+        torch.cuda.synchronize(device)
+    except Exception as exc:
+        failure = exc
+    # Every rank raises together if any failed (the probe then fails on every rank), instead
+    # of the failing rank moving on while its peers wait in the rendezvous.
+    agree_on_local_step(group, flag, failure, "the probe's symmetric allocation")
+    assert buf is not None
     handle: Any = _symm_mem.rendezvous(buf, pg.group_name)
     if handle is None:
         return False, False

@@ -36,50 +36,12 @@ from typing import Any
 
 import torch
 
+from cpattn_common.agreement import SymmetricAllocationError, agree_on_local_step, agreement_flag
 from cpattn_common.capability import multicast_disabled_by_env, propagate_multicast_off
 from cpattn_common.checks import check_dtype
 from cpattn_common.group import CPGroupLike, as_cp_group
 
 __all__ = ["DirectCPWorkspace", "SymmetricAllocationError"]
-
-
-class SymmetricAllocationError(RuntimeError):
-    """A symmetric allocation failed on at least one rank of the group; raised on every rank
-    (``failed_ranks`` names them, in group ranks), none of which rendezvoused. On a rank that
-    failed, ``__cause__`` is its own error."""
-
-    def __init__(self, message: str, failed_ranks: list[int]):
-        super().__init__(message)
-        self.failed_ranks = failed_ranks
-
-
-def _agree_on_local_step(
-    group: CPGroupLike, flag: torch.Tensor, failure: BaseException | None, what: str
-) -> None:
-    """Collective: raise ``SymmetricAllocationError`` on every rank if ``failure`` is set on any.
-
-    Call it after a rank-local step that may fail on some ranks only (an allocation) and before
-    the next collective step, so a failing rank does not leave its peers waiting in that step.
-
-    Args:
-        group: the group whose ranks must agree (one all-gather over it).
-        flag: int32 ``[1]`` scratch on the group's device (NCCL needs a CUDA tensor), allocated
-            before the local step: an out-of-memory device may refuse even 4 bytes after it.
-        failure: this rank's error of the local step, or ``None``.
-        what: the step, named in the message.
-    """
-    flag.fill_(0 if failure is not None else 1)
-    flags = group.all_gather(flag, dim=0).tolist()
-    failed_ranks = [r for r, ok in enumerate(flags) if not ok]
-    if not failed_ranks:
-        return
-    rank = group.rank_in_group
-    local = (
-        f"; here (rank {rank}): {type(failure).__name__}: {failure}" if failure is not None else ""
-    )
-    raise SymmetricAllocationError(
-        f"{what} failed on rank(s) {failed_ranks} of {group.world_size}{local}", failed_ranks
-    ) from failure
 
 
 @dataclass
@@ -223,7 +185,7 @@ class DirectCPWorkspace:
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         storage: torch.Tensor | None = None
         failure: Exception | None = None
-        flag = torch.empty(1, dtype=torch.int32, device=self.device)
+        flag = agreement_flag(self.group, self.device)
         try:  # rank-local: may fail on some ranks only (out of memory)
             storage = symm_mem.empty(shape, dtype=dtype, device=self.device)
             storage.zero_()
@@ -231,7 +193,7 @@ class DirectCPWorkspace:
         except Exception as exc:
             storage, failure = None, exc
         what = f"symmetric allocation of {nbytes} bytes ({tuple(shape)}, {dtype})"
-        _agree_on_local_step(self.group, flag, failure, what)
+        agree_on_local_step(self.group, flag, failure, what)
         assert storage is not None
         handle: Any = symm_mem.rendezvous(storage, pg.group_name)
         if handle is None:

@@ -1,0 +1,63 @@
+"""Agreement of a group's ranks on a rank-local step before the next collective step.
+
+A symmetric allocation is a local step (``empty``: it can fail on one rank only, out of memory
+after a KV cache took the rest) followed by a collective one (``rendezvous``). If the failing
+rank raised at once, its peers would wait in the rendezvous for good. ``agree_on_local_step``
+sits between the two: one all-gather of a flag per rank, after which every rank knows whether
+all of them succeeded, and all raise ``SymmetricAllocationError`` together if not. Used by
+``DirectCPWorkspace.allocate`` and the capability probe's rendezvous.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cpattn_common.group import CPGroupLike
+
+__all__ = ["SymmetricAllocationError", "agree_on_local_step", "agreement_flag"]
+
+
+class SymmetricAllocationError(RuntimeError):
+    """A symmetric allocation failed on at least one rank of the group; raised on every rank
+    (``failed_ranks`` names them, in group ranks), none of which rendezvoused. On a rank that
+    failed, ``__cause__`` is its own error."""
+
+    def __init__(self, message: str, failed_ranks: list[int]):
+        super().__init__(message)
+        self.failed_ranks = failed_ranks
+
+
+def agreement_flag(group: CPGroupLike, device: torch.device) -> torch.Tensor:
+    """The int32 ``[1]`` scratch flag ``agree_on_local_step`` gathers: on ``device``, except
+    for a gloo group (host tensors). Allocate it before the local step: an out-of-memory device
+    may refuse even 4 bytes after it."""
+    on_host = getattr(group, "backend", None) == "gloo"
+    return torch.empty(1, dtype=torch.int32, device="cpu" if on_host else device)
+
+
+def agree_on_local_step(
+    group: CPGroupLike, flag: torch.Tensor, failure: BaseException | None, what: str
+) -> None:
+    """Collective: raise ``SymmetricAllocationError`` on every rank if ``failure`` is set on any.
+
+    Call it after a rank-local step that may fail on some ranks only (an allocation) and before
+    the next collective step, so a failing rank does not leave its peers waiting in that step.
+
+    Args:
+        group: the group whose ranks must agree (one all-gather over it).
+        flag: the scratch tensor of ``agreement_flag``.
+        failure: this rank's error of the local step, or ``None``.
+        what: the step, named in the message.
+    """
+    flag.fill_(0 if failure is not None else 1)
+    flags = group.all_gather(flag, dim=0).tolist()
+    failed_ranks = [r for r, ok in enumerate(flags) if not ok]
+    if not failed_ranks:
+        return
+    rank = group.rank_in_group
+    local = (
+        f"; here (rank {rank}): {type(failure).__name__}: {failure}" if failure is not None else ""
+    )
+    raise SymmetricAllocationError(
+        f"{what} failed on rank(s) {failed_ranks} of {group.world_size}{local}", failed_ranks
+    ) from failure
