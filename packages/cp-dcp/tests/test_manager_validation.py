@@ -308,12 +308,16 @@ def test_kv_gather_of_the_manager_geometry_still_runs(device: torch.device) -> N
         ({"dtype": "bf16"}, TypeError, "dtype must be a torch.dtype, got 'bf16'"),
         ({"query_dtype": "fp8"}, TypeError, "query_dtype must be a torch.dtype, got 'fp8'"),
         ({"kv_dtype": torch.zeros(1)}, TypeError, "kv_dtype must be a torch.dtype"),
+        # bool() made None base 2 and "False" base e (the ops themselves refused both)
+        ({"is_lse_base_on_e": None}, TypeError, "is_lse_base_on_e must be a bool, got None"),
+        ({"is_lse_base_on_e": "False"}, TypeError, "is_lse_base_on_e must be a bool, got 'False'"),
     ],
     ids=[
         "num_heads=2.7", "num_heads=2.0", "num_heads=True", "num_heads=0", "head_dim=16.9",
         "head_dim=-1", "query_head_dim=0", "query_head_dim=24.0", "kv_token_dim=-3",
         "kv_token_dim=False", "max_gathered_kv_tokens=4.5", "max_gathered_kv_tokens=True",
         "max_gathered_kv_tokens=-1", "dtype=bf16", "query_dtype=fp8", "kv_dtype=tensor",
+        "is_lse_base_on_e=None", "is_lse_base_on_e='False'",
     ],
 )  # fmt: skip
 def test_construction_refuses_loose_arguments(

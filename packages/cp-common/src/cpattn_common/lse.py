@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from cpattn_common.checks import check_bool
 from cpattn_common.ops.merge_attn_states import _validate, merge_attn_states
 
 __all__ = ["merge_attn_states", "merge_attn_states_torch", "sanitize_lse"]
@@ -46,8 +47,10 @@ def merge_attn_states_torch(
     Raises:
         ValueError: shapes other than ``[N, B, H, D]`` / ``[N, B, H]`` or that disagree,
             ``N == 0``, tensors on different devices.
-        TypeError: non-tensor or non-floating arguments.
+        TypeError: non-tensor or non-floating arguments; an ``is_lse_base_on_e`` that is not
+            a bool (``None`` or ``"False"`` would select a base silently).
     """
+    is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
     _validate(partial_outs, partial_lses, any_float=True)
     compute = torch.float64 if partial_outs.dtype == torch.float64 else torch.float32
     lses = sanitize_lse(partial_lses.to(compute))

@@ -273,7 +273,8 @@ class DCPManager:
 
     Raises:
         TypeError: ``config`` not a ``DCPConfig``; a size that is not an int (a bool or a
-            float is refused, not truncated); a dtype that is not a ``torch.dtype``.
+            float is refused, not truncated); a dtype that is not a ``torch.dtype``; an
+            ``is_lse_base_on_e`` that is not a bool.
         ValueError: a size < 1 (``max_gathered_kv_tokens`` < 0); ``padded_num_heads < N*H_r``;
             ``use_direct_kv_gather=True`` without ``kv_token_dim`` and
             ``max_gathered_kv_tokens >= 1``; a forced direct path that refuses this setup.
@@ -351,7 +352,7 @@ class DCPManager:
                     f"{self.world_size}*{self.num_heads} = {self.group_num_heads}"
                 )
         self.padded_num_heads = padded_num_heads
-        self.is_lse_base_on_e = bool(is_lse_base_on_e)
+        self.is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
 
         self.direct_a2a: DirectDCPA2AWorkspace | None = None
         self.direct_q_gather: DirectDCPQGatherWorkspace | None = None

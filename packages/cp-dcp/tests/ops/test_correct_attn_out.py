@@ -461,3 +461,14 @@ def test_large_close_lses_keep_fp32_accuracy(
     got_out, got_lse = correct_attn_out(out, lses.to(device), n - 1, is_lse_base_on_e=base_e)
     assert_close_to_ref(got_out, want_out, dtype=torch.float32, name="out")
     assert_close_to_ref(got_lse, want_lse, dtype=torch.float32, name="lse")
+
+
+def test_an_out_that_requires_grad_is_refused_with_grad_on(device: torch.device) -> None:
+    """The registered op writes out in place and has no autograd formula: out kept its old
+    grad_fn, so backward ran and its gradient ignored the scaling (silently wrong)."""
+    out = torch.randn(3, 4, 8, device=device, requires_grad=True) * 1.0  # non-leaf
+    lses = torch.randn(2, 3, 4, device=device)
+    with pytest.raises(RuntimeError, match="correct_attn_out: out requires grad"):
+        correct_attn_out(out, lses, 1)
+    with torch.no_grad():
+        correct_attn_out(out, lses, 1)

@@ -301,3 +301,16 @@ def test_masked_copy_without_output_poisoning(device: torch.device) -> None:
     plain = masked_lse_copy(lse, None, None)
     assert plain.is_contiguous()
     assert torch.equal(plain.cpu(), host[:, 1:6])
+
+
+def test_an_lse_that_requires_grad_is_refused_with_grad_on(device: torch.device) -> None:
+    """The registered op masks lse in place without an autograd formula: backward ran and its
+    gradient flowed through the masked rows as if they were untouched."""
+    lse = torch.randn(7, 3, device=device, requires_grad=True) * 1.0  # non-leaf
+    sl = torch.tensor([0, 3], dtype=torch.int32, device=device)
+    qsl = torch.tensor([0, 2, 5], dtype=torch.int32, device=device)
+    with pytest.raises(RuntimeError, match="mask_dcp_empty_shards_: lse requires grad"):
+        mask_dcp_empty_shards_(lse, sl, qsl)
+    with torch.no_grad():
+        mask_dcp_empty_shards_(lse, sl, qsl)
+    assert torch.isneginf(lse[[0, 1, 5, 6]]).all()

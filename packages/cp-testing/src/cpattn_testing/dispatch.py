@@ -50,6 +50,16 @@ def dispatched_ops(fn: Callable[..., Any], *args: Any) -> list[str]:
     return log.names
 
 
+def _same_layout_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` with its sizes and strides, gaps and overlaps included (``clone`` makes
+    such views contiguous): the span of memory ``t`` covers is cloned and viewed the same way."""
+    if t.numel() == 0:
+        return t.clone()
+    span = 1 + sum((n - 1) * s for n, s in zip(t.size(), t.stride(), strict=True))
+    covered = torch.as_strided(t, (span,), (1,))  # from t's first element on
+    return torch.as_strided(covered.clone(), t.size(), t.stride())
+
+
 def _tensors(tree: Any) -> list[torch.Tensor]:
     return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
 
@@ -77,7 +87,8 @@ def assert_dispatches(
     """
 
     def clones() -> list[Any]:
-        return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        # clone() would make a strided view with gaps contiguous: keep the caller's layout.
+        return [_same_layout_copy(a) if isinstance(a, torch.Tensor) else a for a in args]
 
     expected = _tensors(fn(*clones()))
 

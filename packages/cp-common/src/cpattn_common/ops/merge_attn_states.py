@@ -377,6 +377,10 @@ def merge_attn_states(
     """
     is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
     if must_dispatch(partial_outs, partial_lses):  # tracing, a dispatch mode, autograd
+        # Our TypeError for non-tensors first: the dispatcher's schema check would raise a
+        # RuntimeError that names the op's schema instead.
+        if not all(isinstance(t, torch.Tensor) for t in (partial_outs, partial_lses)):
+            _validate(partial_outs, partial_lses)
         out, lse = torch.ops.cpattn_common.merge_attn_states(
             partial_outs, partial_lses, is_lse_base_on_e
         )

@@ -17,7 +17,7 @@ import torch
 
 from cpattn_common.alloc import new_output
 from cpattn_common.checks import check_bool
-from cpattn_common.dispatch import must_dispatch
+from cpattn_common.dispatch import must_dispatch, refuse_grad_in_place
 from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_common.launch_plans import OpPlans
 from cpattn_dcp.context import CPTritonContext
@@ -424,7 +424,8 @@ def correct_attn_out(
         TypeError: non-tensor or non-floating arguments, a ``cp_rank`` that is not an int, an
             ``is_lse_base_on_e`` that is not a bool.
 
-    Inference only (no autograd formula): see ``cpattn_common.dispatch``.
+    Inference only (no autograd formula): see ``cpattn_common.dispatch``. With grad on, an
+    ``out`` that requires grad raises ``RuntimeError`` (its gradient would ignore the scaling).
 
     Example:
         >>> lses = torch.stack([lse_rank0, lse_rank1])         # [2, B, H]
@@ -436,6 +437,7 @@ def correct_attn_out(
         out3 = _squeeze_out(out)
         lses3 = _squeeze_lses(lses, tuple(out3.shape[:2]))
         _validate(out3, lses3, cp_rank)
+        refuse_grad_in_place("correct_attn_out", "out", out3)
         lse: torch.Tensor = torch.ops.cpattn_dcp.correct_attn_out(
             out3, lses3, cp_rank, bool(is_lse_base_on_e)
         )

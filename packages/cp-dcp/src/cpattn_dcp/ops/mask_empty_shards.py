@@ -16,7 +16,7 @@ import functools
 import torch
 
 from cpattn_common.alloc import new_output
-from cpattn_common.dispatch import must_dispatch
+from cpattn_common.dispatch import must_dispatch, refuse_grad_in_place
 from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_common.launch_plans import OpPlans
 from cpattn_dcp.kernels.empty_shards import (
@@ -271,6 +271,8 @@ def mask_dcp_empty_shards_(
             (masking on) ``lse`` has elements that share memory (an expanded view).
         TypeError: non-floating ``lse``; ``seq_lens``/``query_start_loc`` not tensors or not
             of an integer dtype (bool, floating and complex are not).
+        RuntimeError: (masking on) grad mode is on and ``lse`` requires grad: the op has no
+            autograd formula, so the gradient would ignore the masking.
 
     Example:
         >>> lse = torch.zeros(7, 2)
@@ -300,6 +302,7 @@ def mask_dcp_empty_shards_(
     assert seq_lens is not None
     assert query_start_loc is not None
     if dispatch:
+        refuse_grad_in_place("mask_dcp_empty_shards_", "lse", lse)
         torch.ops.cpattn_dcp.mask_dcp_empty_shards_(lse, seq_lens, query_start_loc)
     else:
         mask_dcp_empty_shards_impl(lse, seq_lens, query_start_loc)
