@@ -25,9 +25,9 @@ PTR_TYPES = {
     "out_ptr": "*bf16", "lse_ptr": "*fp32", "seq_lens_ptr": "*i32", "qsl_ptr": "*i32",
     "peer_out_ptrs": "*i64", "peer_lse_ptrs": "*i64", "peer_sig_ptrs": "*i64",
     "peer_dst_ptrs": "*i64", "counter_ptr": "*i32", "epoch_ptr": "*i64", "done_ptr": "*i32",
-    "err_ptr": "*i64", "sig_ptr": "*i64", "recv_out_ptr": "*bf16", "recv_lse_ptr": "*fp32",
-    "res_ptr": "*bf16", "res_lse_ptr": "*fp32", "src_ptr": "*bf16", "slot_ptr": "*bf16",
-    "dst_ptr": "*bf16",
+    "err_ptr": "*i64", "grp_err_ptr": "*i64", "sig_ptr": "*i64", "recv_out_ptr": "*bf16",
+    "recv_lse_ptr": "*fp32", "res_ptr": "*bf16", "res_lse_ptr": "*fp32", "src_ptr": "*bf16",
+    "slot_ptr": "*bf16", "dst_ptr": "*bf16",
 }  # fmt: skip
 
 

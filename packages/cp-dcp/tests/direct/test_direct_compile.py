@@ -24,6 +24,8 @@ def test_direct_kernels_compile_for_sm90_with_protocol_ordering(
         else:
             assert "atom.global.sys.acquire.add.u64" in forms, (name, forms)  # the wait
             assert "atom.global.gpu.release.exch.b64" in forms, (name, forms)  # epoch advance
+            # The flag-2 record (group failed elsewhere first) never overwrites a set record.
+            assert "atom.global.release.gpu.cas.b64" in forms, (name, forms)
         if name.startswith("a2a_combine") or name.startswith("gather_wait_copy1"):
             assert any(f.startswith("ld.global.cg.v4") for f in forms), (name, forms)
             assert any(f.startswith("st.global.v4") for f in forms), (name, forms)

@@ -511,6 +511,7 @@ def test_kv_publish_rank_offset_past_int32(watch_interpreted_accesses: Any) -> N
         src, d, torch.full((n,), slot.data_ptr()), torch.full((n,), sig.data_ptr()),
         torch.zeros(n, dtype=torch.int32), torch.zeros(1, dtype=torch.int64),  # call 1: parity 1
         torch.zeros(3, dtype=torch.int64),  # error record: clear
+        torch.zeros(1, dtype=torch.int64),  # group failure word: clear
         1, rank, cap * d, t * d, d, 1, N=n, W=d, BLOCK_W=1024,
     )  # fmt: skip
     got = np.concatenate(stores)

@@ -7,6 +7,11 @@ the timed-out wait still advances the epoch, so the rank goes on issuing calls. 
 device-side check its next publishes stored into a merely slow peer's slot while that peer was
 still reading it: a finite, wrong result and no error on the peer. Here the host check is
 skipped with ``validate=False`` (on CUDA it sees nothing yet), as the rank's launches would run.
+
+The failure is sticky per group as well: a timeout of any direct workspace of a group sets the
+rank's group failure word, which stops every publish and fails every wait of all the group's
+direct workspaces on that rank (the query gather relies on the combine's rendezvous between its
+calls, so a combine timeout must stop it too); another group is not affected.
 """
 
 from __future__ import annotations
@@ -207,3 +212,217 @@ def test_kv_gather_publish_after_a_timeout_writes_nothing_into_any_peer(
     kvs[1].wait(out2)
     assert torch.isnan(out2).all(), "a timed-out KV gather must mark its output, not copy"
     assert _record(kvs[1]) == (1, 2, [0])
+
+
+# -- the failure is sticky per group: every direct workspace of the group on the rank stops -----
+
+_GROUP_FAILED = r"another direct workspace of this group timed out first"
+
+
+def _record_of(ws: Any, u: int) -> tuple[int, int, list[int]]:
+    """``(flag, epoch, missing sources)`` of ubatch ``u``'s device error record."""
+    rec = ws._error[u].tolist()
+    return rec[0], rec[1], missing_ranks(rec[2:], ws.world_size)
+
+
+def test_query_gather_stops_after_the_a2a_of_its_group_timed_out(
+    sim_build: Build, device: torch.device
+) -> None:
+    """The reviewer's interleaving across workspaces. Rank 0's A2A combine of step 1 times out
+    (rank 1 is merely slow); rank 0's host does not know yet and issues step 2's query gather.
+    The query gather has one buffer per ubatch, guarded only by the combine's rendezvous: before
+    the fix rank 0's (still healthy) query-gather publish stored step 2's heads into rank 1's
+    buffer while rank 1 had not read step 1 yet, so rank 1 gathered a finite, wrong query and no
+    error. Now the A2A's timeout fails the whole group on rank 0: the publish stores nothing,
+    rank 1 reads step 1 intact, its step-2 wait times out (NaN), and both ranks' query gathers
+    raise, rank 0's saying that another workspace of its group timed out first."""
+    n = 2
+    _, wss = sim_build(
+        n, device, lambda g: (_a2a(device, max_spins=2)(g), _q(device, max_spins=2)(g))
+    )
+    (a0, q0), (a1, q1) = wss
+    gen = torch.Generator(device="cpu").manual_seed(8)
+    q = torch.randn(3, n, 1, 1, 8, generator=gen).to(device, torch.bfloat16)  # [step, rank]
+    o = torch.randn(3, n, 1, n, 8, generator=gen).to(device, torch.bfloat16)
+    lse = torch.randn(3, n, 1, n, generator=gen).to(device)
+
+    q0.publish(q[1, 0])
+    q1.publish(q[1, 1])
+    assert torch.equal(q0.wait(1), torch.cat([q[1, 0], q[1, 1]], dim=1))
+    a0.publish(o[1, 0], lse[1, 0])
+    assert torch.isnan(a0.wait_and_combine(1)).all()  # rank 1 has not published: timeout
+    assert _record(a0) == (1, 1, [1])
+
+    snap = _snapshot([q0, q1], ("final_query", "recv_signal"))
+    q0.publish(q[2, 0], validate=False)  # step 2, before rank 0's host learns of the timeout
+    _assert_unchanged([q0, q1], snap)
+
+    got = q1.wait(1).clone()  # rank 1 reaches step 1's gather: step 1's heads, intact
+    q1.check_error()
+    assert torch.equal(got, torch.cat([q[1, 0], q[1, 1]], dim=1))
+    a1.publish(o[1, 1], lse[1, 1])  # rank 0 published its step-1 partial before the failure
+    out1 = a1.wait_and_combine(1)
+    assert isinstance(out1, torch.Tensor)
+    a1.check_error()
+    ref1, _ = lse_combine_ref(o[1], lse[1])
+    assert_close_to_ref(out1, ref1[:, 1:2], dtype=torch.bfloat16, name="rank 1 step 1")
+
+    q1.publish(q[2, 1])  # step 2: rank 0's publish stored nothing, so this times out
+    assert torch.isnan(q1.wait(1)).all(), "rank 1 must time out, not use queries never sent"
+    assert _record(q1) == (1, 2, [0])
+    assert torch.isnan(q0.wait(1, validate=False)).all()  # rank 0 fails at once, nothing polled
+    assert _record(q0) == (2, 2, [])
+
+    with pytest.raises(DirectProtocolError, match=rf"rank 0, ubatch 0: .*{_GROUP_FAILED}"):
+        q0.check_error()
+    with pytest.raises(DirectProtocolError, match=rf"rank 0, ubatch 0: .*{_GROUP_FAILED}"):
+        q0.publish(q[2, 0])  # the lazy (CPU: next call) path says the same
+    with pytest.raises(DirectProtocolError, match=r"rank 0, .*epoch 1 .*source rank\(s\) \[1\]"):
+        a0.check_error()
+    with pytest.raises(DirectProtocolError, match=r"rank 1, .*epoch 2 .*source rank\(s\) \[0\]"):
+        q1.check_error()
+
+
+def test_kv_gather_of_another_ubatch_stops_after_the_a2a_of_its_group_timed_out(
+    sim_build: Build, device: torch.device
+) -> None:
+    """Rank 0's A2A times out on ubatch 0; its KV gather (another workspace and geometry, on
+    ubatch 1) then publishes nothing into rank 1, rank 1's KV wait times out (NaN output,
+    record naming rank 0), and rank 0's own KV wait fails at once with a flag-2 record."""
+    n, t, d = 2, 2, 8
+    _, wss = sim_build(
+        n,
+        device,
+        lambda g: (_a2a(device, max_spins=2)(g), _kv(device, max_spins=2, num_ubatches=2)(g)),
+    )
+    (a0, kv0), (_, kv1) = wss
+    gen = torch.Generator(device="cpu").manual_seed(9)
+    o = torch.randn(t, n, 8, generator=gen).to(device, torch.bfloat16)
+    lse = torch.randn(t, n, generator=gen).to(device)
+    kv = torch.randn(n, t, d, generator=gen).to(device, torch.bfloat16)
+
+    a0.publish(o, lse)
+    assert torch.isnan(a0.wait_and_combine(t)).all()
+    snap = _snapshot([kv0, kv1], ("received_kv", "recv_signal"))
+    kv0.publish(kv[0], ubatch_id=1, validate=False)
+    _assert_unchanged([kv0, kv1], snap)
+
+    out1 = torch.zeros(n * t, d, device=device, dtype=torch.bfloat16)
+    kv1.publish(kv[1], ubatch_id=1)
+    kv1.wait(out1, ubatch_id=1)
+    assert torch.isnan(out1).all(), "rank 1 must time out: rank 0 published nothing"
+    assert _record_of(kv1, 1) == (1, 1, [0])
+    out0 = torch.zeros_like(out1)
+    kv0.wait(out0, ubatch_id=1, validate=False)
+    assert torch.isnan(out0).all()
+    assert _record_of(kv0, 1) == (2, 1, [])
+    assert _record_of(kv0, 0) == (0, 0, [])  # ubatch 0 of the KV gather made no call
+    with pytest.raises(DirectProtocolError, match=rf"rank 0, ubatch 1: .*{_GROUP_FAILED}"):
+        kv0.check_error()
+    with pytest.raises(DirectProtocolError, match=r"rank 1, ubatch 1: .*source rank\(s\) \[0\]"):
+        kv1.check_error()
+
+
+def _three(device: torch.device) -> Callable[[Any], tuple[Any, Any, Any]]:
+    return lambda g: (
+        _a2a(device, max_spins=2)(g),
+        _q(device, max_spins=2)(g),
+        _kv(device, max_spins=2)(g),
+    )
+
+
+def test_a_timeout_in_one_group_leaves_another_group_working(
+    sim_build: Build, device: torch.device
+) -> None:
+    """The failure word is per (group, device): after rank 0 of one world timed out, every
+    workspace of a second world (same geometries, built while the first world's are alive)
+    runs three healthy steps with exact results, and no rank of it records an error."""
+    n, t, d = 2, 1, 8
+    _, bad = sim_build(n, device, _three(device))
+    _, good = sim_build(n, device, _three(device))
+    assert bad[0][0]._group_failure is bad[0][2]._group_failure  # one word per rank's group
+    assert bad[0][0]._group_failure is not bad[1][0]._group_failure  # each rank its own
+    assert bad[0][0]._group_failure is not good[0][0]._group_failure
+    bad[0][0].publish(*_a2a_inputs(n, t, seed=1, device=device)[0])
+    assert torch.isnan(bad[0][0].wait_and_combine(t)).all()
+
+    gen = torch.Generator(device="cpu").manual_seed(10)
+    for _step in range(3):
+        q = torch.randn(n, t, 1, 8, generator=gen).to(device, torch.bfloat16)
+        for r in range(n):
+            good[r][1].publish(q[r])
+        for r in range(n):
+            assert torch.equal(good[r][1].wait(t), torch.cat(list(q), dim=1))
+        inputs = _a2a_inputs(n, t, seed=_step, device=device)
+        for r in range(n):
+            good[r][0].publish(*inputs[r])
+        ref, _ = lse_combine_ref(
+            torch.stack([i[0] for i in inputs]), torch.stack([i[1] for i in inputs])
+        )
+        for r in range(n):
+            out = good[r][0].wait_and_combine(t)
+            assert isinstance(out, torch.Tensor)
+            assert_close_to_ref(out, ref[:, r : r + 1], dtype=torch.bfloat16, name="good a2a")
+        kv = torch.randn(n, t, d, generator=gen).to(device, torch.bfloat16)
+        for r in range(n):
+            good[r][2].publish(kv[r])
+        for r in range(n):
+            out_kv = torch.zeros(n * t, d, device=device, dtype=torch.bfloat16)
+            good[r][2].wait(out_kv)
+            assert torch.equal(out_kv, kv.reshape(n * t, d))
+    for r in range(n):
+        for ws in good[r]:
+            ws.check_error()
+        assert int(good[r][0]._group_failure[0]) == 0
+    assert int(bad[0][0]._group_failure[0]) == 1
+
+
+def _a2a_inputs(
+    n: int, t: int, *, seed: int, device: torch.device
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each rank's ``(partial_out [t, n, 8], partial_lse [t, n])`` for a 1-head-per-rank A2A."""
+    gen = torch.Generator(device="cpu").manual_seed(100 + seed)
+    return [
+        (
+            torch.randn(t, n, 8, generator=gen).to(device, torch.bfloat16),
+            torch.randn(t, n, generator=gen).to(device),
+        )
+        for _ in range(n)
+    ]
+
+
+def test_group_failure_word_is_shared_per_group_and_device_and_released_with_its_workspaces(
+    device: torch.device,
+) -> None:
+    """One word per (group, device) while some holder lives; forgotten once none does."""
+    import gc
+
+    from cpattn_dcp.direct import _group_failure
+    from cpattn_testing.simulated import SimulatedWorld
+
+    world = SimulatedWorld(2, device)
+    g0, g1 = world.groups
+    word = _group_failure.group_failure_word(g0, device)
+    assert _group_failure.group_failure_word(g0, device) is word
+    assert _group_failure.group_failure_word(g1, device) is not word
+    assert word.dtype == torch.int64
+    assert tuple(word.shape) == (1,)
+    assert int(word[0]) == 0
+    key = (id(g0), str(device))
+    assert key in _group_failure._words
+    del word
+    gc.collect()
+    assert key not in _group_failure._words  # g0's entry (and its hold on g0) went with it
+
+
+def test_a_real_timeout_is_reported_before_a_group_failure(
+    sim_build: Build, device: torch.device
+) -> None:
+    """A record with flag 2 on ubatch 0 and flag 1 on ubatch 1 names the missing ranks of
+    ubatch 1 (the timeout of this workspace), not the group failure."""
+    _, wss = sim_build(2, device, _a2a(device, max_spins=2, num_ubatches=2))
+    record = torch.zeros_like(wss[0]._error)
+    record[0, :2] = torch.tensor([2, 3])
+    record[1, :3] = torch.tensor([1, 4, 0b10])
+    with pytest.raises(DirectProtocolError, match=r"ubatch 1: .*epoch 4 .*source rank\(s\) \[1\]"):
+        wss[0]._raise_from(record)

@@ -8,8 +8,13 @@ three small local tensors of its own:
 * ``_wait_done [U]`` int32 — completion counter of the wait launch (its last program advances
   ``epoch[u]``);
 * ``_error [U, 2 + W]`` int64 — ``(flag, epoch, missing-source bitmask)`` written by a wait that
-  timed out; the mask is ``W = cdiv(N, 64)`` words, source ``n`` at bit ``n % 64`` of word
-  ``n // 64`` (``error_record_width``).
+  timed out (flag 1); the mask is ``W = cdiv(N, 64)`` words, source ``n`` at bit ``n % 64`` of
+  word ``n // 64`` (``error_record_width``). Flag 2 (``(2, epoch)``, empty mask): the wait
+  failed at once because another direct workspace of the group timed out first.
+
+and a reference to ``_group_failure`` ``[1]`` int64, the failure word every direct workspace of
+the group on this device shares (``cpattn_dcp.direct._group_failure``): any timeout sets it,
+and every publish and wait program of every such workspace checks it at its start.
 
 Error reporting never syncs the host on the hot path. On CUDA the error record is mirrored into
 pinned host memory with a non-blocking copy every ``error_check_interval`` eager calls (never
@@ -32,6 +37,7 @@ import triton
 from cpattn_common.group import CPGroupLike, as_cp_group
 from cpattn_common.ubatch import current_ubatch_id
 from cpattn_common.workspace import DirectCPWorkspace, SymmetricAllocationError
+from cpattn_dcp.direct._group_failure import group_failure_word
 
 __all__ = [
     "DEFAULT_MAX_SPINS",
@@ -46,6 +52,10 @@ __all__ = [
 DEFAULT_MAX_SPINS = 1 << 26
 #: Eager calls between two non-blocking copies of the error record to the host.
 DEFAULT_ERROR_CHECK_INTERVAL = 64
+#: Error-record flags: this workspace's wait timed out (names the missing sources) / it failed
+#: because another direct workspace of the group had timed out first.
+ERROR_FLAG_TIMEOUT = 1
+ERROR_FLAG_GROUP = 2
 
 
 #: The oldest Triton whose direct-path kernels work on a GPU. Before 3.5 a vector atomic ran in
@@ -190,6 +200,7 @@ class DirectWorkspaceBase:
         self._wait_done = torch.zeros((u,), dtype=torch.int32, device=self.device)
         width = error_record_width(n)
         self._error = torch.zeros((u, width), dtype=torch.int64, device=self.device)
+        self._group_failure = group_failure_word(self.group, self.device)
         self._error_host: torch.Tensor | None = None
         if self.device.type == "cuda":
             self._error_host = torch.zeros((u, width), dtype=torch.int64, pin_memory=True)
@@ -273,15 +284,27 @@ class DirectWorkspaceBase:
         flags = record[:, 0]
         if not bool(flags.any()):
             return
-        u = int(torch.nonzero(flags)[0, 0])
+        # A real timeout of this workspace names the missing peers: report it before a wait
+        # that only followed another workspace's failure.
+        timeouts = torch.nonzero(flags == ERROR_FLAG_TIMEOUT)
+        u = int(timeouts[0, 0]) if timeouts.numel() else int(torch.nonzero(flags)[0, 0])
         epoch = int(record[u, 1])
-        missing = missing_ranks(record[u, 2:].tolist(), self.world_size)
-        self._failure = (
-            f"{self.name}: rank {self.rank}, ubatch {u}: bounded wait timed out at epoch {epoch} "
-            f"after {self.max_spins} polls; no signal from source rank(s) {missing}. Every rank "
-            "must make the same calls, in the same order, on each ubatch. The workspace is "
-            "unusable after this error."
-        )
+        if int(flags[u]) == ERROR_FLAG_TIMEOUT:
+            missing = missing_ranks(record[u, 2:].tolist(), self.world_size)
+            self._failure = (
+                f"{self.name}: rank {self.rank}, ubatch {u}: bounded wait timed out at epoch "
+                f"{epoch} after {self.max_spins} polls; no signal from source rank(s) {missing}. "
+                "Every rank must make the same calls, in the same order, on each ubatch. The "
+                "workspace and every direct workspace of its group are unusable after this "
+                "error: rebuild the group."
+            )
+        else:
+            self._failure = (
+                f"{self.name}: rank {self.rank}, ubatch {u}: call at epoch {epoch} failed "
+                "without waiting because another direct workspace of this group timed out "
+                "first on this rank (its own DirectProtocolError names the missing ranks). "
+                "Every direct workspace of the group is unusable after this: rebuild the group."
+            )
         raise DirectProtocolError(self._failure)
 
     def check_error(self) -> None:

@@ -6,10 +6,10 @@ Created only where NVLS multicast spans the group; the factory returns ``None`` 
 always when the environment disables multicast. Because the result is copied out, the parity
 slot is free again once every rank finished the call (the two-slot argument of the protocol).
 
-A wait that times out (or runs on a ubatch whose error record is set: the sticky failure of
-``cpattn_dcp.kernels.direct_protocol``) reads nothing from the slot and fills ``gathered_kv``
-with NaN, so the caller sees NaN rather than the buffer's previous finite contents until the
-host raises ``DirectProtocolError`` (on CUDA up to ``error_check_interval`` calls later).
+A wait that times out (or runs on a ubatch whose error record, or the group's failure word, is
+set: the sticky failure of ``cpattn_dcp.kernels.direct_protocol``) reads nothing from the slot
+and fills ``gathered_kv`` with NaN, so the caller sees NaN rather than the buffer's previous
+finite contents until the host raises ``DirectProtocolError`` (on CUDA up to ``error_check_interval`` calls later).
 """
 
 from __future__ import annotations
@@ -248,6 +248,7 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             counter_ptr=self._pub_counter[u],
             epoch_ptr=self.epoch[u:],
             err_ptr=self._error[u],
+            grp_err_ptr=self._group_failure,
             T=t,
             rank=self.rank,
             dst_parity_stride=self.max_gathered_tokens * d,
@@ -298,6 +299,7 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             epoch_ptr=self.epoch[u:],
             done_ptr=self._wait_done[u:],
             err_ptr=self._error[u],
+            grp_err_ptr=self._group_failure,
             slot_ptr=self.received_kv[u],
             dst_ptr=gathered_kv,
             num_elems=num_elems,

@@ -15,11 +15,13 @@ and start its next gather while this rank has made no further call. Copy the res
 needed after the combine. Before that no peer can overwrite it: the combine waits for this
 rank's attention output, so a peer reaches its next gather only after this rank's attention
 has read the gathered query. Using the gather without a subsequent cross-rank combine therefore
-needs an extra rendezvous between calls.
+needs an extra rendezvous between calls. Because of that reliance, a timeout of any direct
+workspace of the group (the combine's, say) stops this workspace's publishes on the rank too:
+the group failure word of ``cpattn_dcp.kernels.direct_protocol``.
 
-A wait that times out (or runs on a ubatch whose error record is set: the sticky failure of
-``cpattn_dcp.kernels.direct_protocol``) fills the call's ``T * S * D`` elements of the ubatch's
-buffer with NaN: the returned ``[T, N*H_r, D]`` view and the padding heads of the storage behind
+A wait that times out (or runs on a ubatch whose error record, or the group's failure word, is
+set: the sticky failure of ``cpattn_dcp.kernels.direct_protocol``) fills the call's
+``T * S * D`` elements of the ubatch's buffer with NaN: the returned ``[T, N*H_r, D]`` view and the padding heads of the storage behind
 it. The caller sees NaN, not the previous call's finite queries, until the host raises
 ``DirectProtocolError`` (on CUDA up to ``error_check_interval`` calls later). A peer that was
 only slow can still store its heads of this call over the NaN afterwards: those rows are then
@@ -240,6 +242,7 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
             counter_ptr=self._pub_counter[u],
             epoch_ptr=self.epoch[u:],
             err_ptr=self._error[u],
+            grp_err_ptr=self._group_failure,
             T=t,
             rank=self.rank,
             dst_parity_stride=0,
@@ -290,6 +293,7 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
                 epoch_ptr=self.epoch[u:],
                 done_ptr=self._wait_done[u:],
                 err_ptr=self._error[u],
+                grp_err_ptr=self._group_failure,
                 slot_ptr=self.recv_signal[u],
                 dst_ptr=self._final_query_bits[u],  # NaN only on a failure: nothing to copy
                 num_elems=t * self.storage_heads * self.head_dim,

@@ -15,8 +15,9 @@ row of ``partial_out [T, H, D]`` and the fp32 LSE into destination ``d`` at sour
 ``t >= query_start_loc[R]`` (padding) or ``seq_lens[seq(t)] == 0`` with
 ``seq(t) = min(#{i in 1..R : query_start_loc[i] <= t}, R - 1)``; empty rows send LSE ``-inf``
 and skip the payload (the receiver never reads a zero-weight payload). Once a wait of this
-rank timed out on the ubatch (``err[0]`` set), every program returns before storing anything:
-no payload, no counter, no signal (sticky failure, see ``direct_protocol``).
+rank timed out on the ubatch (``err[0]`` set), or a wait of any direct workspace of the group
+on this rank did (the group word ``grp_err[0]`` set), every program returns before storing
+anything: no payload, no counter, no signal (sticky failure, see ``direct_protocol``).
 
 ``_direct_a2a_combine_kernel`` (grid ``(T, cdiv(H_r, BLOCK_H), cdiv(D, D_PER_PROG))``; small
 batches split heads and the head dim over more programs to cut latency) waits for every source's
@@ -29,9 +30,10 @@ differences, which fp32 holds exactly for close LSEs; see ``kernels.lse_math``):
     out   = sum_{s: w_s > 0} w_s * o_s                       # fp32 accumulation
     lse   = m + log_b(S)                                     # -inf if all sources empty
 
-On a timeout nothing is read; the output is NaN and the error record is set. Once the record
-is set, later combines on the ubatch do not poll: NaN at once, the first record kept. A failed
-rank no longer publishes either, so its peers' next combines on the ubatch time out in turn.
+On a timeout nothing is read; the output is NaN, the error record and the group word are set.
+Once the record or the group word is set, later combines on the ubatch do not poll: NaN at once,
+a set record kept, a clear one set to flag 2 (the group failed elsewhere first). A failed rank
+no longer publishes either, so its peers' next combines on the ubatch time out in turn.
 """
 
 from __future__ import annotations
@@ -43,9 +45,11 @@ from cpattn_dcp.kernels.direct_protocol import (
     _call_epoch,
     _failed,
     _publish_done,
+    _record_group_failure,
     _record_timeout,
     _wait_all,
     _wait_done,
+    _wait_start,
 )
 from cpattn_dcp.kernels.lse_math import _lse_f32, _lse_from, _max_sum, _weight
 
@@ -68,6 +72,7 @@ def _direct_a2a_publish_kernel(
     counter_ptr,
     epoch_ptr,
     err_ptr,
+    grp_err_ptr,
     T,
     T_MAX,
     rank,
@@ -80,7 +85,9 @@ def _direct_a2a_publish_kernel(
     HAS_MASK: tl.constexpr,
     NUM_SEQS_POW2: tl.constexpr,
 ):
-    if _failed(err_ptr):  # sticky: after a timeout, never write into a peer again
+    # Sticky: after a timeout of this workspace or of any of its group's, never write into a
+    # peer again.
+    if _failed(err_ptr, grp_err_ptr):
         return
     i_d = tl.program_id(0).to(tl.int64)
     i_p = tl.program_id(1)
@@ -134,6 +141,7 @@ def _direct_a2a_combine_kernel(
     epoch_ptr,
     done_ptr,
     err_ptr,
+    grp_err_ptr,
     res_ptr,
     stride_res_t,
     stride_res_h,
@@ -157,11 +165,16 @@ def _direct_a2a_combine_kernel(
     i_db = tl.program_id(2)
     e, parity = _call_epoch(epoch_ptr)
 
-    failed = _failed(err_ptr)  # an earlier wait timed out: fail at once, keep its record
+    # An earlier wait of this workspace (own) or of any of the group's (group) timed out:
+    # fail at once without polling, keeping a set record.
+    own, group = _wait_start(err_ptr, grp_err_ptr)
+    failed = own | group
     spins = tl.where(failed, 0, max_spins)
     ok, arrived = _wait_all(sig_ptr + parity * N, e, spins, N, N_POW2)
     if (ok == 0) & (failed == 0):
-        _record_timeout(err_ptr, e, arrived, N, N_POW2)
+        _record_timeout(err_ptr, grp_err_ptr, e, arrived, N, N_POW2)
+    if group & (own == 0):
+        _record_group_failure(err_ptr, e)  # tells the host which workspace failed first
 
     o_n = tl.arange(0, N_POW2)
     o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)

@@ -14,7 +14,8 @@ element offset::
 
 The last program of each destination raises ``signal[parity, rank] = E`` there (release, system
 scope; see ``cpattn_dcp.kernels.direct_protocol``). Once a wait of this rank timed out on the
-ubatch (``err[0]`` set), every program returns before storing anything: no rows, no counter, no
+ubatch (``err[0]`` set), or one of any direct workspace of the group on this rank did (the group
+word ``grp_err[0]`` set), every program returns before storing anything: no rows, no counter, no
 signal (sticky failure), so the peers' next waits on the ubatch time out.
 
 ``_direct_gather_wait_kernel`` waits (bounded) for all sources' signals of this call; with
@@ -23,9 +24,10 @@ into the caller's ``dst`` (the KV materialization). On a timeout nothing is read
 fill ``dst[0:num_elems]`` with NaN instead (program ``p`` of ``num_programs`` the blocks
 ``p, p + num_programs, ...``; the query gather's single program, which has nothing to copy on
 success, loops over all of them only then), so a caller that uses the result before the host
-learns of the timeout sees NaN, not stale finite data. Once the error record is set, later
-waits on the ubatch do not poll: they fail at once, write NaN the same way and keep the first
-record.
+learns of the timeout sees NaN, not stale finite data. A timeout also sets the group word.
+Once the error record or the group word is set, later waits on the ubatch do not poll: they fail
+at once and write NaN the same way, keeping a set record and setting a clear one to flag 2 (the
+group failed elsewhere first).
 
 The NaN is stored as the element type's bit pattern ``NAN_BITS`` (``nan_bits(dtype)``, taken
 on the host from torch) through an integer pointer of the element's width, never as a float
@@ -43,9 +45,11 @@ from cpattn_dcp.kernels.direct_protocol import (
     _call_epoch,
     _failed,
     _publish_done,
+    _record_group_failure,
     _record_timeout,
     _wait_all,
     _wait_done,
+    _wait_start,
 )
 
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32}
@@ -111,6 +115,7 @@ def _direct_gather_publish_kernel(
     counter_ptr,
     epoch_ptr,
     err_ptr,
+    grp_err_ptr,
     T,
     rank,
     dst_parity_stride,
@@ -121,7 +126,9 @@ def _direct_gather_publish_kernel(
     W: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
-    if _failed(err_ptr):  # sticky: after a timeout, never write into a peer again
+    # Sticky: after a timeout of this workspace or of any of its group's, never write into a
+    # peer again.
+    if _failed(err_ptr, grp_err_ptr):
         return
     i_d = tl.program_id(0).to(tl.int64)
     i_p = tl.program_id(1)
@@ -150,6 +157,7 @@ def _direct_gather_wait_kernel(
     epoch_ptr,
     done_ptr,
     err_ptr,
+    grp_err_ptr,
     slot_ptr,
     dst_ptr,
     num_elems,
@@ -164,11 +172,16 @@ def _direct_gather_wait_kernel(
 ):
     pid = tl.program_id(0).to(tl.int64)
     e, parity = _call_epoch(epoch_ptr)
-    failed = _failed(err_ptr)  # an earlier wait timed out: fail at once, keep its record
+    # An earlier wait of this workspace (own) or of any of the group's (group) timed out:
+    # fail at once without polling, keeping a set record.
+    own, group = _wait_start(err_ptr, grp_err_ptr)
+    failed = own | group
     spins = tl.where(failed, 0, max_spins)
     ok, arrived = _wait_all(sig_ptr + parity * N, e, spins, N, N_POW2)
     if (ok == 0) & (failed == 0):
-        _record_timeout(err_ptr, e, arrived, N, N_POW2)
+        _record_timeout(err_ptr, grp_err_ptr, e, arrived, N, N_POW2)
+    if group & (own == 0):
+        _record_group_failure(err_ptr, e)  # tells the host which workspace failed first
     if HAS_COPY:
         offs = pid * BLOCK + tl.arange(0, BLOCK)
         m = offs < tl.where(ok, num_elems, 0)  # nothing is read after a timeout
