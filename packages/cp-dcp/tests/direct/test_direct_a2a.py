@@ -416,3 +416,23 @@ def test_closed_a2a_refuses_every_call(sim_build: Build, device: torch.device) -
     for call in calls:
         with pytest.raises(RuntimeError, match="workspace is closed"):
             call()
+
+
+@pytest.mark.parametrize("flag", [None, "False", 0])
+def test_is_lse_base_on_e_must_be_a_bool_before_anything_is_published(
+    sim_build: Build, device: torch.device, flag: object
+) -> None:
+    """bool() made None base 2 and "False" base e. lse_reduce checks before its publish: a
+    check in the wait alone would leave the call half made, its peers waiting for it."""
+    n, t, h_r, d = 2, 2, 1, 8
+    # max_spins: the old code's wait (rank 1 never calls) timed out quickly
+    _, wss = sim_build(n, device, _a2a(device, 4, h_r, d, torch.bfloat16, max_spins=3))
+    o = torch.randn(t, n * h_r, d, device=device).to(torch.bfloat16)
+    lse = torch.randn(t, n * h_r, device=device)
+    signals = wss[1].recv_signal.clone()
+    with pytest.raises(TypeError, match="is_lse_base_on_e must be a bool"):
+        wss[0].lse_reduce(o, lse, flag)  # type: ignore[arg-type]
+    assert torch.equal(wss[1].recv_signal, signals)  # nothing published
+    assert int(wss[0].epoch[0]) == 0
+    with pytest.raises(TypeError, match="is_lse_base_on_e must be a bool"):
+        wss[0].wait_and_combine(t, is_lse_base_on_e=flag)  # type: ignore[arg-type]

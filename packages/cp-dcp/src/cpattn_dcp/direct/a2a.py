@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from cpattn_common.alloc import empty_output
+from cpattn_common.checks import check_bool
 from cpattn_common.launch import launch_cached
 from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
@@ -298,7 +299,9 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
             RuntimeError: the workspace is closed (its peer pointers are released).
             ValueError: ``num_tokens`` outside ``[0, max_num_tokens]`` or the ubatch out of
                 range.
+            TypeError: an ``is_lse_base_on_e`` that is not a bool.
         """
+        is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
         if self._closed:  # one attribute read: the kernel would read released peer memory
             raise RuntimeError(f"{self.name}: workspace is closed")
         u = self._resolve_ubatch(ubatch_id)
@@ -334,7 +337,7 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
                 BLOCK_D=block_d,
                 D_PER_PROG=d_per_prog,
                 num_warps=num_warps,
-                IS_BASE_E=bool(is_lse_base_on_e),
+                IS_BASE_E=is_lse_base_on_e,
                 HAS_LSE_OUT=lse is not None,
             )
             self._after_call()
@@ -373,9 +376,13 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         Raises:
             ValueError / TypeError: bad shapes, dtypes, alignment, ``T > max_num_tokens``,
                 ubatch out of range; bad ``seq_lens``/``query_start_loc`` raise exactly what
-                ``dcp_a2a_lse_reduce`` raises for them (one shared check).
+                ``dcp_a2a_lse_reduce`` raises for them (one shared check); an
+                ``is_lse_base_on_e`` that is not a bool (``TypeError``).
             DirectProtocolError: an earlier call's bounded wait timed out.
         """
+        # Checked before the publish: a wait that raised after it would leave this rank's
+        # call half made (the peers would wait for it).
+        is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
         self._before_call()
         self._validate(partial_output, partial_lse, seq_lens, query_start_loc)
         u = self._resolve_ubatch(ubatch_id)
