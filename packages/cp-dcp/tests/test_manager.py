@@ -478,7 +478,9 @@ def _rank_1_out_of_memory_body(rank: int, world_size: int) -> dict[str, Any]:
         dtype=torch.bfloat16, device=device, seed=5,
     )  # fmt: skip
     out, lse = case.rank_inputs(rank)
-    got = m.combine(out, lse, seq_lens=case.local_seq_lens[rank])
+    got = m.combine(
+        out, lse, seq_lens=case.local_seq_lens[rank], query_start_loc=case.query_start_loc
+    )
     assert isinstance(got, torch.Tensor)
     assert_close_to_ref(got, case.ref_out[:, rank * 2 : rank * 2 + 2], dtype=torch.bfloat16)
     return {"expected": expected, "path": m.combine_path, "reason": m.selection.combine_reason}
