@@ -471,7 +471,7 @@ def test_a_probe_allocation_failing_on_one_rank_fails_the_probe_on_every_rank(
     the store timed out (and then went on, out of step with rank 1's NCCL calls). Now the ranks
     agree first: both probes fail at once, naming rank 1."""
     if device.type != "cpu":
-        pytest.skip("stubs CUDA on gloo ranks")
+        pytest.skip("replaces torch.cuda in its rank processes: a CPU (gloo) test")
     for reason in run_ranks(_probe_with_rank_1_out_of_memory, 2, timeout=60.0):
         assert reason is not None
         assert "symmetric-memory probe failed: SymmetricAllocationError" in reason

@@ -4,17 +4,25 @@ A symmetric allocation is a local step (``empty``: it can fail on one rank only,
 after a KV cache took the rest) followed by a collective one (``rendezvous``). If the failing
 rank raised at once, its peers would wait in the rendezvous for good. ``agree_on_local_step``
 sits between the two: one all-gather of a flag per rank, after which every rank knows whether
-all of them succeeded, and all raise ``SymmetricAllocationError`` together if not. Used by
+all of them succeeded, and all raise ``SymmetricAllocationError`` together if not.
+``agreed_symmetric_empty`` is that local step and agreement in one, used by
 ``DirectCPWorkspace.allocate`` and the capability probe's rendezvous.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from cpattn_common.group import CPGroupLike
 
-__all__ = ["SymmetricAllocationError", "agree_on_local_step", "agreement_flag"]
+__all__ = [
+    "SymmetricAllocationError",
+    "agree_on_local_step",
+    "agreed_symmetric_empty",
+    "agreement_flag",
+]
 
 
 class SymmetricAllocationError(RuntimeError):
@@ -61,3 +69,35 @@ def agree_on_local_step(
     raise SymmetricAllocationError(
         f"{what} failed on rank(s) {failed_ranks} of {group.world_size}{local}", failed_ranks
     ) from failure
+
+
+def agreed_symmetric_empty(
+    symm_mem: Any,
+    group: CPGroupLike,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    what: str,
+) -> torch.Tensor:
+    """A zero-filled ``symm_mem.empty(shape)`` on ``device``, synchronized so that no peer can
+    see it uninitialised, on every rank, or ``SymmetricAllocationError`` on every rank
+    (collective: the ranks agree before the caller's rendezvous).
+
+    Args:
+        symm_mem: ``torch.distributed._symmetric_memory`` (the caller's handle on it).
+        group: the group that will rendezvous on the buffer.
+        shape / dtype / device: of the buffer.
+        what: the allocation, named in the error.
+    """
+    flag = agreement_flag(group, device)
+    buf: torch.Tensor | None = None
+    failure: Exception | None = None
+    try:  # rank-local: may fail on some ranks only (out of memory)
+        buf = symm_mem.empty(shape, dtype=dtype, device=device)
+        buf.zero_()
+        torch.cuda.synchronize(device)
+    except Exception as exc:
+        failure = exc
+    agree_on_local_step(group, flag, failure, what)
+    assert buf is not None
+    return buf

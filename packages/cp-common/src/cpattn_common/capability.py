@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cpattn_common.agreement import agree_on_local_step, agreement_flag
+from cpattn_common.agreement import agreed_symmetric_empty
 from cpattn_common.group import CPGroupLike, cache_owner, shared_cp_group
 from cpattn_common.identity_memo import IdentityMemo
 
@@ -225,19 +225,11 @@ def _rendezvous_probe(
     if pg is None:
         return False, False
     propagate_multicast_off()
-    flag = agreement_flag(group, device)
-    buf: torch.Tensor | None = None
-    failure: Exception | None = None
-    try:  # rank-local: may fail on one rank only (out of memory)
-        buf = _symm_mem.empty(8, dtype=torch.uint8, device=device)
-        buf.zero_()
-        torch.cuda.synchronize(device)
-    except Exception as exc:
-        failure = exc
-    # Every rank raises together if any failed (the probe then fails on every rank), instead
-    # of the failing rank moving on while its peers wait in the rendezvous.
-    agree_on_local_step(group, flag, failure, "the probe's symmetric allocation")
-    assert buf is not None
+    # Every rank raises together if any failed to allocate (the probe then fails on every
+    # rank), instead of the failing rank moving on while its peers wait in the rendezvous.
+    buf = agreed_symmetric_empty(
+        _symm_mem, group, (8,), torch.uint8, device, "the probe's symmetric allocation"
+    )
     handle: Any = _symm_mem.rendezvous(buf, pg.group_name)
     if handle is None:
         return False, False

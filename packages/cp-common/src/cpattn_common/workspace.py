@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from cpattn_common.agreement import SymmetricAllocationError, agree_on_local_step, agreement_flag
+from cpattn_common.agreement import SymmetricAllocationError, agreed_symmetric_empty
 from cpattn_common.capability import multicast_disabled_by_env, propagate_multicast_off
 from cpattn_common.checks import check_dtype
 from cpattn_common.group import CPGroupLike, as_cp_group
@@ -183,18 +183,8 @@ class DirectCPWorkspace:
             raise RuntimeError(f"symmetric memory needs a CUDA device, got {self.device}")
         propagate_multicast_off()
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        storage: torch.Tensor | None = None
-        failure: Exception | None = None
-        flag = agreement_flag(self.group, self.device)
-        try:  # rank-local: may fail on some ranks only (out of memory)
-            storage = symm_mem.empty(shape, dtype=dtype, device=self.device)
-            storage.zero_()
-            torch.cuda.synchronize(self.device)
-        except Exception as exc:
-            storage, failure = None, exc
         what = f"symmetric allocation of {nbytes} bytes ({tuple(shape)}, {dtype})"
-        agree_on_local_step(self.group, flag, failure, what)
-        assert storage is not None
+        storage = agreed_symmetric_empty(symm_mem, self.group, shape, dtype, self.device, what)
         handle: Any = symm_mem.rendezvous(storage, pg.group_name)
         if handle is None:
             raise RuntimeError("CP symmetric memory rendezvous returned None")
