@@ -43,13 +43,10 @@ import triton.language as tl
 
 from cpattn_dcp.kernels.direct_protocol import (
     _call_epoch,
+    _checked_wait,
     _failed,
     _publish_done,
-    _record_group_failure,
-    _record_timeout,
-    _wait_all,
     _wait_done,
-    _wait_start,
 )
 from cpattn_dcp.kernels.lse_math import _lse_f32, _lse_from, _max_sum, _weight
 
@@ -165,16 +162,7 @@ def _direct_a2a_combine_kernel(
     i_db = tl.program_id(2)
     e, parity = _call_epoch(epoch_ptr)
 
-    # An earlier wait of this workspace (own) or of any of the group's (group) timed out:
-    # fail at once without polling, keeping a set record.
-    own, group = _wait_start(err_ptr, grp_err_ptr)
-    failed = own | group
-    spins = tl.where(failed, 0, max_spins)
-    ok, arrived = _wait_all(sig_ptr + parity * N, e, spins, N, N_POW2)
-    if (ok == 0) & (failed == 0):
-        _record_timeout(err_ptr, grp_err_ptr, e, arrived, N, N_POW2)
-    if group & (own == 0):
-        _record_group_failure(err_ptr, e)  # tells the host which workspace failed first
+    ok = _checked_wait(sig_ptr + parity * N, err_ptr, grp_err_ptr, e, max_spins, N, N_POW2)
 
     o_n = tl.arange(0, N_POW2)
     o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)

@@ -43,13 +43,10 @@ import triton.language as tl
 
 from cpattn_dcp.kernels.direct_protocol import (
     _call_epoch,
+    _checked_wait,
     _failed,
     _publish_done,
-    _record_group_failure,
-    _record_timeout,
-    _wait_all,
     _wait_done,
-    _wait_start,
 )
 
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32}
@@ -172,16 +169,7 @@ def _direct_gather_wait_kernel(
 ):
     pid = tl.program_id(0).to(tl.int64)
     e, parity = _call_epoch(epoch_ptr)
-    # An earlier wait of this workspace (own) or of any of the group's (group) timed out:
-    # fail at once without polling, keeping a set record.
-    own, group = _wait_start(err_ptr, grp_err_ptr)
-    failed = own | group
-    spins = tl.where(failed, 0, max_spins)
-    ok, arrived = _wait_all(sig_ptr + parity * N, e, spins, N, N_POW2)
-    if (ok == 0) & (failed == 0):
-        _record_timeout(err_ptr, grp_err_ptr, e, arrived, N, N_POW2)
-    if group & (own == 0):
-        _record_group_failure(err_ptr, e)  # tells the host which workspace failed first
+    ok = _checked_wait(sig_ptr + parity * N, err_ptr, grp_err_ptr, e, max_spins, N, N_POW2)
     if HAS_COPY:
         offs = pid * BLOCK + tl.arange(0, BLOCK)
         m = offs < tl.where(ok, num_elems, 0)  # nothing is read after a timeout

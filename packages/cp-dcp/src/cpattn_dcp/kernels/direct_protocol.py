@@ -82,13 +82,6 @@ def _failed(err_ptr, grp_err_ptr):
 
 
 @triton.jit
-def _wait_start(err_ptr, grp_err_ptr):
-    """``(own, group)`` failure flags (int1 scalars) a wait program reads at its start: this
-    ubatch's own record set, the group word set. ``own | group`` is ``_failed``."""
-    return tl.load(err_ptr) != 0, tl.load(grp_err_ptr) != 0
-
-
-@triton.jit
 def _publish_done(counter_ptr, dst_sig_ptr, epoch_value, num_programs):
     """Count this program as finished; the last one raises the destination's signal.
 
@@ -174,13 +167,37 @@ def _wait_done(done_ptr, epoch_ptr, epoch_value, num_programs):
         tl.atomic_xchg(epoch_ptr, epoch_value, sem="release", scope="gpu")
 
 
+@triton.jit
+def _checked_wait(
+    sig_ptr, err_ptr, grp_err_ptr, epoch_value, max_spins, N: tl.constexpr, N_POW2: tl.constexpr
+):
+    """Step 2 of the protocol for one wait program; returns ``ok`` (int1 scalar).
+
+    An earlier wait of this workspace (its own record ``err[0]``) or of any of the group's (the
+    group word) timed out: fail at once without polling, keeping a set record and setting a
+    clear one to flag 2 (``_record_group_failure``). Otherwise poll ``sig_ptr[0:N]`` (the
+    call's parity slot) for ``epoch_value`` (``_wait_all``) and record a timeout
+    (``_record_timeout``).
+    """
+    own = tl.load(err_ptr) != 0
+    group = tl.load(grp_err_ptr) != 0
+    failed = own | group
+    spins = tl.where(failed, 0, max_spins)
+    ok, arrived = _wait_all(sig_ptr, epoch_value, spins, N, N_POW2)
+    if (ok == 0) & (failed == 0):
+        _record_timeout(err_ptr, grp_err_ptr, epoch_value, arrived, N, N_POW2)
+    if group & (own == 0):
+        _record_group_failure(err_ptr, epoch_value)  # tells the host which workspace failed first
+    return ok
+
+
 __all__ = [
     "_call_epoch",
+    "_checked_wait",
     "_failed",
     "_publish_done",
     "_record_group_failure",
     "_record_timeout",
     "_wait_all",
     "_wait_done",
-    "_wait_start",
 ]
