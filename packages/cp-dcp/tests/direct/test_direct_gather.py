@@ -117,6 +117,27 @@ def test_kv_gather_matches_all_gather_into_tensor_bitwise(
         assert ws.epoch.tolist() == [2, 2]
 
 
+def test_kv_wait_marks_the_gathered_buffer_written(sim_build: Build, device: torch.device) -> None:
+    """The wait writes the caller's buffer outside the dispatcher; like
+    ``all_gather_into_tensor`` it bumps its version, so a backward that saved the buffer
+    before the gather raises instead of computing with the gathered rows."""
+    n, cap, d = 2, 8, 16
+    dt = torch.bfloat16
+    _, wss = sim_build(n, device, _kv(device, cap, d, dt))
+    local = [torch.randn(3, d, device=device, dtype=dt) for _ in range(n)]
+    gathered = [torch.randn(n * 3, d, device=device, dtype=dt) for _ in range(n)]
+    weight = torch.ones(n * 3, d, device=device, dtype=dt, requires_grad=True)
+    saved = (weight * gathered[0]).sum()  # saves gathered[0] for backward
+    before = [g._version for g in gathered]
+    for r in range(n):
+        wss[r].publish(local[r])
+    for r in range(n):
+        wss[r].wait(gathered[r])
+    assert all(g._version > v for g, v in zip(gathered, before, strict=True))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.backward()
+
+
 def _settle(device: torch.device) -> None:
     """Let every launch and non-blocking copy on ``device`` land (a no-op on the CPU)."""
     if device.type == "cuda":

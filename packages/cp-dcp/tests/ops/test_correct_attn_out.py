@@ -463,6 +463,29 @@ def test_large_close_lses_keep_fp32_accuracy(
     assert_close_to_ref(got_lse, want_lse, dtype=torch.float32, name="lse")
 
 
+@pytest.mark.parametrize("form", ["contiguous", "4d", "strided"])
+def test_every_eager_call_marks_out_written(device: torch.device, form: str) -> None:
+    """The eager path writes out outside the dispatcher; it bumps out's version like the
+    registered op (and torch's in-place ops) do, on every call: the fast path, the validated
+    path and, where launch plans are on, the recorded and replayed calls. A backward that
+    saved out before the call then raises instead of using the scaled values."""
+    lses = torch.randn(2, 3, 4, device=device)
+    base = torch.randn(3, 4, 2, 8, device=device)
+    out = {
+        "contiguous": base[:, :, 0].contiguous(),
+        "4d": base[:, :, 0].contiguous()[:, None],
+        "strided": base[:, :, 0],
+    }[form]
+    weight = torch.ones(out.shape, device=device, requires_grad=True)
+    saved = (weight * out).sum()  # saves out for backward
+    for _ in range(4):  # the second call records a launch plan, later ones replay it
+        before = out._version
+        correct_attn_out(out, lses, 1)
+        assert out._version > before
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.backward()
+
+
 def test_an_out_that_requires_grad_is_refused_with_grad_on(device: torch.device) -> None:
     """The registered op writes out in place and has no autograd formula: out kept its old
     grad_fn, so backward ran and its gradient ignored the scaling (silently wrong)."""

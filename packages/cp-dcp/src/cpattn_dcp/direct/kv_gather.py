@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from cpattn_common.dispatch import mark_written_in_place
 from cpattn_common.launch import launch_cached
 from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
@@ -312,6 +313,8 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             BLOCK=_COPY_BLOCK,
             NAN_BITS=self._nan_bits,
         )
+        # As all_gather_into_tensor does through the dispatcher.
+        mark_written_in_place(gathered_kv)
         self._after_call()
 
     def gather(

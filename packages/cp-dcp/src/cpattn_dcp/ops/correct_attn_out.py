@@ -17,7 +17,7 @@ import torch
 
 from cpattn_common.alloc import new_output
 from cpattn_common.checks import check_bool
-from cpattn_common.dispatch import must_dispatch, refuse_grad_in_place
+from cpattn_common.dispatch import mark_written_in_place, must_dispatch, refuse_grad_in_place
 from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_common.launch_plans import OpPlans
 from cpattn_dcp.context import CPTritonContext
@@ -443,19 +443,24 @@ def correct_attn_out(
         )
         return out3, lse
     # Eager: a recorded call key replays natively (launch plans, when on); otherwise skip the
-    # dispatcher, and validate in full only what the cheap check cannot prove.
+    # dispatcher, and validate in full only what the cheap check cannot prove. Every branch
+    # marks ``out`` written, as the dispatcher would.
     hit = _plans.replay(out, lses, cp_rank, is_lse_base_on_e) if _plans.on else None
     if hit.__class__ is tuple:
+        mark_written_in_place(out)
         return out, hit[0]
     if not _valid_fast(out, lses, cp_rank):
         out = _squeeze_out(out)
         lses = _squeeze_lses(lses, tuple(out.shape[:2]))
         _validate(out, lses, cp_rank)
-        return out, correct_attn_out_fwd(out, lses, cp_rank, bool(is_lse_base_on_e))
-    rec = _plans.recorder(hit, out, lses, cp_rank, is_lse_base_on_e) if _plans.on else None
-    if rec is None:
-        return out, correct_attn_out_fwd(out, lses, cp_rank, bool(is_lse_base_on_e))
-    with rec:
         lse = correct_attn_out_fwd(out, lses, cp_rank, bool(is_lse_base_on_e))
-        rec.returns(lse)
+    else:
+        rec = _plans.recorder(hit, out, lses, cp_rank, is_lse_base_on_e) if _plans.on else None
+        if rec is None:
+            lse = correct_attn_out_fwd(out, lses, cp_rank, bool(is_lse_base_on_e))
+        else:
+            with rec:
+                lse = correct_attn_out_fwd(out, lses, cp_rank, bool(is_lse_base_on_e))
+                rec.returns(lse)
+    mark_written_in_place(out)
     return out, lse

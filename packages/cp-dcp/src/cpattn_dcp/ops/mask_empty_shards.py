@@ -16,7 +16,7 @@ import functools
 import torch
 
 from cpattn_common.alloc import new_output
-from cpattn_common.dispatch import must_dispatch, refuse_grad_in_place
+from cpattn_common.dispatch import mark_written_in_place, must_dispatch, refuse_grad_in_place
 from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_common.launch_plans import OpPlans
 from cpattn_dcp.kernels.empty_shards import (
@@ -283,17 +283,20 @@ def mask_dcp_empty_shards_(
     if seq_lens is not None and query_start_loc is not None and not dispatch:
         # Eager hot path: a recorded call key replays natively (launch plans, when on), or the
         # call is proven valid cheaply and skips the full checks and the dispatcher.
+        # Every eager branch marks ``lse`` written, as the dispatcher would.
         hit = _plans.replay(lse, seq_lens, query_start_loc) if _plans.on else None
         if hit.__class__ is tuple:
+            mark_written_in_place(lse)
             return lse
         if _valid_fast(lse, seq_lens, query_start_loc):
             rec = _plans.recorder(hit, lse, seq_lens, query_start_loc) if _plans.on else None
             if rec is None:
                 mask_dcp_empty_shards_impl(lse, seq_lens, query_start_loc)
-                return lse
-            with rec:
-                mask_dcp_empty_shards_impl(lse, seq_lens, query_start_loc)
-                rec.returns()
+            else:
+                with rec:
+                    mask_dcp_empty_shards_impl(lse, seq_lens, query_start_loc)
+                    rec.returns()
+            mark_written_in_place(lse)
             return lse
     _check_lse(lse)
     if not check_mask_args(seq_lens, query_start_loc, lse.device):
@@ -306,4 +309,5 @@ def mask_dcp_empty_shards_(
         torch.ops.cpattn_dcp.mask_dcp_empty_shards_(lse, seq_lens, query_start_loc)
     else:
         mask_dcp_empty_shards_impl(lse, seq_lens, query_start_loc)
+        mark_written_in_place(lse)
     return lse
