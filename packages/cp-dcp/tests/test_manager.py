@@ -76,6 +76,12 @@ def test_config_validation() -> None:
         DCPConfig(use_direct_a2a=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="use_pcp"):
         DCPConfig(use_pcp="yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="pcp_world_size must be an int"):
+        DCPConfig(use_pcp=True, pcp_world_size=2.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="pcp_world_size"):
+        DCPConfig(use_pcp=True, pcp_world_size=0)
+    with pytest.raises(ValueError, match="pcp_world_size=2 is given but use_pcp is False"):
+        DCPConfig(pcp_world_size=2)
 
 
 _AUTO = "a2a, or direct_a2a where the capability gate is on"
@@ -90,10 +96,17 @@ _AUTO = "a2a, or direct_a2a where the capability gate is on"
         (DCPConfig(comm_backend="a2a", use_direct_a2a=False), "a2a", "all_gather"),
         (DCPConfig(use_pcp=True), "ag_ar", "none"),
         (DCPConfig(comm_backend="a2a", use_pcp=True), "ag_ar", "none"),
+        (DCPConfig(comm_backend="a2a", use_pcp=True, pcp_world_size=2), _AUTO, "none"),
+        (DCPConfig(comm_backend="a2a", use_pcp=True, pcp_world_size=1), "ag_ar", "none"),
+        (DCPConfig(comm_backend="auto", use_pcp=True, pcp_world_size=2), "ag_ar", "none"),
+        (DCPConfig(use_pcp=True, pcp_world_size=2), "ag_ar", "none"),
         (DCPConfig(comm_backend="a2a", use_direct_a2a=True), "direct_a2a", "all_gather"),
     ],
-    ids=["default", "a2a", "auto", "a2a-direct-off", "pcp", "pcp-a2a", "a2a-direct-forced"],
-)
+    ids=[
+        "default", "a2a", "auto", "a2a-direct-off", "pcp", "pcp-a2a", "pcp-a2a-dcp-is-pcp",
+        "pcp-a2a-dcp-spans-tp", "pcp-auto-dcp-is-pcp", "pcp-ag_rs-dcp-is-pcp", "a2a-direct-forced",
+    ],
+)  # fmt: skip
 def test_selection(device: torch.device, config: DCPConfig, combine: str, query: str) -> None:
     world = SimulatedWorld(2, device)
     auto = combine == _AUTO
@@ -112,7 +125,11 @@ def test_selection(device: torch.device, config: DCPConfig, combine: str, query:
         assert (m.direct_a2a is not None) == (combine == "direct_a2a")
         assert m.has_query_gather == (query != "none")
     if config.use_pcp and config.comm_backend == "a2a":
-        assert "overrides" in sel.combine_reason
+        assert ("overrides" in sel.combine_reason) == (config.pcp_world_size != 2)
+        if config.pcp_world_size is None:
+            assert "pass pcp_world_size" in sel.combine_reason
+        elif config.pcp_world_size == 1:
+            assert "spans TP x PCP" in sel.combine_reason
     if combine == "a2a" and config.use_direct_a2a is False:
         assert "use_direct_a2a=False" in sel.combine_reason
     if auto and combine == "a2a":  # the gate's reason is in the selection
@@ -274,6 +291,49 @@ def test_forced_direct_a2a_with_unsupported_dtype_raises(device: torch.device) -
     world = SimulatedWorld(2, device)
     with pytest.raises(ValueError, match="does not support"):
         _managers(world, DCPConfig(comm_backend="a2a", use_direct_a2a=True), dtype=torch.float32)
+
+
+def test_pcp_a2a_when_the_dcp_group_is_the_pcp_group(device: torch.device) -> None:
+    """With PCP, ``comm_backend="a2a"`` and ``pcp_world_size == N`` (the DCP group is the PCP
+    group: vLLM's choice, and ``cpattn_pcp.resolve_dcp_combine``'s) the combine is the A2A:
+    rank r gets heads ``[r*H_r, (r+1)*H_r)`` of the float64 reference, which a PCP all-gather
+    of the heads (``finalize_mla_pcp_decode``) puts back in order. Before, PCP always meant
+    AG+AR."""
+    n, h_r, d = 2, 2, 16
+    case = make_dcp_decode_case(
+        seq_lens=[1, 5, 9], world_size=n, num_heads=n * h_r, head_dim=d, padding_rows=1,
+        dtype=torch.bfloat16, device=device, seed=7,
+    )  # fmt: skip
+    config = DCPConfig(comm_backend="a2a", use_pcp=True, pcp_world_size=n, use_direct_a2a=False)
+    world = SimulatedWorld(n, device)
+
+    def step(g: Any) -> torch.Tensor:
+        m = DCPManager(config, g, device, num_heads=h_r, head_dim=d, dtype=torch.bfloat16)
+        assert m.combine_path == "a2a"
+        assert not m.has_query_gather
+        out, lse = case.rank_inputs(g.rank_in_group)
+        return m.combine(
+            out, lse, seq_lens=case.local_seq_lens[g.rank_in_group],
+            query_start_loc=case.query_start_loc,
+        )  # fmt: skip
+
+    results = list(world.run(step))
+    for got in results:
+        assert got.shape == (case.ref_out.shape[0], h_r, d)
+    assert_close_to_ref(
+        torch.cat(results, dim=1), case.ref_out, dtype=torch.bfloat16, name="pcp a2a"
+    )
+
+
+def test_pcp_world_size_must_divide_the_dcp_size(device: torch.device) -> None:
+    with pytest.raises(ValueError, match="pcp_world_size=3 does not divide the DCP group's size 2"):
+        _managers(SimulatedWorld(2, device), DCPConfig(use_pcp=True, pcp_world_size=3))
+
+
+def test_forced_direct_a2a_with_pcp_spanning_tp_raises(device: torch.device) -> None:
+    config = DCPConfig(comm_backend="a2a", use_pcp=True, pcp_world_size=2, use_direct_a2a=True)
+    with pytest.raises(ValueError, match=r"use_direct_a2a=True cannot apply: with PCP.*spans TP"):
+        _managers(SimulatedWorld(4, device), config)
 
 
 def test_pcp_has_no_query_gather(device: torch.device) -> None:

@@ -351,10 +351,12 @@ def test_sizes_are_stored_as_given(device: torch.device) -> None:
          "use_direct_a2a=True cannot apply with use_pcp=True"),
         ({"use_direct_a2a": True, "comm_backend": "auto", "use_pcp": True},
          "use_direct_a2a=True cannot apply with use_pcp=True"),
+        ({"use_direct_a2a": True, "comm_backend": "auto", "use_pcp": True, "pcp_world_size": 2},
+         "use_direct_a2a=True cannot apply with use_pcp=True"),
         ({"use_direct_q_gather": True, "use_pcp": True},
          "use_direct_q_gather=True cannot apply with use_pcp=True"),
     ],
-    ids=["default backend", "ag_rs", "pcp a2a", "pcp auto", "q-gather pcp"],
+    ids=["default backend", "ag_rs", "pcp a2a", "pcp auto", "pcp auto sized", "q-gather pcp"],
 )  # fmt: skip
 def test_config_refuses_a_forced_switch_that_cannot_apply(
     kwargs: dict[str, Any], message: str
@@ -374,6 +376,7 @@ def test_config_refuses_a_forced_switch_that_cannot_apply(
         {"use_direct_q_gather": False, "use_pcp": True},
         {"use_direct_a2a": True, "comm_backend": "a2a"},
         {"use_direct_a2a": True, "comm_backend": "auto"},
+        {"use_direct_a2a": True, "comm_backend": "a2a", "use_pcp": True, "pcp_world_size": 2},
         {"use_direct_q_gather": True},
     ],
 )  # fmt: skip

@@ -12,7 +12,10 @@ Combine selection (``H_r`` = heads per rank after the combine):
 =============  =================================  ================================================
 use_pcp        comm_backend                        combine
 =============  =================================  ================================================
-True           any                                 ``cp_lse_ag_out_ar`` (all ranks need all H heads)
+True           any, but see the next row           ``cp_lse_ag_out_ar`` (all ranks need all H heads)
+True           ``"a2a"``, ``pcp_world_size == N``  as ``"a2a"`` without PCP (the DCP group is the
+                                                   PCP group; ``finalize_mla_pcp_decode`` gathers
+                                                   the heads back)
 False          ``"ag_rs"``                         ``cp_lse_ag_out_rs``
 False          ``"a2a"`` / ``"auto"``              direct A2A if gating allows, else packed NCCL
                                                    ``dcp_a2a_lse_reduce``; a call the direct
@@ -148,13 +151,23 @@ class DCPConfig:
         comm_backend: combine family: ``"ag_rs"`` (all-gather LSE + reduce-scatter, the
             default), ``"a2a"`` (one packed all-to-all, or the direct symmetric-memory A2A), or
             ``"auto"`` (``"a2a"`` unless PCP is on).
-        use_pcp: prefill context parallelism is on; the combine then all-reduces (every rank
-            keeps all heads) and the manager does no query gather.
+        use_pcp: prefill context parallelism is on; the manager then does no query gather, and
+            the combine all-reduces (every rank keeps all heads), except for ``"a2a"`` when
+            ``pcp_world_size`` says that the DCP group is the PCP group.
+        pcp_world_size: the PCP group's size ``N_pcp`` (only with ``use_pcp``; default
+            unknown). When it equals the DCP group's size, the DCP group is the PCP group and
+            ``comm_backend="a2a"`` keeps the A2A, as vLLM and ``cpattn_pcp.resolve_dcp_combine``
+            do: each rank ends with its ``H/N`` output heads, which
+            ``cpattn_pcp.finalize_mla_pcp_decode`` gathers back over PCP. Otherwise (unknown,
+            or a DCP group spanning TP x PCP, where that gather would collect the wrong heads)
+            the combine all-reduces. The DCP size must be a multiple of it (checked by
+            ``DCPManager``).
         max_num_tokens: row capacity T_max of the direct A2A and direct Q-gather workspaces
             (decode batch incl. speculative tokens and CUDA-graph padding).
         num_ubatches: micro-batch slots (dual-batch overlap: 2).
         use_direct_a2a: switch of the direct A2A combine (only a combine of the ``"a2a"``
-            family, so not with ``comm_backend="ag_rs"`` nor with PCP).
+            family, so not with ``comm_backend="ag_rs"``, nor with PCP unless
+            ``pcp_world_size`` is given).
         use_direct_q_gather: switch of the direct (multicast) query gather (not with PCP).
         use_direct_kv_gather: switch of the direct (multicast) KV gather (needs the manager's
             ``kv_token_dim`` and ``max_gathered_kv_tokens``).
@@ -167,14 +180,17 @@ class DCPConfig:
     itself, below, still raises).
 
     Raises:
-        ValueError: an unknown ``comm_backend``, a count < 1, ``use_direct_a2a=True`` with
-            ``use_pcp=True`` or ``comm_backend="ag_rs"``, ``use_direct_q_gather=True`` with
-            ``use_pcp=True`` (a forced path the configuration never uses).
+        ValueError: an unknown ``comm_backend``, a count < 1, ``pcp_world_size`` without
+            ``use_pcp``, ``use_direct_a2a=True`` with ``comm_backend="ag_rs"`` or with
+            ``use_pcp=True`` but no ``pcp_world_size`` or with ``"auto"`` (PCP: AG+AR),
+            ``use_direct_q_gather=True`` with ``use_pcp=True`` (a forced path the
+            configuration never uses).
         TypeError: a count that is not an int, a switch that is not a bool (or ``None``).
     """
 
     comm_backend: CombineBackend = "ag_rs"
     use_pcp: bool = False
+    pcp_world_size: int | None = None
     max_num_tokens: int = 256
     num_ubatches: int = 1
     use_direct_a2a: bool | None = None
@@ -187,16 +203,28 @@ class DCPConfig:
         check_bool("use_pcp", self.use_pcp)
         for name in ("max_num_tokens", "num_ubatches"):
             check_positive_int(name, getattr(self, name))
+        if self.pcp_world_size is not None:
+            check_positive_int("pcp_world_size", self.pcp_world_size)
+            if not self.use_pcp:
+                raise ValueError(
+                    f"pcp_world_size={self.pcp_world_size} is given but use_pcp is False; set "
+                    "use_pcp=True, or leave pcp_world_size None"
+                )
         _check_tristate("use_direct_a2a", self.use_direct_a2a)
         _check_tristate("use_direct_q_gather", self.use_direct_q_gather)
         _check_tristate("use_direct_kv_gather", self.use_direct_kv_gather)
         # Forcing a path this configuration never selects would be ignored without a word;
         # "force" promises that the path is used or the construction raises.
-        if self.use_direct_a2a is True and self.use_pcp:
+        if (
+            self.use_direct_a2a is True
+            and self.use_pcp
+            and (self.pcp_world_size is None or self.comm_backend != "a2a")
+        ):
             raise ValueError(
-                "use_direct_a2a=True cannot apply with use_pcp=True: the combine then "
-                "all-reduces (every rank keeps all heads), it is no A2A; leave use_direct_a2a "
-                "None or False"
+                "use_direct_a2a=True cannot apply with use_pcp=True unless comm_backend='a2a' "
+                "and pcp_world_size is given (it must equal the DCP size): otherwise the "
+                "combine all-reduces (every rank keeps all heads), it is no A2A; leave "
+                "use_direct_a2a None or False"
             )
         if self.use_direct_a2a is True and self.comm_backend == "ag_rs":
             raise ValueError(
@@ -378,20 +406,43 @@ class DCPManager:
     def _select_combine(self) -> tuple[CombinePath, str]:
         cfg = self.config
         if cfg.use_pcp:
-            extra = (
-                f"; overrides comm_backend={cfg.comm_backend!r}"
-                if cfg.comm_backend == "a2a"
-                else ""
-            )
-            return (
-                "ag_ar",
-                "PCP is on: every rank keeps all heads, so the outputs are all-reduced" + extra,
-            )
-        if cfg.comm_backend == "ag_rs":
+            pcp = cfg.pcp_world_size
+            if pcp is not None and self.world_size > 1 and self.world_size % pcp:
+                raise ValueError(
+                    f"pcp_world_size={pcp} does not divide the DCP group's size "
+                    f"{self.world_size}: with PCP the DCP group is the PCP group or spans "
+                    "TP x PCP"
+                )
+            if cfg.comm_backend != "a2a" or pcp != self.world_size:
+                if cfg.comm_backend != "a2a":
+                    extra = ""
+                elif pcp is None:
+                    extra = (
+                        "; overrides comm_backend='a2a' (pass pcp_world_size: the A2A applies "
+                        "when the DCP group is the PCP group)"
+                    )
+                else:
+                    extra = (
+                        f"; overrides comm_backend='a2a' (the DCP group spans TP x PCP: "
+                        f"{self.world_size} ranks, PCP {pcp})"
+                    )
+                if cfg.use_direct_a2a is True:
+                    raise ValueError(
+                        "use_direct_a2a=True cannot apply: with PCP the combine all-reduces" + extra
+                    )
+                return (
+                    "ag_ar",
+                    "PCP is on: every rank keeps all heads, so the outputs are all-reduced" + extra,
+                )
+            why = "comm_backend='a2a' with PCP, the DCP group being the PCP group"
+        elif cfg.comm_backend == "ag_rs":
             return "ag_rs", "comm_backend='ag_rs'"
-        why = (
-            "comm_backend='a2a'" if cfg.comm_backend == "a2a" else "comm_backend='auto' without PCP"
-        )
+        else:
+            why = (
+                "comm_backend='a2a'"
+                if cfg.comm_backend == "a2a"
+                else "comm_backend='auto' without PCP"
+            )
         if self.world_size < 2:
             return "a2a", f"{why}; world size 1 (no communication)"
         reason = direct_a2a_unavailable_reason(
