@@ -12,6 +12,7 @@ import torch
 
 from cpattn_common.group import CPGroupLike
 from cpattn_pcp import (
+    cp_reconcile_heads,
     dcp_q_gather_group,
     dcp_q_gather_size,
     finalize_mla_pcp_decode,
@@ -111,6 +112,10 @@ def test_finalize(fake_group: MakeGroup) -> None:
     # Short: gather over PCP along the head dim.
     got = finalize_mla_pcp_decode(out, 16, pcp_group=fake_group(2, 1, True))
     assert got.shape == (5, 16, 4)
+
+
+def test_cp_reconcile_heads_is_vllms_other_name() -> None:
+    assert cp_reconcile_heads is finalize_mla_pcp_decode
 
 
 def test_finalize_bad_input(fake_group: MakeGroup) -> None:

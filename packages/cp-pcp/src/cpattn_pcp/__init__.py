@@ -6,7 +6,8 @@
   ``maybe_gather_indexer_k``: cache inputs for a replicated KV cache.
 * ``build_mixed_decode_subset``: the decode tokens of a mixed batch.
 * ``dcp_q_gather_group`` / ``dcp_q_gather_size`` / ``maybe_all_gather_q_for_dcp`` /
-  ``finalize_mla_pcp_decode``: query and output heads across TP x PCP x DCP.
+  ``finalize_mla_pcp_decode`` (alias ``cp_reconcile_heads``): query and output heads across
+  TP x PCP x DCP.
 * ``resolve_dcp_combine``: which DCP combine the layout needs, by name.
 
 Every group argument is keyword-only and takes a ``torch.distributed.ProcessGroup`` or a
@@ -21,6 +22,7 @@ from cpattn_pcp.cache_inputs import (
 )
 from cpattn_pcp.combine_select import DCP_COMM_BACKENDS, DCPCombineName, resolve_dcp_combine
 from cpattn_pcp.heads import (
+    cp_reconcile_heads,
     dcp_q_gather_group,
     dcp_q_gather_size,
     finalize_mla_pcp_decode,
@@ -37,6 +39,7 @@ __all__ = [
     "DualChunkSwapPlan",
     "__version__",
     "build_mixed_decode_subset",
+    "cp_reconcile_heads",
     "dcp_q_gather_group",
     "dcp_q_gather_size",
     "dual_chunk_swap",

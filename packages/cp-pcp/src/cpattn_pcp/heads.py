@@ -27,6 +27,7 @@ from cpattn_pcp._group import GroupArg, optional_group, resolve_group
 from cpattn_pcp._layout import check_size, gather_axis
 
 __all__ = [
+    "cp_reconcile_heads",
     "dcp_q_gather_group",
     "dcp_q_gather_size",
     "finalize_mla_pcp_decode",
@@ -227,3 +228,8 @@ def finalize_mla_pcp_decode(
         )
     start = tp.rank_in_group * num_heads
     return output[:, start : start + num_heads]
+
+
+#: vLLM's other name for ``finalize_mla_pcp_decode`` (the same function), so code written against
+#: either name switches by changing the import.
+cp_reconcile_heads = finalize_mla_pcp_decode
