@@ -466,6 +466,8 @@ def _manager_body(rank: int, world_size: int) -> dict[str, Any]:
         "auto": DCPConfig(comm_backend="auto", use_direct_a2a=False),
         "pcp": DCPConfig(use_pcp=True),
         "a2a_auto": DCPConfig(comm_backend="a2a"),
+        # The DCP group is the PCP group: the A2A, direct where the gate is on.
+        "pcp_a2a": DCPConfig(comm_backend="a2a", use_pcp=True, pcp_world_size=world_size),
     }
     for name, cfg in configs.items():
         m = DCPManager(cfg, group, device, h_r, d, torch.bfloat16)
@@ -509,6 +511,7 @@ def test_manager_multiprocess(run_ranks: RunRanks, dist_backend: str) -> None:
         if dist_backend == "gloo":
             assert expected == "a2a"
         assert rep["a2a_auto"] == (expected, expected)
+        assert rep["pcp_a2a"] == (expected, expected)
         assert rep["gathers"] == ("all_gather", "all_gather_into_tensor")
 
 
