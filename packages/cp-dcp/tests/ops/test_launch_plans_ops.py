@@ -62,18 +62,23 @@ def _check_against_python_path(
     device: torch.device,
     make: Callable[[torch.Generator], tuple[Any, ...]],
     call: Callable[..., Any],
+    written: int | None = None,
 ) -> None:
     """``_CALLS`` calls on fresh inputs of one call key, plans on, each against the same call
     with plans off (inputs cloned first: the in-place ops modify them); on a GPU every call
-    after the compiling and the recording one is a native replay."""
+    after the compiling and the recording one is a native replay. ``written``: index of the
+    argument the op writes in place, whose version every call (replays included) must bump."""
     for i in range(_CALLS):
         gen = torch.Generator(device=device).manual_seed(100 + i)
         args = make(gen)
         ref_args = tuple(_clone(a) for a in args)
         hits = launch_plans_info()["hits"]
+        version = None if written is None else args[written]._version
         got = call(*args)
         if device.type == "cuda" and i >= 2:
             assert launch_plans_info()["hits"] == hits + 1, (i, launch_plans_info())
+        if version is not None:
+            assert args[written]._version > version, f"call {i} did not mark its output written"
         set_launch_plans_enabled(False)
         try:
             want = call(*ref_args)
@@ -131,7 +136,7 @@ def test_correct_attn_out(
     def call(out: torch.Tensor, lses: torch.Tensor) -> Any:
         return correct_attn_out(out, lses, n - 1, is_lse_base_on_e=base_e)
 
-    _check_against_python_path(device, make, call)
+    _check_against_python_path(device, make, call, written=0)
 
 
 def test_correct_attn_out_errors_still_raise(device: torch.device, plans: None) -> None:
@@ -171,7 +176,7 @@ def test_mask(device: torch.device, plans: None) -> None:
         qsl = torch.tensor([0, 2, 5, 7], device=device, dtype=torch.int32)
         return _randn(gen, b, h), seq_lens, qsl
 
-    _check_against_python_path(device, make, mask_dcp_empty_shards_)
+    _check_against_python_path(device, make, mask_dcp_empty_shards_, written=0)
 
 
 @pytest.mark.parametrize("masked", [False, True])
