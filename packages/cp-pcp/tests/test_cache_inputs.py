@@ -188,3 +188,33 @@ def test_replica_equals_single_process_cache(
     expected[slots] = torch.cat([kv_c, k_pe.flatten(1)], dim=1)
     for cache in SimulatedWorld(n).run(write):
         assert torch.equal(cache, expected)
+
+
+def test_row_checks_take_symbolic_sizes(fake_group: MakeGroup) -> None:
+    """Under symbolic tracing the row counts are ``SymInt``s, which cannot be hashed: the row
+    check put them in a ``set`` and raised ``TypeError`` (``make_fx`` symbolic, or
+    ``torch.export`` with a dynamic token dim)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = _inputs(4, torch.device("cpu"))
+    slots = torch.arange(4)
+    g = fake_group(1)
+    calls = {
+        "kv": (lambda k, v, s: maybe_gather_kv_cache_inputs(k, v, s, 2, True, pcp_group=g),
+               (x["key"], x["value"], slots)),
+        "mla": (lambda c, p, s: maybe_gather_mla_latent_cache_inputs(c, p, s, 2, True, pcp_group=g),
+                (x["kv_c"], x["k_pe"], slots)),
+        "indexer": (lambda k, s: maybe_gather_indexer_k(k, s, 2, True, pcp_group=g),
+                    (x["k"], slots)),
+    }  # fmt: skip
+    for name, (fn, args) in calls.items():
+        traced = make_fx(fn, tracing_mode="symbolic")(*args)
+        for got, want in zip(_flat(traced(*args)), _flat(fn(*args)), strict=True):
+            assert torch.equal(got, want), name
+
+
+def _flat(x: object) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    assert isinstance(x, tuple | list)
+    return [t for item in x for t in _flat(item)]

@@ -137,3 +137,23 @@ def test_round_trip_on_virtual_ranks(
         return torch.equal(back, local[1])
 
     assert all(SimulatedWorld(pcp_size).run(step))
+
+
+def test_row_check_takes_symbolic_sizes(fake_group: MakeGroup) -> None:
+    """``torch.export`` with a dynamic token dim makes the row counts ``SymInt``s, which cannot
+    be hashed: the row check put them in a ``set`` and raised ``TypeError``."""
+    plan = dual_chunk_swap([5, 3], 1)
+    g = fake_group(1)
+
+    class Gather(torch.nn.Module):
+        def forward(
+            self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            return gather_prefill_qkv_global(plan, q, k, v, pcp_group=g)
+
+    p = plan.padded_local_len
+    args = (torch.randn(p, 2, 4), torch.randn(p, 1, 4), torch.randn(p, 1, 3))
+    dim = torch.export.Dim.AUTO
+    exported = torch.export.export(Gather(), args, dynamic_shapes=({0: dim}, {0: dim}, {0: dim}))
+    for got, want in zip(exported.module()(*args), Gather()(*args), strict=True):
+        assert torch.equal(got, want)

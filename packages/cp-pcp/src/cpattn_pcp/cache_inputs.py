@@ -57,7 +57,9 @@ def _validate(
     num_decode_tokens: int,
 ) -> int:
     rows = {name: (t.shape[0] if t.dim() > 0 else None) for name, t in tensors}
-    if None in rows.values() or len(set(rows.values())) != 1:
+    first = tensors[0][1].shape[0] if tensors[0][1].dim() > 0 else None
+    # Compared, not hashed (no set()): under symbolic tracing a size is an unhashable SymInt.
+    if first is None or any(r is None or r != first for r in rows.values()):
         raise ValueError(f"cache inputs must all have the same number of rows, got {rows}")
     num_rows = tensors[0][1].shape[0]
     if slot_mapping.dim() != 1:

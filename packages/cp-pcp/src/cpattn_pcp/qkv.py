@@ -74,7 +74,9 @@ def gather_prefill_qkv_global(
     rows = {
         name: (t.shape[0] if t.dim() > 0 else None) for name, t in zip(names, tensors, strict=True)
     }
-    if len(set(rows.values())) != 1 or rows["query"] is None:
+    first = rows["query"]
+    # Compared, not hashed (no set()): under symbolic tracing a size is an unhashable SymInt.
+    if first is None or any(r is None or r != first for r in rows.values()):
         raise ValueError(f"query, key and value must have the same number of rows, got {rows}")
     num_rows = query.shape[0]
     if num_rows > plan.padded_local_len:
