@@ -40,7 +40,8 @@ def merge_attn_states_torch(
         is_lse_base_on_e: the LSE base.
 
     Returns:
-        ``(out [B, H, D]`` in ``partial_outs.dtype``, ``lse [B, H]`` fp32 (fp64 for fp64 input)).
+        ``(out [B, H, D]`` in ``partial_outs.dtype``, ``lse [B, H]`` fp32; fp64, and fp64
+        math, when either input is fp64).
         NaN / +inf LSEs count as -inf; a row whose LSEs are all -inf gets output 0 and LSE -inf;
         a source with weight 0 contributes exactly 0 even if its partial holds NaN.
 
@@ -52,7 +53,10 @@ def merge_attn_states_torch(
     """
     is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
     _validate(partial_outs, partial_lses, any_float=True)
-    compute = torch.float64 if partial_outs.dtype == torch.float64 else torch.float32
+    # fp64 when either input is: fp64 LSEs rounded to fp32 first would lose the difference of
+    # close large LSEs, and turn an LSE beyond fp32's range into +inf (an "empty" source).
+    fp64 = torch.float64 in (partial_outs.dtype, partial_lses.dtype)
+    compute = torch.float64 if fp64 else torch.float32
     lses = sanitize_lse(partial_lses.to(compute))
     neg_inf = float("-inf")
     m = lses.amax(dim=0)

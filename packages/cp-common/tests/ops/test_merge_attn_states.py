@@ -162,6 +162,21 @@ def test_torch_twin_matches_reference(device: torch.device, dtype: torch.dtype) 
         _check(out, lse, outs, lses)
 
 
+def test_torch_twin_keeps_fp64_lses_in_fp64(device: torch.device) -> None:
+    """fp64 LSEs with fp32 partials: the twin rounded the LSEs to fp32 before ``l - m``, so
+    close LSEs of magnitude 1e5 got a weight difference 2x off, and an LSE beyond fp32's
+    range became +inf, which counts as empty (the dominant source was dropped)."""
+    outs = torch.tensor([1.0, -1.0], device=device).view(2, 1, 1, 1)
+    for pair in ([1e5 + 0.004, 1e5], [1e39, 0.0]):
+        lses = torch.tensor(pair, dtype=torch.float64, device=device).view(2, 1, 1)
+        out, lse = merge_attn_states_torch(outs, lses)
+        ref_out, ref_lse = lse_combine_ref(outs, lses)
+        assert out.dtype == torch.float32
+        assert lse.dtype == torch.float64
+        torch.testing.assert_close(out.double(), ref_out.to(device), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(lse, ref_lse.to(device), rtol=1e-12, atol=0)
+
+
 def test_numerics_table(device: torch.device) -> None:
     """The consequences table of the combine (single source, equal LSEs, empty sources)."""
     o = torch.randn(3, 1, 4, 8, device=device)
