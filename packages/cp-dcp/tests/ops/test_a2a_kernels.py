@@ -18,6 +18,7 @@ from cpattn_dcp.ops.a2a_combine import (
     a2a_record_width,
     a2a_unpack_combine,
 )
+from cpattn_testing.dispatch import assert_dispatches
 from cpattn_testing.reference import lse_combine_ref, mask_empty_shards_ref
 from cpattn_testing.simulated import SimulatedWorld
 from cpattn_testing.tolerances import assert_close_to_ref, coarsest
@@ -241,6 +242,116 @@ def test_preallocated_send(device: torch.device) -> None:
     assert a2a_pack(out16, lse16, 2, send=shifted) is shifted
     want = a2a_pack(out16, lse16, 2)
     assert torch.equal(shifted.cpu().view(torch.int16), want.cpu().view(torch.int16))
+
+
+def _pack_case(device: torch.device) -> tuple[torch.Tensor, ...]:
+    out, lse = _partials(1, 7, 4, 16, seed=41, dtype=torch.bfloat16, lse_dtype=torch.float32)
+    seq_lens = torch.tensor([2, 0, 3], dtype=torch.int32, device=device)
+    qsl = torch.tensor([0, 2, 4, 6], dtype=torch.int32, device=device)
+    return out[0].to(device), lse[0].to(device), seq_lens, qsl
+
+
+def test_pack_and_unpack_are_registered_ops(device: torch.device) -> None:
+    """``a2a_pack`` (also into a given ``send``) and ``a2a_unpack_combine`` go through their
+    ``torch.library`` ops under tracing and dispatch modes: they launched their kernels
+    directly there, so torch.compile, export, make_fx and FakeTensorMode failed."""
+    out, lse, sl, qsl = _pack_case(device)
+    send = torch.empty(2, 7, 2, 18, dtype=torch.bfloat16, device=device)
+    # opcheck compares without equal_nan: finite fp32 data (bf16 lanes holding LSE bits can
+    # read as NaN).
+    out32 = torch.randn(7, 4, 16, device=device)
+    lse32 = torch.randn(7, 4, device=device)
+    torch.library.opcheck(torch.ops.cpattn_dcp.a2a_pack.default, (out32, lse32, 2, sl, qsl))
+    torch.library.opcheck(
+        torch.ops.cpattn_dcp.a2a_pack_into.default,
+        (out32, lse32, 2, sl, qsl, torch.empty(2, 7, 2, 17, device=device)),
+    )
+    recv32 = a2a_pack(out32, lse32, 2)
+    for return_lse in (False, True):
+        torch.library.opcheck(
+            torch.ops.cpattn_dcp.a2a_unpack_combine.default, (recv32, 16, return_lse, True)
+        )
+    recv = a2a_pack(out, lse, 2, seq_lens=sl, query_start_loc=qsl)
+    assert_dispatches(
+        lambda o, s, a, b: a2a_pack(o, s, 2, seq_lens=a, query_start_loc=b),
+        (out, lse, sl, qsl),
+        "cpattn_dcp.a2a_pack.default",
+    )
+    assert_dispatches(
+        lambda o, s, b: a2a_pack(o, s, 2, send=b),
+        (out, lse, send),
+        "cpattn_dcp.a2a_pack_into.default",
+    )
+    assert_dispatches(
+        lambda r: a2a_unpack_combine(r, head_dim=16, return_lse=True),
+        (recv,),
+        "cpattn_dcp.a2a_unpack_combine.default",
+    )
+
+
+def test_pack_and_unpack_compile(device: torch.device) -> None:
+    """``torch.compile(fullgraph=True)`` of a pack (into a given ``send`` too) and an
+    unpack-combine gives the eager results."""
+    out, lse, sl, qsl = _pack_case(device)
+
+    def step(o: torch.Tensor, s: torch.Tensor, send: torch.Tensor) -> Any:
+        fresh = a2a_pack(o, s, 2, seq_lens=sl, query_start_loc=qsl)
+        a2a_pack(o, s, 2, seq_lens=sl, query_start_loc=qsl, send=send)
+        return fresh, send, a2a_unpack_combine(fresh, head_dim=16, return_lse=True)
+
+    def run(fn: Any) -> list[torch.Tensor]:
+        send = torch.full((2, 7, 2, 18), math.nan, dtype=torch.bfloat16, device=device)
+        fresh, filled, (unpacked, unpacked_lse) = fn(out, lse, send)
+        return [fresh, filled, unpacked, unpacked_lse]
+
+    want = run(step)
+    torch._dynamo.reset()
+    got = run(torch.compile(step, fullgraph=True, backend="eager"))
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g.view(torch.int16) if g.dtype == torch.bfloat16 else g,
+                           w.view(torch.int16) if w.dtype == torch.bfloat16 else w)  # fmt: skip
+
+
+def test_pack_and_unpack_have_no_gradient(device: torch.device) -> None:
+    """Inputs that require grad go through the registered ops, whose outputs' ``backward``
+    raises (no autograd formula). The direct launch returned outputs that silently dropped
+    the gradient; a ``send`` that requires grad was overwritten with its ``grad_fn`` kept."""
+    out, lse, _, _ = _pack_case(device)
+    x = out.float().requires_grad_()
+    packed = a2a_pack(x, lse, 2)
+    assert packed.requires_grad
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        packed.sum().backward()
+    recv = a2a_pack(out.float(), lse, 2).requires_grad_()
+    unpacked, _ = a2a_unpack_combine(recv, head_dim=16)
+    assert unpacked.requires_grad
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        unpacked.sum().backward()
+    send = torch.zeros(2, 7, 2, 17, device=device, requires_grad=True) * 1.0
+    with pytest.raises(RuntimeError, match="a2a_pack: send requires grad"):
+        a2a_pack(out.float(), lse, 2, send=send)
+
+
+def test_pack_marks_a_given_send_written(device: torch.device) -> None:
+    """The eager pack writes a given ``send`` outside the dispatcher: it bumps its version
+    on every call, so a ``backward`` that saved ``send`` before raises."""
+    out, lse, _, _ = _pack_case(device)
+    send = torch.randn(2, 7, 2, 17, device=device)  # fp32, D = 16: 17 lanes
+    weight = torch.ones(send.shape, device=device, requires_grad=True)
+    saved = (weight * send).sum()  # saves send for backward
+    for _ in range(3):
+        before = send._version
+        a2a_pack(out.float(), lse, 2, send=send)
+        assert send._version > before
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.backward()
+
+
+def test_unpack_base_flag_must_be_a_bool(device: torch.device) -> None:
+    out, lse, _, _ = _pack_case(device)
+    recv = a2a_pack(out, lse, 2)
+    with pytest.raises(TypeError, match="is_lse_base_on_e must be a bool, got"):
+        a2a_unpack_combine(recv, head_dim=16, is_lse_base_on_e=None)  # type: ignore[arg-type]
 
 
 def test_pack_int64_indexing(device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,7 +19,7 @@ import torch
 
 from cpattn_common.alloc import new_output
 from cpattn_common.checks import check_bool
-from cpattn_common.dispatch import must_dispatch
+from cpattn_common.dispatch import mark_written_in_place, must_dispatch, refuse_grad_in_place
 from cpattn_common.group import CPGroupLike
 from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_common.launch_plans import OpPlans
@@ -383,15 +383,39 @@ def a2a_pack(
     Raises:
         ValueError / TypeError: as :func:`dcp_a2a_lse_reduce` for the same arguments; a
             ``send`` of another shape, dtype or device, or not contiguous (``ValueError``).
+        RuntimeError: grad mode is on and ``send`` requires grad (the op writes it in place
+            and has no autograd formula).
+
+    Inference only (no autograd formula): see ``cpattn_common.dispatch``. Registered as
+    ``torch.ops.cpattn_dcp.a2a_pack`` and, with ``send``, ``a2a_pack_into``.
     """
-    # A recorded call key replays natively (launch plans, when on).
+    if must_dispatch(cp_attn_out, cp_attn_lse, send):  # tracing, a dispatch mode, autograd
+        has_mask = validate_combine_args(
+            "a2a_pack", cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc,
+            heads_divisible=True,
+        )  # fmt: skip
+        masks = (seq_lens, query_start_loc) if has_mask else (None, None)
+        if send is None:
+            packed: torch.Tensor = torch.ops.cpattn_dcp.a2a_pack(
+                cp_attn_out, cp_attn_lse, cp_world_size, *masks
+            )
+            return packed
+        _check_send(send, cp_attn_out, cp_world_size)
+        refuse_grad_in_place("a2a_pack", "send", send)
+        torch.ops.cpattn_dcp.a2a_pack_into(cp_attn_out, cp_attn_lse, cp_world_size, *masks, send)
+        return send
+    # A recorded call key replays natively (launch plans, when on). A given send is written
+    # in place: every branch marks it, as the dispatcher would.
     hit = (
         _pack_plans.replay(cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, send)
         if _pack_plans.on
         else None
     )
     if hit.__class__ is tuple:
-        return hit[0] if hit else send  # type: ignore[return-value]
+        if send is None:
+            return hit[0]  # type: ignore[no-any-return]
+        mark_written_in_place(send)
+        return send
     has_mask = validate_combine_args(
         "a2a_pack",
         cp_attn_out,
@@ -409,13 +433,39 @@ def a2a_pack(
         else None
     )
     if rec is None:
-        return _pack(cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, send,
-                     has_mask)  # fmt: skip
-    with rec:
         filled = _pack(cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, send,
                        has_mask)  # fmt: skip
-        rec.returns(*(() if send is not None else (filled,)))
+    else:
+        with rec:
+            filled = _pack(cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc,
+                           send, has_mask)  # fmt: skip
+            rec.returns(*(() if send is not None else (filled,)))
+    if send is not None:
+        mark_written_in_place(send)
     return filled
+
+
+def _send_shape(cp_attn_out: torch.Tensor, cp_world_size: int) -> tuple[int, int, int, int]:
+    """``[N, B, H/N, D + P]``: the send buffer of a validated ``a2a_pack`` call (sizes may be
+    symbolic under tracing, so ``D + P`` is not ``a2a_record_width``, which wants an int)."""
+    b, h, d = cp_attn_out.shape
+    return (cp_world_size, b, h // cp_world_size, d + a2a_pack_dim(cp_attn_out.dtype))
+
+
+def _check_send(send: torch.Tensor, cp_attn_out: torch.Tensor, cp_world_size: int) -> None:
+    shape = _send_shape(cp_attn_out, cp_world_size)
+    if not isinstance(send, torch.Tensor):
+        raise TypeError(f"send must be a torch.Tensor or None, got {type(send).__name__}")
+    if (
+        tuple(send.shape) != shape
+        or send.dtype != cp_attn_out.dtype
+        or send.device != cp_attn_out.device
+        or not send.is_contiguous()
+    ):
+        raise ValueError(
+            f"send must be a contiguous {cp_attn_out.dtype} tensor of shape {shape} on "
+            f"{cp_attn_out.device}, got {send.dtype} {tuple(send.shape)} on {send.device}"
+        )
 
 
 def _pack(
@@ -428,20 +478,10 @@ def _pack(
     has_mask: bool,
 ) -> torch.Tensor:
     """``a2a_pack`` after validation: allocate ``send`` unless given (checked), launch."""
-    b, h, d = cp_attn_out.shape
-    shape = (cp_world_size, b, h // cp_world_size, a2a_record_width(d, cp_attn_out.dtype))
     if send is None:
-        send = new_output(cp_attn_out, shape)
-    elif (
-        tuple(send.shape) != shape
-        or send.dtype != cp_attn_out.dtype
-        or send.device != cp_attn_out.device
-        or not send.is_contiguous()
-    ):
-        raise ValueError(
-            f"send must be a contiguous {cp_attn_out.dtype} tensor of shape {shape} on "
-            f"{cp_attn_out.device}, got {send.dtype} {tuple(send.shape)} on {send.device}"
-        )
+        send = new_output(cp_attn_out, _send_shape(cp_attn_out, cp_world_size))
+    else:
+        _check_send(send, cp_attn_out, cp_world_size)
     _launch_pack(
         cp_attn_out,
         cp_attn_lse,
@@ -451,6 +491,55 @@ def _pack(
         query_start_loc if has_mask else None,
     )
     return send
+
+
+@torch.library.custom_op("cpattn_dcp::a2a_pack", mutates_args=())
+def _a2a_pack_op(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    cp_world_size: int,
+    seq_lens: torch.Tensor | None,
+    query_start_loc: torch.Tensor | None,
+) -> torch.Tensor:
+    # Validated by a2a_pack; masking is on when the masks are passed.
+    return _pack(cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, None,
+                 seq_lens is not None)  # fmt: skip
+
+
+@_a2a_pack_op.register_fake
+def _(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    cp_world_size: int,
+    seq_lens: torch.Tensor | None,
+    query_start_loc: torch.Tensor | None,
+) -> torch.Tensor:
+    return cp_attn_out.new_empty(_send_shape(cp_attn_out, cp_world_size))
+
+
+@torch.library.custom_op("cpattn_dcp::a2a_pack_into", mutates_args=("send",))
+def _a2a_pack_into_op(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    cp_world_size: int,
+    seq_lens: torch.Tensor | None,
+    query_start_loc: torch.Tensor | None,
+    send: torch.Tensor,
+) -> None:
+    _pack(cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, send,
+          seq_lens is not None)  # fmt: skip
+
+
+@_a2a_pack_into_op.register_fake
+def _(
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    cp_world_size: int,
+    seq_lens: torch.Tensor | None,
+    query_start_loc: torch.Tensor | None,
+    send: torch.Tensor,
+) -> None:
+    return None
 
 
 def a2a_unpack_combine(
@@ -474,10 +563,23 @@ def a2a_unpack_combine(
         ``(out [B, H_r, D]`` in ``recv.dtype``, ``lse [B, H_r]`` fp32 or ``None)``.
 
     Raises:
-        TypeError: ``recv`` is not a tensor, ``head_dim`` is not an int.
+        TypeError: ``recv`` is not a tensor, ``head_dim`` is not an int, an
+            ``is_lse_base_on_e`` that is not a bool.
         ValueError: unsupported dtype, ``recv`` not 4-D or not contiguous, or its last dim is
             not ``D + P`` for ``head_dim``.
+
+    Inference only (no autograd formula): see ``cpattn_common.dispatch``. Registered as
+    ``torch.ops.cpattn_dcp.a2a_unpack_combine`` (its LSE is empty without ``return_lse``).
     """
+    is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
+    if must_dispatch(recv):  # tracing, a dispatch mode, autograd
+        _buffer_shape(recv, head_dim)
+        out: torch.Tensor
+        lse_or_empty: torch.Tensor
+        out, lse_or_empty = torch.ops.cpattn_dcp.a2a_unpack_combine(
+            recv, head_dim, bool(return_lse), is_lse_base_on_e
+        )
+        return out, (lse_or_empty if return_lse else None)
     # A recorded call key replays natively (launch plans, when on).
     hit = (
         _unpack_plans.replay(recv, head_dim, return_lse, is_lse_base_on_e)
@@ -507,6 +609,26 @@ def _unpack_combine(
     out = new_output(recv, (b, hr, d))
     lse = new_output(recv, (b, hr), torch.float32) if return_lse else None
     _launch_unpack(recv, out, lse, is_lse_base_on_e)
+    return out, lse
+
+
+@torch.library.custom_op("cpattn_dcp::a2a_unpack_combine", mutates_args=())
+def _a2a_unpack_combine_op(
+    recv: torch.Tensor, head_dim: int, return_lse: bool, is_lse_base_on_e: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = _unpack_combine(recv, head_dim, return_lse, is_lse_base_on_e)
+    if lse is None:
+        lse = recv.new_empty((0,), dtype=torch.float32)
+    return out, lse
+
+
+@_a2a_unpack_combine_op.register_fake
+def _(
+    recv: torch.Tensor, head_dim: int, return_lse: bool, is_lse_base_on_e: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _, b, hr, _ = recv.shape
+    out = recv.new_empty((b, hr, head_dim))
+    lse = recv.new_empty((b, hr) if return_lse else (0,), dtype=torch.float32)
     return out, lse
 
 
