@@ -15,13 +15,16 @@ argument on every call) share one weakly held wrapper per process group.
 
 from __future__ import annotations
 
+import itertools
 import operator
+import types
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, SupportsIndex, TypeVar, cast, runtime_checkable
 
 import torch
 import torch.distributed as dist
+from torch._guards import CompileContext
 
 from cpattn_common.identity_memo import IdentityMemo
 
@@ -40,6 +43,7 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 # Errors a backend raises when it does not implement a collective (or a dtype of it).
 _UNSUPPORTED_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, NotImplementedError)
@@ -519,6 +523,11 @@ def shared_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGr
     wrapper of a ``ProcessGroup`` refers to it weakly (torch.distributed holds a group until
     ``destroy_process_group``; the caller's references hold it after that).
 
+    Under ``torch.compile``, a group the memo lacks is resolved at trace time, and the graph
+    uses its wrapper guarded on the group's identity (``fullgraph=True`` works on a group no
+    eager call resolved). The memo takes that same wrapper on the first eager lookup, when the
+    graph, which guarded on the memo lacking the group, is traced once more.
+
     Args:
         x: a ``CPGroupLike`` (returned as is), a ``ProcessGroup`` (also the fake that
             ``torch.compile`` hands traced code for one), a ``DeviceMesh`` (1-D, or pick the
@@ -543,25 +552,112 @@ def shared_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGr
             # initialised again is never answered with the old one.
             return shared_cp_group(world)
         return as_cp_group(None)  # raises: no default group
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace the rest (it reads a fake's real object and takes the memo's
+        # lock): it runs at trace time, and the graph reads back the wrapper it resolved.
+        name = _trace_time_name(x, mesh_dim)
+        return x if name is None else getattr(_TRACED, name)  # type: ignore[no-any-return]
+    return _resolve(x, mesh_dim)
+
+
+def _resolve(x: Any, mesh_dim: int | str | None) -> CPGroupLike:
+    """``shared_cp_group(x, mesh_dim=mesh_dim)`` for an ``x`` other than ``None`` that the
+    memo lacks."""
     real = _unwrap_fake(x)
     if real is not x:
         return shared_cp_group(real, mesh_dim=mesh_dim)
     if isinstance(x, dist.ProcessGroup):
         if mesh_dim is not None:
             raise ValueError("mesh_dim only applies to a DeviceMesh")
-        return cast(CPGroupLike, _SHARED.setdefault(x, _SharedCPGroup(x)))
+        return _wrapper_of(x)
     if isinstance(x, CPGroupLike):
         if mesh_dim is not None:
             raise ValueError("mesh_dim only applies to a DeviceMesh")
-        _SHARED.setdefault(x, None)
+        if not _tracing():
+            _SHARED.setdefault(x, None)
         return x
     pg = _mesh_process_group(x, mesh_dim)
     if pg is None:
         raise _not_a_group(x)
     group = shared_cp_group(pg)
-    if mesh_dim is None:
+    if mesh_dim is None and not _tracing():
         _SHARED.setdefault(x, group)
     return group
+
+
+# The shared wrappers that compiled graphs use, one attribute each (a graph reads its wrapper
+# as an attribute of a global, which dynamo looks up afresh for every name and guards on, as
+# on the memo), and the name of each process group's. An attribute goes with its group.
+_TRACED = types.ModuleType(f"{__name__}._traced")
+_TRACED_NAMES: IdentityMemo[str] = IdentityMemo()
+_TRACED_NUMBERS = itertools.count()
+
+
+def _tracing() -> bool:
+    """Whether ``torch.compile`` (or export) is tracing, also in code that dynamo runs rather
+    than traces (where ``torch.compiler.is_compiling()`` says so on recent torch only)."""
+    return torch.compiler.is_compiling() or CompileContext.try_get() is not None
+
+
+def _wrapper_of(pg: ProcessGroup) -> CPGroupLike:
+    """The shared wrapper of a process group that the memo lacks.
+
+    While dynamo traces, the memo must not change: a traced lookup that missed guards on the
+    entry staying absent, and dynamo fails when a guard no longer holds on the frame it traced.
+    The wrapper is then only named for the graph (``_traced_name``); the first eager lookup
+    puts that same wrapper in the memo.
+    """
+    name = _TRACED_NAMES.get(pg, None)
+    wrapper = getattr(_TRACED, name) if name is not None else _SharedCPGroup(pg)
+    if _tracing():
+        return getattr(_TRACED, _traced_name(pg, wrapper))  # type: ignore[no-any-return]
+    return cast(CPGroupLike, _SHARED.setdefault(pg, wrapper))
+
+
+def _traced_name(pg: ProcessGroup, wrapper: CPGroupLike) -> str:
+    """The attribute of ``_TRACED`` that holds the shared wrapper of ``pg``: ``wrapper``, unless
+    ``pg`` has one there already. The attribute goes when ``pg`` dies."""
+    name = _TRACED_NAMES.get(pg, None)
+    if name is not None:
+        return name
+    new = f"group_{next(_TRACED_NUMBERS)}"
+    setattr(_TRACED, new, wrapper)  # before the name is published
+    name = _TRACED_NAMES.setdefault(pg, new)
+    if name == new:
+        weakref.finalize(pg, _TRACED.__dict__.pop, name, None)
+    else:  # another thread named one first
+        delattr(_TRACED, new)
+    return name
+
+
+def trace_time_constant(fn: _F) -> _F:
+    """``torch._dynamo.assume_constant_result`` without importing dynamo (about 1 s).
+
+    Dynamo runs a function carrying this mark at trace time on the real arguments (guarding on
+    the identity of an object argument) and bakes its result into the graph as a constant;
+    eager calls are unaffected. The result should be a constant (a str, an int): dynamo makes
+    an object result a constant whose methods traced code cannot call.
+    """
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
+
+
+@trace_time_constant
+def _trace_time_name(x: Any, mesh_dim: int | str | None) -> str | None:
+    """Resolve ``x`` (not ``None``) as ``shared_cp_group`` does, at trace time: ``None`` when
+    ``x`` is its own wrapper (a ``CPGroupLike``), else the attribute of ``_TRACED`` that holds
+    its wrapper.
+
+    A name, not the wrapper: dynamo makes an object result a constant whose methods traced code
+    cannot call.
+    """
+    group = _resolve(x, mesh_dim)
+    if group is x:
+        return None
+    pg = group.device_group
+    if pg is None:  # pragma: no cover - the wrappers _resolve makes all have a process group
+        raise TypeError(f"{type(x).__name__} resolved to {type(group).__name__} without a group")
+    return _traced_name(pg, group)  # also for a wrapper that the memo held already
 
 
 def cache_owner(group: CPGroupLike) -> object:

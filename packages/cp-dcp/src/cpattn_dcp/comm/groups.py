@@ -3,7 +3,7 @@
 ``torch.library`` ops cannot take a ``ProcessGroup`` or a Python group wrapper as an
 argument, so the public functions pass a token string that names the group in a registry.
 Under ``torch.compile`` the token, world size and rank are computed once at trace time
-(``assume_constant_result``) and baked into the graph as constants.
+(``cpattn_common.group.trace_time_constant``) and baked into the graph as constants.
 
 Neither the group memo (``cpattn_common.shared_cp_group``) nor the token registry keeps a
 group alive: their entries go with the group (a graph only runs while its group is alive: the
@@ -16,12 +16,10 @@ import functools
 import itertools
 import weakref
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from cpattn_common.group import CPGroupLike, shared_cp_group
+from cpattn_common.group import CPGroupLike, shared_cp_group, trace_time_constant
 from cpattn_common.identity_memo import IdentityMemo
-
-_F = TypeVar("_F", bound=Callable[..., Any])
 
 __all__ = ["group_from_token", "group_rank", "group_token", "group_world_size", "resolve_group"]
 
@@ -40,16 +38,6 @@ resolve_group = shared_cp_group
 """``cpattn_common.shared_cp_group``: one memoised ``CPGroupLike`` per process group (also
 for the fake a traced ``ProcessGroup`` becomes, a 1-D ``DeviceMesh`` or ``None``, the world),
 which keeps no group alive; a ``CPGroupLike`` resolves to itself."""
-
-
-def _constant_result(fn: _F) -> _F:
-    """``torch._dynamo.assume_constant_result`` without importing dynamo (about 1 s).
-
-    Dynamo evaluates a function carrying this mark at trace time and bakes the result into
-    the graph as a constant; eager calls are unaffected.
-    """
-    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
-    return fn
 
 
 def _forget_token(token: str, ref: Any) -> None:
@@ -75,19 +63,19 @@ def _identity(obj: Any) -> Any:
     return obj
 
 
-@_constant_result
+@trace_time_constant
 def group_token(cp_group: Any) -> str:
     """A string naming ``cp_group`` for the registered ops (see ``group_from_token``)."""
     return _token_of(resolve_group(cp_group))
 
 
-@_constant_result
+@trace_time_constant
 def group_world_size(cp_group: Any) -> int:
     """N of ``cp_group`` (a trace-time constant under ``torch.compile``)."""
     return int(resolve_group(cp_group).world_size)
 
 
-@_constant_result
+@trace_time_constant
 def group_rank(cp_group: Any) -> int:
     """This rank's index in ``cp_group`` (a trace-time constant under ``torch.compile``)."""
     return int(resolve_group(cp_group).rank_in_group)
