@@ -1,9 +1,10 @@
 """``shared_cp_group`` under ``torch.compile(fullgraph=True)`` on a group no eager call resolved.
 
-The ops resolve their group argument through ``shared_cp_group`` on every call. Its memo hit
-traces, but its miss did not: dynamo failed on reading a traced ``ProcessGroup``'s real object
-and on the memo's lock, so a graph over a group that no eager call had resolved yet failed to
-compile, and compiled after one eager call.
+The ops resolve their group argument through ``shared_cp_group`` on every call. Its memo
+miss did not trace (dynamo failed on reading a traced ``ProcessGroup``'s real object and on the
+memo's lock), so a graph over a group that no eager call had resolved yet failed to compile; on
+torch 2.11 its hit did not trace either (``id()`` of a process group). Traced code no longer
+reads the memo.
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Protocol, SupportsIndex, TypeVar, cast, r
 
 import torch
 import torch.distributed as dist
-from torch._guards import CompileContext
 
 from cpattn_common.identity_memo import IdentityMemo
 
@@ -512,6 +511,7 @@ def _unwrap_fake(obj: Any) -> Any:
 # that takes no weak reference is not memoised: the memo would hold it for good.
 _SHARED: IdentityMemo[CPGroupLike | None] = IdentityMemo(hold_unreferable=False)
 _SHARED_ENTRIES = _SHARED.entries  # read directly on the hit path (no method call)
+_is_compiling = torch.compiler.is_compiling
 
 
 def shared_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGroupLike:
@@ -523,10 +523,11 @@ def shared_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGr
     wrapper of a ``ProcessGroup`` refers to it weakly (torch.distributed holds a group until
     ``destroy_process_group``; the caller's references hold it after that).
 
-    Under ``torch.compile``, a group the memo lacks is resolved at trace time, and the graph
-    uses its wrapper guarded on the group's identity (``fullgraph=True`` works on a group no
-    eager call resolved). The memo takes that same wrapper on the first eager lookup, when the
-    graph, which guarded on the memo lacking the group, is traced once more.
+    Under ``torch.compile`` the memo is not traced (dynamo cannot trace ``id()`` of a process
+    group on every torch we allow, nor the memo's lock): a ``ProcessGroup``, a mesh or ``None``
+    is resolved at trace time, through the memo, and the graph uses that wrapper, guarded on
+    the group's identity; a ``CPGroupLike`` is its own wrapper. So ``fullgraph=True`` works on
+    a group no eager call resolved, and the graph shares the wrapper of eager callers.
 
     Args:
         x: a ``CPGroupLike`` (returned as is), a ``ProcessGroup`` (also the fake that
@@ -538,6 +539,8 @@ def shared_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGr
         A ``CPGroupLike``; for a ``ProcessGroup``, a mesh over it or ``None``, the one
         ``CPGroup`` shared by every caller while the process group lives.
     """
+    if _is_compiling():
+        return _traced_group(x, mesh_dim)
     if mesh_dim is None:  # the hit path: every op call resolves its group here
         entry = _SHARED_ENTRIES.get(id(x))
         if entry is not None and entry[0]() is x:
@@ -545,73 +548,79 @@ def shared_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGr
             if shared is None:
                 return x  # type: ignore[no-any-return]  # a CPGroupLike: its own wrapper
             return shared
+    return _resolve(x, mesh_dim)
+
+
+def _lookup(x: Any, mesh_dim: int | str | None) -> CPGroupLike:
+    """``shared_cp_group`` without its ``torch.compile`` branch (for code that runs at trace
+    time, where ``is_compiling()`` may already be true)."""
+    if mesh_dim is None:
+        entry = _SHARED_ENTRIES.get(id(x))
+        if entry is not None and entry[0]() is x:
+            return x if entry[1] is None else entry[1]
+    return _resolve(x, mesh_dim)
+
+
+def _resolve(x: Any, mesh_dim: int | str | None) -> CPGroupLike:
+    """``shared_cp_group(x, mesh_dim=mesh_dim)`` for an ``x`` the memo lacks (eager, or at
+    trace time)."""
     if x is None:
         world = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
         if world is not None:
             # Memoised under the world group itself, never under None: a world destroyed and
             # initialised again is never answered with the old one.
-            return shared_cp_group(world)
+            return _lookup(world, None)
         return as_cp_group(None)  # raises: no default group
-    if torch.compiler.is_compiling():
-        # Dynamo cannot trace the rest (it reads a fake's real object and takes the memo's
-        # lock): it runs at trace time, and the graph reads back the wrapper it resolved.
-        name = _trace_time_name(x, mesh_dim)
-        return x if name is None else getattr(_TRACED, name)  # type: ignore[no-any-return]
-    return _resolve(x, mesh_dim)
-
-
-def _resolve(x: Any, mesh_dim: int | str | None) -> CPGroupLike:
-    """``shared_cp_group(x, mesh_dim=mesh_dim)`` for an ``x`` other than ``None`` that the
-    memo lacks."""
     real = _unwrap_fake(x)
     if real is not x:
-        return shared_cp_group(real, mesh_dim=mesh_dim)
+        return _lookup(real, mesh_dim)
     if isinstance(x, dist.ProcessGroup):
         if mesh_dim is not None:
             raise ValueError("mesh_dim only applies to a DeviceMesh")
-        return _wrapper_of(x)
+        return cast(CPGroupLike, _SHARED.setdefault(x, _SharedCPGroup(x)))
     if isinstance(x, CPGroupLike):
         if mesh_dim is not None:
             raise ValueError("mesh_dim only applies to a DeviceMesh")
-        if not _tracing():
-            _SHARED.setdefault(x, None)
+        _SHARED.setdefault(x, None)
         return x
     pg = _mesh_process_group(x, mesh_dim)
     if pg is None:
         raise _not_a_group(x)
-    group = shared_cp_group(pg)
-    if mesh_dim is None and not _tracing():
+    group = _lookup(pg, None)
+    if mesh_dim is None:
         _SHARED.setdefault(x, group)
     return group
 
 
+def _traced_group(x: Any, mesh_dim: int | str | None) -> CPGroupLike:
+    """``shared_cp_group`` as dynamo traces it: what only the memo can answer is resolved at
+    trace time (``_trace_time_name``), and the graph reads the wrapper back by name."""
+    if x is None or isinstance(x, dist.ProcessGroup) or _is_device_mesh(x):
+        return getattr(_TRACED, _trace_time_name(x, mesh_dim))  # type: ignore[no-any-return]
+    if mesh_dim is not None:
+        raise ValueError("mesh_dim only applies to a DeviceMesh")
+    return x  # type: ignore[no-any-return]  # a CPGroupLike: its own wrapper
+
+
+try:  # imported with torch.distributed already; looked up here, not in traced code
+    from torch.distributed.device_mesh import DeviceMesh as _DeviceMesh
+except ImportError:  # pragma: no cover - torch without distributed
+
+    class _DeviceMesh:  # type: ignore[no-redef]
+        """Stands for the mesh class where torch has none: nothing is an instance."""
+
+
+def _is_device_mesh(x: Any) -> bool:
+    # One class, not a tuple: dynamo answers isinstance on a traced mesh for the class only.
+    return isinstance(x, _DeviceMesh)
+
+
 # The shared wrappers that compiled graphs use, one attribute each (a graph reads its wrapper
-# as an attribute of a global, which dynamo looks up afresh for every name and guards on, as
-# on the memo), and the name of each process group's. An attribute goes with its group.
+# as an attribute of a global, which dynamo looks up afresh for every name), and the name of
+# each process group's. An attribute goes with its group.
 _TRACED = types.ModuleType(f"{__name__}._traced")
 _TRACED_NAMES: IdentityMemo[str] = IdentityMemo()
 _TRACED_NUMBERS = itertools.count()
-
-
-def _tracing() -> bool:
-    """Whether ``torch.compile`` (or export) is tracing, also in code that dynamo runs rather
-    than traces (where ``torch.compiler.is_compiling()`` says so on recent torch only)."""
-    return torch.compiler.is_compiling() or CompileContext.try_get() is not None
-
-
-def _wrapper_of(pg: ProcessGroup) -> CPGroupLike:
-    """The shared wrapper of a process group that the memo lacks.
-
-    While dynamo traces, the memo must not change: a traced lookup that missed guards on the
-    entry staying absent, and dynamo fails when a guard no longer holds on the frame it traced.
-    The wrapper is then only named for the graph (``_traced_name``); the first eager lookup
-    puts that same wrapper in the memo.
-    """
-    name = _TRACED_NAMES.get(pg, None)
-    wrapper = getattr(_TRACED, name) if name is not None else _SharedCPGroup(pg)
-    if _tracing():
-        return getattr(_TRACED, _traced_name(pg, wrapper))  # type: ignore[no-any-return]
-    return cast(CPGroupLike, _SHARED.setdefault(pg, wrapper))
 
 
 def _traced_name(pg: ProcessGroup, wrapper: CPGroupLike) -> str:
@@ -636,28 +645,22 @@ def trace_time_constant(fn: _F) -> _F:
     Dynamo runs a function carrying this mark at trace time on the real arguments (guarding on
     the identity of an object argument) and bakes its result into the graph as a constant;
     eager calls are unaffected. The result should be a constant (a str, an int): dynamo makes
-    an object result a constant whose methods traced code cannot call.
+    an object result a constant whose methods traced code cannot call. Pass process groups,
+    meshes and constants: torch before 2.13 cannot pass other objects (a ``CPGroup``).
     """
     fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
     return fn
 
 
 @trace_time_constant
-def _trace_time_name(x: Any, mesh_dim: int | str | None) -> str | None:
-    """Resolve ``x`` (not ``None``) as ``shared_cp_group`` does, at trace time: ``None`` when
-    ``x`` is its own wrapper (a ``CPGroupLike``), else the attribute of ``_TRACED`` that holds
-    its wrapper.
-
-    A name, not the wrapper: dynamo makes an object result a constant whose methods traced code
-    cannot call.
-    """
-    group = _resolve(x, mesh_dim)
-    if group is x:
-        return None
+def _trace_time_name(x: Any, mesh_dim: int | str | None) -> str:
+    """The attribute of ``_TRACED`` holding the shared wrapper of ``x`` (a ``ProcessGroup``, a
+    mesh or ``None``), resolved through the memo at trace time."""
+    group = _lookup(x, mesh_dim)
     pg = group.device_group
-    if pg is None:  # pragma: no cover - the wrappers _resolve makes all have a process group
+    if pg is None:  # pragma: no cover - the wrappers of groups and meshes have one
         raise TypeError(f"{type(x).__name__} resolved to {type(group).__name__} without a group")
-    return _traced_name(pg, group)  # also for a wrapper that the memo held already
+    return _traced_name(pg, group)
 
 
 def cache_owner(group: CPGroupLike) -> object:
