@@ -644,13 +644,12 @@ def a2a_combine_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Pack → all-to-all → unpack-combine (arguments already validated)."""
     n = group.world_size
-    b, h, d = cp_attn_out.shape
-    shape = (n, b, h // n, a2a_record_width(d, cp_attn_out.dtype))
+    shape = _send_shape(cp_attn_out, n)
     if n == 1:
         send = recv = new_output(cp_attn_out, shape)
     else:
         # One allocation for both staging buffers (fresh per call: CUDA-graph safe).
-        numel = n * b * shape[2] * shape[3]
+        numel = shape[0] * shape[1] * shape[2] * shape[3]
         gap = -numel % (16 // cp_attn_out.element_size())
         if gap == 0:
             staging = new_output(cp_attn_out, (2, *shape))
@@ -664,7 +663,7 @@ def a2a_combine_fwd(
     _launch_pack(cp_attn_out, cp_attn_lse, send, n, seq_lens, query_start_loc)
     if n > 1:
         all_to_all_records(group, recv, send)
-    return _unpack_combine(recv, d, return_lse, is_lse_base_on_e)
+    return _unpack_combine(recv, cp_attn_out.shape[2], return_lse, is_lse_base_on_e)
 
 
 @torch.library.custom_op("cpattn_dcp::dcp_a2a_lse_reduce", mutates_args=())
