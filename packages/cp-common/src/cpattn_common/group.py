@@ -414,21 +414,31 @@ class CPGroup:
             dist.barrier(group=self._group)
 
 
+try:  # imported with torch.distributed already; looked up here, not in traced code
+    from torch.distributed.device_mesh import DeviceMesh as _DeviceMesh
+except ImportError:  # pragma: no cover - torch without distributed
+
+    class _DeviceMesh:  # type: ignore[no-redef]
+        """Stands for the mesh class where torch has none: nothing is an instance."""
+
+
+def _is_device_mesh(x: Any) -> bool:
+    # One class, not a tuple: dynamo answers isinstance on a traced mesh for the class only.
+    return isinstance(x, _DeviceMesh)
+
+
 def _mesh_process_group(x: Any, mesh_dim: int | str | None) -> ProcessGroup | None:
     """The process group of dimension ``mesh_dim`` of ``x`` if ``x`` is a ``DeviceMesh``,
     else ``None``."""
-    try:
-        from torch.distributed.device_mesh import DeviceMesh
-    except ImportError:  # pragma: no cover - torch without distributed
-        return None
-    if not isinstance(x, DeviceMesh):
+    if not _is_device_mesh(x):
         return None
     if mesh_dim is None and x.ndim != 1:
         raise ValueError(
             f"a {x.ndim}-D DeviceMesh needs mesh_dim to pick the group dimension "
             f"(mesh_dim_names={x.mesh_dim_names})"
         )
-    return x.get_group(mesh_dim if mesh_dim is not None else 0)
+    pg: ProcessGroup = x.get_group(mesh_dim if mesh_dim is not None else 0)
+    return pg
 
 
 def _not_a_group(x: Any) -> TypeError:
@@ -600,19 +610,6 @@ def _traced_group(x: Any, mesh_dim: int | str | None) -> CPGroupLike:
     if mesh_dim is not None:
         raise ValueError("mesh_dim only applies to a DeviceMesh")
     return x  # type: ignore[no-any-return]  # a CPGroupLike: its own wrapper
-
-
-try:  # imported with torch.distributed already; looked up here, not in traced code
-    from torch.distributed.device_mesh import DeviceMesh as _DeviceMesh
-except ImportError:  # pragma: no cover - torch without distributed
-
-    class _DeviceMesh:  # type: ignore[no-redef]
-        """Stands for the mesh class where torch has none: nothing is an instance."""
-
-
-def _is_device_mesh(x: Any) -> bool:
-    # One class, not a tuple: dynamo answers isinstance on a traced mesh for the class only.
-    return isinstance(x, _DeviceMesh)
 
 
 # The shared wrappers that compiled graphs use, one attribute each (a graph reads its wrapper
