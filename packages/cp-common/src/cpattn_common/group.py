@@ -109,12 +109,14 @@ def normalize_dim(dim: SupportsIndex, ndim: int) -> int:
     tensor) except a bool: ``True`` as a dim is a bug, not 1. A float is refused too (it would
     be truncated).
     """
-    # A bool tensor passes operator.index (as 0 / 1); a numpy bool does not.
-    if isinstance(dim, bool) or (isinstance(dim, torch.Tensor) and dim.dtype == torch.bool):
-        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
-    if isinstance(dim, int):  # the common case: no operator.index call
+    if isinstance(dim, int) and not isinstance(dim, bool):  # the common case
         index = dim
     else:
+        # operator.index takes a bool, a bool tensor and, in older numpy (2.2, with a
+        # deprecation warning), a numpy bool, each as 0 / 1.
+        dtype = getattr(dim, "dtype", None)
+        if isinstance(dim, bool) or dtype is torch.bool or getattr(dtype, "kind", None) == "b":
+            raise TypeError(f"dim must be an int, got {type(dim).__name__}")
         try:
             index = operator.index(dim)
         except TypeError:
