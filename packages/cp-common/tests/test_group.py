@@ -314,6 +314,28 @@ def test_cache_owner_is_the_process_group_under_a_wrapper() -> None:
     assert cache_owner(bare) is bare  # type: ignore[arg-type]
 
 
+def test_trace_time_group_is_the_process_group_of_a_plain_cpgroup() -> None:
+    """torch 2.11's dynamo passes a process group to a trace-time function, not a CPGroup: a
+    CPGroup (or a shared wrapper) stands for its process group, anything else for itself."""
+    from cpattn_common.group import _SharedCPGroup, trace_time_group
+
+    class Pg:  # stands in for a ProcessGroup
+        pass
+
+    class OwnCollectives(CPGroup):
+        pass
+
+    pg = Pg()
+    plain, shared, sub = (cls.__new__(cls) for cls in (CPGroup, _SharedCPGroup, OwnCollectives))
+    for group in (plain, shared, sub):
+        group._group = pg  # type: ignore[assignment]
+    assert trace_time_group(plain) is pg
+    assert trace_time_group(shared) is pg
+    assert trace_time_group(sub) is sub
+    for other in (None, pg, object()):
+        assert trace_time_group(other) is other
+
+
 def test_as_cp_group_rejects_other_types() -> None:
     with pytest.raises(TypeError, match="ProcessGroup"):
         as_cp_group(42)

@@ -39,6 +39,8 @@ __all__ = [
     "check_all_to_all_single_args",
     "normalize_dim",
     "shared_cp_group",
+    "trace_time_constant",
+    "trace_time_group",
 ]
 
 _T = TypeVar("_T")
@@ -649,6 +651,24 @@ def trace_time_constant(fn: _F) -> _F:
     """
     fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
     return fn
+
+
+def trace_time_group(x: Any) -> Any:
+    """What stands for the group ``x`` in a call to a ``trace_time_constant`` function: the
+    process group of a ``CPGroup``, ``x`` itself otherwise.
+
+    torch 2.11's dynamo cannot pass a ``CPGroup`` object to such a function (it raises
+    ``AsPythonConstantNotImplementedError``), but it can pass a process group. A ``CPGroup``
+    runs the same collectives on the same process group as that group's shared wrapper, so
+    code resolved from its process group at trace time behaves the same (a graph does not
+    honour ``native_collectives=False``: the results are equal, the fallbacks are only
+    slower). Subclasses and other ``CPGroupLike`` objects, which may run their collectives
+    their own way, stand for themselves (under ``torch.compile`` they need a torch whose
+    dynamo passes objects, 2.13 does).
+    """
+    if type(x) is CPGroup or type(x) is _SharedCPGroup:
+        return x.device_group
+    return x
 
 
 @trace_time_constant

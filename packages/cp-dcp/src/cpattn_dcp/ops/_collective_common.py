@@ -8,6 +8,7 @@ from typing import Any, Literal, Protocol, cast, overload
 import torch
 
 from cpattn_common.checks import check_positive_int
+from cpattn_common.group import trace_time_group
 from cpattn_dcp.comm.groups import group_rank, group_token, group_world_size
 from cpattn_dcp.context import CPTritonContext
 from cpattn_dcp.ops._common import (
@@ -89,7 +90,8 @@ def traced_combine(
     """A combine entry point under ``torch.compile``: validate, then call its custom ``op``
     with the group passed as (token, world size, rank). ``op`` returns ``(out, lse)``, the
     LSE empty without ``return_lse``."""
-    n = group_world_size(cp_group)
+    group = trace_time_group(cp_group)  # a CPGroup's process group: see trace_time_group
+    n = group_world_size(group)
     validate_combine_args(
         name, cp_attn_out, cp_attn_lse, n, seq_lens, query_start_loc,
         heads_divisible=heads_divisible,
@@ -97,9 +99,9 @@ def traced_combine(
     out, lse_or_empty = op(
         cp_attn_out,
         cp_attn_lse,
-        group_token(cp_group),
+        group_token(group),
         n,
-        group_rank(cp_group),
+        group_rank(group),
         bool(return_lse),
         bool(is_lse_base_on_e),
         seq_lens,
