@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cpattn_common.dispatch import must_dispatch, refuse_grad_in_place
+from cpattn_common import dispatch
+from cpattn_common.dispatch import must_dispatch, refuse_grad, refuse_grad_in_place
 from cpattn_common.lse import merge_attn_states_torch
 from cpattn_common.ops.merge_attn_states import merge_attn_states
 
@@ -50,6 +51,29 @@ def test_refuse_grad_in_place() -> None:
         refuse_grad_in_place("op", "out", x)
     refuse_grad_in_place("op", "out", x.detach())
     refuse_grad_in_place("op", "out", None)
+
+
+def test_refuse_grad() -> None:
+    """Names the function and the first argument that requires grad, says what to do; quiet
+    under no_grad / inference_mode, for detached, integer, None and non-tensor arguments."""
+    x = torch.randn(3, requires_grad=True) * 1.0  # a non-leaf that requires grad
+    plain = torch.randn(3)
+    with pytest.raises(
+        RuntimeError,
+        match=r"^gather: b requires grad, but gather runs torch.distributed collectives and has "
+        r"no autograd formula .*; call it under torch.no_grad\(\) / torch.inference_mode\(\), "
+        r"or pass detached tensors$",
+    ):
+        refuse_grad("gather", a=plain, b=x, c=x)
+    with pytest.raises(RuntimeError, match=r"^op: op requires grad"):
+        refuse_grad("op", op=x)  # op is positional-only: an argument may share its name
+    with torch.no_grad():
+        refuse_grad("gather", a=x)
+    with torch.inference_mode():
+        refuse_grad("gather", a=x)
+    refuse_grad("gather", a=x.detach(), b=torch.arange(3), c=None, d=3, e=(x,))
+    refuse_grad("gather")
+    assert "refuse_grad" in dispatch.__all__
 
 
 def test_merge_names_non_tensor_inputs_with_its_type_error_when_dispatching() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -137,3 +139,100 @@ def test_gathers_multiprocess(run_ranks: RunRanks) -> None:
     """One real process-group launch (gloo on CPU, nccl on GPU) covering both gathers."""
     for res in run_ranks(_dist_body, 2):
         assert res == {"query": True, "query_padded": True, "kv": True}
+
+
+_NO_GRAD = r"call it under torch.no_grad\(\) / torch.inference_mode\(\), or pass detached tensors"
+
+
+def _grad_error(name: str, arg: str) -> str:
+    return (
+        rf"^{name}: {arg} requires grad, but {name} runs torch.distributed collectives.*{_NO_GRAD}"
+    )
+
+
+def test_gathers_refuse_grad_on_one_rank(device: torch.device) -> None:
+    """With grad on, an input that requires grad raises before anything runs, also at N = 1
+    (where the old code returned the query itself, or a view with an AsStridedBackward0), so a
+    script tried on one rank does not start failing on two. Under no_grad nothing changes."""
+    world = SimulatedWorld(1, device)
+    q = torch.randn(3, 2, 8, device=device, requires_grad=True)
+    local = torch.randn(3, 8, device=device, requires_grad=True)
+    buf = torch.zeros(3, 8, device=device, requires_grad=True) * 1.0  # a non-leaf
+    for padded in (None, 8):
+        with pytest.raises(RuntimeError, match=_grad_error("dcp_gather_query", "query")):
+            world.run(lambda g, p=padded: dcp_gather_query(q, g, p))
+    with pytest.raises(RuntimeError, match=_grad_error("dcp_gather_kv", "local_kv")):
+        world.run(lambda g: dcp_gather_kv(torch.empty(3, 8, device=device), local, g))
+    with pytest.raises(RuntimeError, match=_grad_error("dcp_gather_kv", "gathered_kv")):
+        world.run(lambda g: dcp_gather_kv(buf, local.detach(), g))
+
+    def no_grad_body(g: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        with torch.no_grad():  # in the rank's thread: grad mode is thread-local
+            return dcp_gather_query(q, g), dcp_gather_query(q, g, 8), dcp_gather_kv(buf, local, g)
+
+    [(out, padded_out, kv)] = world.run(no_grad_body)
+    assert torch.equal(out, q.detach())
+    assert torch.equal(padded_out, q.detach())
+    assert torch.equal(kv, local.detach())
+
+
+def _grad_body(rank: int, world_size: int) -> dict[str, object]:
+    import torch.distributed as dist
+
+    from cpattn_dcp.gather import dcp_gather_kv, dcp_gather_query
+
+    group = dist.group.WORLD
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
+    t, h_r, d = 3, 2, 8
+    full = _queries(world_size, t, h_r, d, torch.float32, device)
+    mine = full[:, rank * h_r : (rank + 1) * h_r].clone().requires_grad_()
+    local = (full[:, 0, :] + rank).requires_grad_()
+    calls: dict[str, Callable[[], torch.Tensor]] = {
+        "query": lambda: dcp_gather_query(mine, group),
+        "query_padded": lambda: dcp_gather_query(mine, group, world_size * h_r + 4),
+        "kv_local": lambda: dcp_gather_kv(
+            torch.empty(world_size * t, d, device=device), local, group
+        ),
+        "kv_buffer": lambda: dcp_gather_kv(
+            torch.zeros(world_size * t, d, device=device, requires_grad=True) * 1.0,
+            local.detach(),
+            group,
+        ),
+    }
+    results: dict[str, object] = {}
+    for name, call in calls.items():
+        try:
+            out = call()
+            results[name] = f"no error: requires_grad={out.requires_grad}"
+        except RuntimeError as exc:
+            results[name] = str(exc)
+    with torch.no_grad():
+        ok_query = torch.equal(dcp_gather_query(mine, group), full)
+        ok_padded = torch.equal(dcp_gather_query(mine, group, world_size * h_r + 4), full)
+        buf = torch.empty(world_size * t, d, device=device)
+        out = dcp_gather_kv(buf, local, group)
+        ok_kv = not out.requires_grad and all(
+            torch.equal(buf[s * t : (s + 1) * t], full[:, 0, :] + s) for s in range(world_size)
+        )
+    results["no_grad"] = (ok_query, ok_padded, ok_kv)
+    return results
+
+
+def test_gathers_refuse_grad_multiprocess(run_ranks: RunRanks) -> None:
+    """Two real ranks: the old code failed inside gloo's all-gather ("A view was created in
+    no_grad mode and is being modified inplace...") or returned a result that required grad
+    through a grad_fn ignoring the other ranks (``AsStridedBackward0`` for the KV gather)."""
+    for res in run_ranks(_grad_body, 2):
+        for name, arg in [
+            ("query", "query"),
+            ("query_padded", "query"),
+            ("kv_local", "local_kv"),
+            ("kv_buffer", "gathered_kv"),
+        ]:
+            fn = "dcp_gather_query" if name.startswith("query") else "dcp_gather_kv"
+            assert re.search(_grad_error(fn, arg), str(res[name])), (name, res[name])
+        assert res["no_grad"] == (True, True, True)

@@ -6,7 +6,9 @@ The multi-rank replica check (every rank's cache equals the single-process cache
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -21,6 +23,7 @@ from cpattn_pcp import (
     maybe_gather_mla_latent_cache_inputs,
 )
 from cpattn_testing import strategies
+from cpattn_testing.pytest_plugin import RunRanks
 from cpattn_testing.simulated import SimulatedWorld
 
 MakeGroup = Callable[..., CPGroupLike]
@@ -136,6 +139,118 @@ def test_bad_input(fake_group: MakeGroup) -> None:
         maybe_gather_indexer_k(x["k"], slots[:2], 3, True, pcp_group=g2)
     with pytest.raises(ValueError, match="pcp_group= is required when use_pcp=True"):
         maybe_gather_indexer_k(x["k"], slots, 1, True)
+
+
+_NO_GRAD = r"call it under torch.no_grad\(\) / torch.inference_mode\(\), or pass detached tensors"
+
+
+def _grad_error(fn: str, arg: str) -> str:
+    return rf"^{fn}: {arg} requires grad, but {fn} runs torch.distributed collectives .*{_NO_GRAD}"
+
+
+_MLA = "maybe_gather_mla_latent_cache_inputs"
+_KV = "maybe_gather_kv_cache_inputs"
+_IDX = "maybe_gather_indexer_k"
+#: (function, argument, key of ``_inputs``) for every tensor argument of the three gathers.
+_GRAD_ARGS = [
+    (_MLA, "kv_c_normed", "kv_c"),
+    (_MLA, "k_pe", "k_pe"),
+    (_KV, "key", "key"),
+    (_KV, "value", "value"),
+    (_IDX, "k", "k"),
+]
+
+
+def _gather(
+    fn: str, x: dict[str, torch.Tensor], slots: torch.Tensor, num_dec: int, group: Any
+) -> tuple[torch.Tensor, ...]:
+    """Call gather ``fn`` with use_pcp on, on the tensors of ``x``."""
+    if fn == _MLA:
+        return maybe_gather_mla_latent_cache_inputs(
+            x["kv_c"], x["k_pe"], slots, num_dec, True, pcp_group=group
+        )
+    if fn == _KV:
+        return maybe_gather_kv_cache_inputs(
+            x["key"], x["value"], slots, num_dec, True, pcp_group=group
+        )
+    return maybe_gather_indexer_k(x["k"], slots, num_dec, True, pcp_group=group)
+
+
+def _with_grad(x: dict[str, torch.Tensor], key: str) -> dict[str, torch.Tensor]:
+    return x | {key: x[key].clone().requires_grad_()}
+
+
+@pytest.mark.parametrize("num_decode_tokens", [0, 2, 5], ids=["prefill", "mixed", "decode"])
+def test_gathers_refuse_grad_on_one_rank(fake_group: MakeGroup, num_decode_tokens: int) -> None:
+    """With use_pcp and grad on, a cache input that requires grad raises before anything runs,
+    on one rank and for every batch (all-decode ones too, which need no gather), so whether a
+    call raises does not depend on the rank count or the batch. Under no_grad nothing changes;
+    the pass-through calls (use_pcp off, D unknown) return the tensors as they are."""
+    x = _inputs(5, torch.device("cpu"))
+    slots = torch.arange(5)
+    group = fake_group(1)
+    for fn, arg, key in _GRAD_ARGS:
+        xg = _with_grad(x, key)
+        with pytest.raises(RuntimeError, match=_grad_error(fn, arg)):
+            _gather(fn, xg, slots, num_decode_tokens, group)
+        with torch.no_grad():
+            got = _gather(fn, xg, slots, num_decode_tokens, group)
+        want = _gather(fn, x, slots, num_decode_tokens, group)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), (fn, arg)
+    kv_c = x["kv_c"].clone().requires_grad_()
+    for use_pcp, num_dec in ((False, 2), (True, None)):
+        out = maybe_gather_mla_latent_cache_inputs(kv_c, x["k_pe"], slots, num_dec, use_pcp)
+        assert out[0] is kv_c
+
+
+def _grad_body(rank: int, world_size: int) -> dict[str, object]:
+    """A mixed batch (1 replicated decode row, 3 prefill rows per rank): each function with
+    one argument requiring grad, then under no_grad (prefill rows differ per rank)."""
+    import torch.distributed as dist
+
+    dev = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
+    group = dist.group.WORLD
+    base = _inputs(4, dev)
+
+    def on(r: int) -> dict[str, torch.Tensor]:
+        """Rank r's rows: decode row 0 replicated, prefill rows shifted by 10 * r."""
+        return {name: torch.cat([t[:1], t[1:] + 10 * r]) for name, t in base.items()}
+
+    x = on(rank)
+    slots = torch.arange(world_size * 4, device=dev)
+    results: dict[str, object] = {}
+    for fn, arg, key in _GRAD_ARGS:
+        xg = _with_grad(x, key)
+        try:
+            out = _gather(fn, xg, slots, 1, group)
+            results[f"{fn}/{arg}"] = f"no error: {[t.requires_grad for t in out]}"
+        except RuntimeError as exc:
+            results[f"{fn}/{arg}"] = str(exc)
+        with torch.no_grad():
+            *rows, got_slots = _gather(fn, xg, slots, 1, group)
+        want = [
+            torch.cat([x[name][:1]] + [on(r)[name][1:] for r in range(world_size)])
+            for name in {_MLA: ("kv_c", "k_pe"), _KV: ("key", "value"), _IDX: ("k",)}[fn]
+        ]
+        want_slots = torch.cat([slots[:1], slots.view(world_size, 4)[:, 1:].reshape(-1)])
+        results[f"{fn}/{arg}/no_grad"] = torch.equal(got_slots, want_slots) and all(
+            torch.equal(a, b) and not a.requires_grad for a, b in zip(rows, want, strict=True)
+        )
+    return results
+
+
+def test_gathers_refuse_grad_multiprocess(run_ranks: RunRanks) -> None:
+    """Two real ranks: the old code failed inside gloo's all-gather ("A view was created in
+    no_grad mode and is being modified inplace...")."""
+    for res in run_ranks(_grad_body, 2):
+        for fn, arg, _ in _GRAD_ARGS:
+            got = str(res[f"{fn}/{arg}"])
+            assert re.search(_grad_error(fn, arg), got), (fn, arg, got)
+            assert res[f"{fn}/{arg}/no_grad"] is True, (fn, arg)
 
 
 @settings(max_examples=40, deadline=None)

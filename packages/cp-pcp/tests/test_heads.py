@@ -5,7 +5,9 @@ Real gathers over a TP x PCP x DCP layout run in ``distributed/test_pcp_dist.py`
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from cpattn_pcp import (
     finalize_mla_pcp_decode,
     maybe_all_gather_q_for_dcp,
 )
+from cpattn_testing.pytest_plugin import RunRanks
 
 MakeGroup = Callable[..., CPGroupLike]
 
@@ -132,3 +135,101 @@ def test_finalize_bad_input(fake_group: MakeGroup) -> None:
         finalize_mla_pcp_decode(out, 0)
     with pytest.raises(ValueError, match="output must be"):
         finalize_mla_pcp_decode(torch.zeros(4), 2)
+
+
+_NO_GRAD = r"call it under torch.no_grad\(\) / torch.inference_mode\(\), or pass detached tensors"
+
+
+def _grad_error(fn: str, arg: str) -> str:
+    return (
+        rf"^{fn}: {re.escape(arg)} requires grad, but {fn} runs torch.distributed collectives "
+        rf".*{_NO_GRAD}"
+    )
+
+
+def test_gathers_refuse_grad(fake_group: MakeGroup) -> None:
+    """With grad on, a tensor that requires grad raises when the layout makes the call gather
+    (here over a replicated fake group of two); calls that return their input or slice it
+    keep the ordinary gradient; under no_grad the gathers run."""
+    q = torch.randn(3, 2, 8, requires_grad=True)
+    nope, pe = torch.randn(3, 2, 6), torch.randn(3, 2, 2)
+    group = fake_group(2, 0, True)
+    fn = "maybe_all_gather_q_for_dcp"
+    with pytest.raises(RuntimeError, match=_grad_error(fn, "q")):
+        maybe_all_gather_q_for_dcp(q, 2, 1, dcp_group=group)
+    with pytest.raises(RuntimeError, match=_grad_error(fn, "q[0] (nope)")):
+        maybe_all_gather_q_for_dcp((nope.requires_grad_(), pe), 4, 2, tp_group=group)
+    with pytest.raises(RuntimeError, match=_grad_error(fn, "q[1] (pe)")):
+        maybe_all_gather_q_for_dcp((nope.detach(), pe.requires_grad_()), 2, 1, dcp_group=group)
+    assert group.calls == []  # type: ignore[attr-defined]  # refused before communicating
+    # No gather: the input comes back, gradient and all.
+    assert maybe_all_gather_q_for_dcp(q, 2, 2) is q
+    assert maybe_all_gather_q_for_dcp(q, 2, 1, True, dcp_group=group) is q
+    assert maybe_all_gather_q_for_dcp(q, 2, 2, tp_group=fake_group(1)) is q
+    with torch.no_grad():
+        got = maybe_all_gather_q_for_dcp(q, 2, 1, dcp_group=group)
+    assert isinstance(got, torch.Tensor)
+    assert torch.equal(got, torch.cat([q.detach()] * 2, dim=1))
+
+    out = torch.randn(5, 8, 4, requires_grad=True)
+    with pytest.raises(RuntimeError, match=_grad_error("finalize_mla_pcp_decode", "output")):
+        finalize_mla_pcp_decode(out, 16, pcp_group=group)
+    assert finalize_mla_pcp_decode(out, 8) is out
+    sliced = finalize_mla_pcp_decode(out, 2, tp_group=fake_group(4, 3))
+    (grad,) = torch.autograd.grad(sliced.sum(), out)  # a plain view: its gradient is right
+    assert torch.equal(grad[:, 6:8], torch.ones(5, 2, 4))
+    assert not grad[:, :6].any()
+    with torch.no_grad():
+        assert finalize_mla_pcp_decode(out, 16, pcp_group=group).shape == (5, 16, 4)
+
+
+def _grad_body(rank: int, world_size: int) -> dict[str, object]:
+    """DCP = the whole world without PCP (query gathered over DCP), and DCP = PCP (the
+    combine split the heads: finalize gathers them back over PCP)."""
+    import torch.distributed as dist
+
+    dev = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
+    pg = dist.group.WORLD
+    base = torch.arange(3 * 2 * 8, dtype=torch.float32, device=dev).view(3, 2, 8)
+    mine = base + 100 * rank
+    pe = torch.ones(3, 2, 2, device=dev) * rank
+    calls: dict[str, Callable[[torch.Tensor, torch.Tensor], Any]] = {
+        "q": lambda m, p: maybe_all_gather_q_for_dcp(m, world_size, 1, dcp_group=pg),
+        "pair": lambda m, p: maybe_all_gather_q_for_dcp((m, p), world_size, 1, dcp_group=pg),
+        "finalize": lambda m, p: finalize_mla_pcp_decode(m, 2 * world_size, pcp_group=pg),
+    }
+    results: dict[str, object] = {}
+    for name, call in calls.items():
+        try:
+            out = call(mine.clone().requires_grad_(), pe)
+            results[name] = f"no error: requires_grad={out.requires_grad}"
+        except RuntimeError as exc:
+            results[name] = str(exc)
+    with torch.no_grad():
+        want_q = torch.cat([base + 100 * r for r in range(world_size)], dim=1)
+        pairs = [(base + 100 * r, torch.ones(3, 2, 2, device=dev) * r) for r in range(world_size)]
+        want_pair = torch.cat([torch.cat(pair, -1) for pair in pairs], dim=1)
+        got = {name: call(mine.clone().requires_grad_(), pe) for name, call in calls.items()}
+        results["no_grad"] = (
+            torch.equal(got["q"], want_q),
+            torch.equal(got["pair"], want_pair),
+            torch.equal(got["finalize"], want_q),
+        )
+    return results
+
+
+def test_gathers_refuse_grad_multiprocess(run_ranks: RunRanks) -> None:
+    """Two real ranks: the old code failed inside gloo's all-gather ("A view was created in
+    no_grad mode and is being modified inplace...")."""
+    for res in run_ranks(_grad_body, 2):
+        for name, fn, arg in [
+            ("q", "maybe_all_gather_q_for_dcp", "q"),
+            ("pair", "maybe_all_gather_q_for_dcp", "q[0] (nope)"),
+            ("finalize", "finalize_mla_pcp_decode", "output"),
+        ]:
+            assert re.search(_grad_error(fn, arg), str(res[name])), (name, res[name])
+        assert res["no_grad"] == (True, True, True)

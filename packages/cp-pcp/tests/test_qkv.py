@@ -5,6 +5,7 @@ The multi-rank round trip and the end-to-end prefill run in ``distributed/test_p
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import pytest
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from cpattn_common.group import CPGroupLike
 from cpattn_pcp import dual_chunk_swap, gather_prefill_qkv_global, slice_prefill_output_local
 from cpattn_testing import strategies
+from cpattn_testing.pytest_plugin import RunRanks
 from cpattn_testing.simulated import SimulatedWorld
 
 MakeGroup = Callable[..., CPGroupLike]
@@ -89,6 +91,77 @@ def test_bad_input(fake_group: MakeGroup) -> None:
         slice_prefill_output_local(plan, out[:5], 4, pcp_group=g2)
     with pytest.raises(ValueError, match="world size 3"):
         slice_prefill_output_local(plan, out, 4, pcp_group=fake_group(3))
+
+
+_GRAD_ERROR = (
+    r"^gather_prefill_qkv_global: {} requires grad, but gather_prefill_qkv_global runs "
+    r"torch.distributed collectives .*call it under torch.no_grad\(\) / "
+    r"torch.inference_mode\(\), or pass detached tensors"
+)
+
+
+@pytest.mark.parametrize("mixed_dtypes", [False, True], ids=["packed", "separate"])
+def test_gather_refuses_grad_on_one_rank(fake_group: MakeGroup, mixed_dtypes: bool) -> None:
+    """With grad on, a Q/K/V that requires grad raises before the gather, on one rank too (the
+    old code returned a result whose grad_fn is right only there). The slice, no collective,
+    keeps its gradient; under no_grad nothing changes."""
+    plan = dual_chunk_swap([3, 1, 6], 1)
+    q, k, v = _qkv(plan.num_tokens, torch.device("cpu"))
+    if mixed_dtypes:
+        v = v.double()
+    local = [plan.local_rows(x, 0) for x in (q, k, v)]
+    group = fake_group(1)
+    for i, name in enumerate(("query", "key", "value")):
+        args = [x.requires_grad_(j == i) for j, x in enumerate(local)]
+        with pytest.raises(RuntimeError, match=_GRAD_ERROR.format(name)):
+            gather_prefill_qkv_global(plan, *args, pcp_group=group)
+        with torch.no_grad():
+            qg, kg, vg = gather_prefill_qkv_global(plan, *args, pcp_group=group)
+        for got, want in ((qg, q), (kg, k), (vg, v)):
+            assert not got.requires_grad
+            assert torch.equal(got, want)
+    out_global = q.clone().requires_grad_()
+    assert slice_prefill_output_local(plan, out_global, 2, pcp_group=group).requires_grad
+
+
+def _grad_body(rank: int, world_size: int) -> dict[str, object]:
+    import torch.distributed as dist
+
+    group = dist.group.WORLD
+    assert group is not None
+    dev = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
+    plan = dual_chunk_swap([5, 7, 2], world_size, device=dev)
+    q, k, v = _qkv(plan.num_tokens, dev)
+    results: dict[str, object] = {}
+    for mode in ("packed", "separate"):
+        vv = v.double() if mode == "separate" else v
+        ql, kl, vl = (plan.local_rows(x, rank) for x in (q, k, vv))
+        try:
+            out = gather_prefill_qkv_global(plan, ql, kl.requires_grad_(), vl, pcp_group=group)
+            results[mode] = f"no error: requires_grad={[t.requires_grad for t in out]}"
+        except RuntimeError as exc:
+            results[mode] = str(exc)
+        with torch.no_grad():
+            qg, kg, vg = gather_prefill_qkv_global(plan, ql, kl, vl, pcp_group=group)
+        results[f"{mode}_no_grad"] = (
+            torch.equal(qg, q) and torch.equal(kg, k) and torch.equal(vg, vv),
+            qg.requires_grad or kg.requires_grad or vg.requires_grad,
+        )
+    return results
+
+
+def test_gather_refuses_grad_multiprocess(run_ranks: RunRanks) -> None:
+    """Two real ranks: the old code failed inside gloo's all-gather ("A view was created in
+    no_grad mode and is being modified inplace...") or returned Q/K/V requiring grad through
+    a grad_fn ignoring the other rank's rows."""
+    for res in run_ranks(_grad_body, 2):
+        for mode in ("packed", "separate"):
+            assert re.search(_GRAD_ERROR.format("key"), str(res[mode])), (mode, res[mode])
+            assert res[f"{mode}_no_grad"] == (True, False)
 
 
 @pytest.mark.gpu

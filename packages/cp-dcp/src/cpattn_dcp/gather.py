@@ -7,6 +7,12 @@
 * KV gather (MLA chunked-context prefill): ``gathered_kv [N*T, D]`` = every rank's
   ``local_kv [T, D]`` concatenated rank-major, written into a caller-owned buffer with one
   ``all_gather_into_tensor``.
+
+Inference only: a collective has no autograd formula, so with grad mode on an input that
+requires grad raises ``RuntimeError`` up front (``cpattn_common.dispatch.refuse_grad``)
+instead of an obscure backend error or a result whose ``grad_fn`` ignores the other ranks.
+N = 1 refuses too, so a script tried on one rank does not start failing on two. Call them
+under ``torch.no_grad()`` / ``torch.inference_mode()``.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 import torch
 
 from cpattn_common.alloc import empty_output
+from cpattn_common.dispatch import refuse_grad
 from cpattn_dcp.comm.groups import resolve_group
 
 __all__ = ["dcp_gather_kv", "dcp_gather_query", "reserve_query_head_storage"]
@@ -60,10 +67,16 @@ def dcp_gather_query(
         ``[T, N*H_r, D]`` contiguous; heads ``[s*H_r, (s+1)*H_r)`` come from rank s. With
         N = 1 and no padding, ``query`` itself when it is contiguous, else a contiguous copy.
 
+    Raises:
+        ValueError: ``query`` not 3-D or ``padded_num_heads < N*H_r``.
+        RuntimeError: grad mode is on and ``query`` requires grad (no autograd formula; on
+            every world size, N = 1 included).
+
     Example:
         >>> q_all = dcp_gather_query(q_local, group)                  # [T, N*H_r, D]
         >>> q_all = dcp_gather_query(q_local, group, padded_num_heads=128)
     """
+    refuse_grad("dcp_gather_query", query=query)
     if query.dim() != 3:
         raise ValueError(f"expected query [T, H_r, D], got shape {tuple(query.shape)}")
     group = resolve_group(cp_group)
@@ -103,7 +116,10 @@ def dcp_gather_kv(gathered_kv: torch.Tensor, local_kv: torch.Tensor, cp_group: A
 
     Raises:
         ValueError: rank/shape/dtype/device mismatch or a buffer that is too small.
+        RuntimeError: grad mode is on and ``gathered_kv`` (written in place) or ``local_kv``
+            requires grad (no autograd formula; on every world size, N = 1 included).
     """
+    refuse_grad("dcp_gather_kv", gathered_kv=gathered_kv, local_kv=local_kv)
     group = resolve_group(cp_group)
     n = group.world_size
     check_kv_buffers(gathered_kv, local_kv, n)

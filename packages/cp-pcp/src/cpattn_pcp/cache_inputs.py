@@ -22,6 +22,11 @@ Layout contract (shared by every function here), with ``N`` ranks and ``T`` loca
 The returned tensors and slot mapping line up row for row: writing row ``k`` at slot
 ``slots[k]`` (skipping ``-1``) on every rank yields the same cache as a single process writing
 the whole batch.
+
+Inference only: with ``use_pcp=True`` and ``num_decode_tokens`` given, a cache input that
+requires grad raises ``RuntimeError`` under grad mode (``cpattn_common.dispatch.refuse_grad``),
+whether or not this batch's rows need the all-gather, which has no autograd formula: the
+answer depends on the call, not on how many rows are decodes.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from collections.abc import Sequence
 import torch
 
 from cpattn_common.checks import is_index_dtype
+from cpattn_common.dispatch import refuse_grad
 from cpattn_common.group import CPGroupLike
 from cpattn_pcp._group import GroupArg, resolve_group
 
@@ -163,9 +169,14 @@ def maybe_gather_mla_latent_cache_inputs(
         TypeError: ``slot_mapping``'s dtype is not one of ``cpattn_common.checks.INDEX_DTYPES``
             (bool, floating, complex, quantized and sub-byte dtypes are refused), or
             ``num_decode_tokens`` is not an int.
+        RuntimeError: ``use_pcp`` and ``num_decode_tokens`` given, grad mode is on and
+            ``kv_c_normed`` or ``k_pe`` requires grad (the all-gather has no autograd formula;
+            raised on every PCP size and for every batch, see the module docstring).
     """
     if not use_pcp or num_decode_tokens is None:
         return kv_c_normed, k_pe, slot_mapping
+    # Before the row checks, so that whether it raises does not depend on the batch.
+    refuse_grad("maybe_gather_mla_latent_cache_inputs", kv_c_normed=kv_c_normed, k_pe=k_pe)
     group = resolve_group(pcp_group, "pcp_group", "when use_pcp=True")
     (kv_c, pe), slots = _gather_prefill_cache_inputs(
         [("kv_c_normed", kv_c_normed), ("k_pe", k_pe)],
@@ -208,9 +219,12 @@ def maybe_gather_kv_cache_inputs(
     Raises:
         ValueError: as in ``maybe_gather_mla_latent_cache_inputs``.
         TypeError: as in ``maybe_gather_mla_latent_cache_inputs``.
+        RuntimeError: as in ``maybe_gather_mla_latent_cache_inputs``, for ``key`` or
+            ``value``.
     """
     if not use_pcp or num_decode_tokens is None:
         return key, value, slot_mapping
+    refuse_grad("maybe_gather_kv_cache_inputs", key=key, value=value)  # see the MLA twin
     group = resolve_group(pcp_group, "pcp_group", "when use_pcp=True")
     (k, v), slots = _gather_prefill_cache_inputs(
         [("key", key), ("value", value)],
@@ -247,9 +261,11 @@ def maybe_gather_indexer_k(
     Raises:
         ValueError: as in ``maybe_gather_mla_latent_cache_inputs``.
         TypeError: as in ``maybe_gather_mla_latent_cache_inputs``.
+        RuntimeError: as in ``maybe_gather_mla_latent_cache_inputs``, for ``k``.
     """
     if not use_pcp or num_decode_tokens is None:
         return k, slot_mapping
+    refuse_grad("maybe_gather_indexer_k", k=k)  # see the MLA twin
     group = resolve_group(pcp_group, "pcp_group", "when use_pcp=True")
     (out,), slots = _gather_prefill_cache_inputs(
         [("k", k)], slot_mapping, num_decode_tokens, shard_decode_requests, group

@@ -16,12 +16,18 @@ heads its group combines. Which group to all-gather the query over depends on th
 After the DCP combine the output may hold fewer heads than this TP rank owns (a reduce-scatter
 over the PCP group split them) or more (an all-reduce kept all TP heads);
 ``finalize_mla_pcp_decode`` reconciles both.
+
+The gathers are inference only: with grad mode on, a tensor that requires grad raises
+``RuntimeError`` (``cpattn_common.dispatch.refuse_grad``) whenever the layout makes the call
+gather (the collective has no autograd formula). Calls that return their input or slice it
+run no collective and keep the ordinary gradient.
 """
 
 from __future__ import annotations
 
 import torch
 
+from cpattn_common.dispatch import refuse_grad
 from cpattn_common.group import CPGroupLike
 from cpattn_pcp._group import GroupArg, optional_group, resolve_group
 from cpattn_pcp._layout import check_size, gather_axis
@@ -143,6 +149,8 @@ def maybe_all_gather_q_for_dcp(
         ValueError: as in ``dcp_q_gather_group``; mismatched ``(nope, pe)`` leading shapes,
             dtypes or devices.
         TypeError: ``q`` neither a tensor nor a ``(nope, pe)`` tuple (a list, say).
+        RuntimeError: the layout needs a gather, grad mode is on and ``q`` (or either tensor
+            of the pair) requires grad: the all-gather has no autograd formula.
     """
     if isinstance(q, tuple):
         if len(q) != 2:
@@ -170,6 +178,10 @@ def maybe_all_gather_q_for_dcp(
     )
     if group is None or group.world_size == 1:
         return q
+    if isinstance(q, tuple):
+        refuse_grad("maybe_all_gather_q_for_dcp", **{"q[0] (nope)": q[0], "q[1] (pe)": q[1]})
+    else:
+        refuse_grad("maybe_all_gather_q_for_dcp", q=q)
     full = torch.cat(q, dim=-1) if isinstance(q, tuple) else q
     return group.all_gather(full, dim=1)
 
@@ -203,6 +215,9 @@ def finalize_mla_pcp_decode(
 
     Raises:
         ValueError: head counts that do not divide as described, or a missing group.
+        RuntimeError: ``H_out < num_heads`` (the gather), grad mode is on and ``output``
+            requires grad: the all-gather has no autograd formula. (The slice keeps its
+            ordinary gradient.)
     """
     check_size(num_heads, "num_heads")
     if output.dim() < 2:
@@ -211,6 +226,7 @@ def finalize_mla_pcp_decode(
     if have == num_heads:
         return output
     if have < num_heads:
+        refuse_grad("finalize_mla_pcp_decode", output=output)
         group = resolve_group(pcp_group, "pcp_group", f"to gather {have} -> {num_heads} heads")
         if have * group.world_size != num_heads:
             raise ValueError(

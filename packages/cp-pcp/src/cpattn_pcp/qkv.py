@@ -5,12 +5,17 @@ reorders them into global token order with the plan's ``restore_idx`` (padding d
 ordinary causal varlen attention over ``plan.cu_seqlens``, and keeps its own rows of the output
 with ``slice_prefill_output_local``. Both directions only index with precomputed plan tensors
 (no host synchronisation).
+
+The gather is inference only: with grad mode on, a Q/K/V that requires grad raises
+``RuntimeError`` up front (``cpattn_common.dispatch.refuse_grad``), on every PCP size. The
+slice is plain indexing on this rank (no collective) and keeps its ordinary gradient.
 """
 
 from __future__ import annotations
 
 import torch
 
+from cpattn_common.dispatch import refuse_grad
 from cpattn_pcp._group import GroupArg, resolve_group
 from cpattn_pcp.partition import DualChunkSwapPlan
 
@@ -66,7 +71,10 @@ def gather_prefill_qkv_global(
     Raises:
         ValueError: row counts differ, exceed ``P`` or stop before this rank's last real
             row, the group size or device does not match the plan.
+        RuntimeError: grad mode is on and ``query``, ``key`` or ``value`` requires grad (the
+            all-gather has no autograd formula; on every PCP size, 1 included).
     """
+    refuse_grad("gather_prefill_qkv_global", query=query, key=key, value=value)
     group = resolve_group(pcp_group, "pcp_group", "to gather prefill Q/K/V")
     _check_group_size(plan, group.world_size)
     tensors = (query, key, value)
