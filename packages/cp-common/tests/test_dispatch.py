@@ -60,7 +60,7 @@ def test_refuse_grad() -> None:
     plain = torch.randn(3)
     with pytest.raises(
         RuntimeError,
-        match=r"^gather: b requires grad, but gather runs torch.distributed collectives and has "
+        match=r"^gather: b requires grad, but gather exchanges data between ranks and has "
         r"no autograd formula .*; call it under torch.no_grad\(\) / torch.inference_mode\(\), "
         r"or pass detached tensors$",
     ):

@@ -146,7 +146,7 @@ _NO_GRAD = r"call it under torch.no_grad\(\) / torch.inference_mode\(\), or pass
 
 def _grad_error(name: str, arg: str) -> str:
     return (
-        rf"^{name}: {arg} requires grad, but {name} runs torch.distributed collectives.*{_NO_GRAD}"
+        rf"^{name}: {arg} requires grad, but {name} exchanges data between ranks.*{_NO_GRAD}"
     )
 
 

@@ -342,6 +342,38 @@ def test_pcp_has_no_query_gather(device: torch.device) -> None:
         m.query_gather(torch.zeros(1, 1, 8, device=device))
 
 
+@pytest.mark.parametrize(
+    "config",
+    [DCPConfig(comm_backend="a2a"), DCPConfig(comm_backend="ag_rs"), DCPConfig(use_pcp=True)],
+    ids=["a2a", "ag_rs", "pcp-ag_ar"],
+)
+def test_inputs_that_require_grad_are_refused_on_every_path(
+    device: torch.device, config: DCPConfig
+) -> None:
+    """Inference only, whichever path runs: the direct paths and the gathers refuse an input
+    that requires grad, so the combine does too (its NCCL ops would only fail in
+    ``backward``); under ``torch.no_grad()`` the same tensors go through."""
+    n, h_r, d = 1, 2, 8
+    m = _managers(SimulatedWorld(n, device), config, num_heads=h_r, head_dim=d)[0]
+    out = torch.randn(3, n * h_r, d, device=device).to(torch.bfloat16).requires_grad_()
+    lse = torch.randn(3, n * h_r, device=device).requires_grad_()
+    query = torch.randn(3, h_r, d, device=device).to(torch.bfloat16).requires_grad_()
+    local_kv = torch.randn(3, d, device=device).to(torch.bfloat16).requires_grad_()
+    gathered_kv = torch.empty(n * 3, d, device=device, dtype=torch.bfloat16)
+    calls: dict[str, Callable[[], Any]] = {
+        "DCPManager.combine: partial_output": lambda: m.combine(out, lse.detach()),
+        "DCPManager.combine: partial_lse": lambda: m.combine(out.detach(), lse),
+        "dcp_gather_kv: local_kv": lambda: m.kv_gather(gathered_kv, local_kv),
+    }
+    if m.has_query_gather:
+        calls["dcp_gather_query: query"] = lambda: m.query_gather(query)
+    for what, call in calls.items():
+        with pytest.raises(RuntimeError, match=f"^{what} requires grad"):
+            call()
+        with torch.no_grad():
+            call()
+
+
 def test_direct_gathers_fall_back_without_any_multicast_call(
     device: torch.device, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -145,7 +145,7 @@ _NO_GRAD = r"call it under torch.no_grad\(\) / torch.inference_mode\(\), or pass
 
 
 def _grad_error(fn: str, arg: str) -> str:
-    return rf"^{fn}: {arg} requires grad, but {fn} runs torch.distributed collectives .*{_NO_GRAD}"
+    return rf"^{fn}: {arg} requires grad, but {fn} exchanges data between ranks .*{_NO_GRAD}"
 
 
 _MLA = "maybe_gather_mla_latent_cache_inputs"

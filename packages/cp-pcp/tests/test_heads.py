@@ -142,7 +142,7 @@ _NO_GRAD = r"call it under torch.no_grad\(\) / torch.inference_mode\(\), or pass
 
 def _grad_error(fn: str, arg: str) -> str:
     return (
-        rf"^{fn}: {re.escape(arg)} requires grad, but {fn} runs torch.distributed collectives "
+        rf"^{fn}: {re.escape(arg)} requires grad, but {fn} exchanges data between ranks "
         rf".*{_NO_GRAD}"
     )
 

@@ -94,8 +94,8 @@ def test_bad_input(fake_group: MakeGroup) -> None:
 
 
 _GRAD_ERROR = (
-    r"^gather_prefill_qkv_global: {} requires grad, but gather_prefill_qkv_global runs "
-    r"torch.distributed collectives .*call it under torch.no_grad\(\) / "
+    r"^gather_prefill_qkv_global: {} requires grad, but gather_prefill_qkv_global exchanges "
+    r"data between ranks .*call it under torch.no_grad\(\) / "
     r"torch.inference_mode\(\), or pass detached tensors"
 )
 

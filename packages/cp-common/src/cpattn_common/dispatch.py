@@ -27,12 +27,13 @@ Autograd then refuses a ``backward`` that saved the tensor before the write, ins
 silently computing with the new values. About 0.3 µs per call on the CPU; a no-op for tensors
 made under ``torch.inference_mode()``.
 
-Functions that run ``torch.distributed`` collectives (the gathers of ``cpattn_dcp`` and
-``cpattn_pcp``) have no registered op to dispatch to. A collective is no autograd function:
-with an input that requires grad it fails inside the backend with an obscure view error, or
-returns a result whose ``grad_fn`` ignores the other ranks' rows. ``refuse_grad`` turns that
-into one clear ``RuntimeError`` before anything runs; about 0.2 µs of host time per call on
-the CPU under ``torch.no_grad()`` / ``torch.inference_mode()``, where it stops at
+Functions that exchange data between ranks outside a registered op (the gathers of
+``cpattn_dcp`` and ``cpattn_pcp``, the direct workspaces, ``DCPManager``) have no op to
+dispatch to. A collective is no autograd function: with an input that requires grad it fails
+inside the backend with an obscure view error, or returns a result whose ``grad_fn`` ignores
+the other ranks' rows; a direct kernel returns a result without the gradient. ``refuse_grad``
+turns that into one clear ``RuntimeError`` before anything runs; about 0.2 µs of host time
+per call on the CPU under ``torch.no_grad()`` / ``torch.inference_mode()``, where it stops at
 ``torch.is_grad_enabled()``.
 
 Not detected (a per-tensor test would cost more host time than the rest together): tensor
@@ -82,8 +83,8 @@ def refuse_grad(op: str, /, **tensors: object) -> None:
     """Raise ``RuntimeError`` when grad mode is on and one of ``tensors`` requires grad.
 
     For public functions without an autograd formula that cannot go through a registered
-    op (those that run ``torch.distributed`` collectives, see the module docstring). Call it
-    before any work, so the caller sees this error instead of one from inside the backend.
+    op (those that exchange data between ranks, see the module docstring). Call it before any
+    work, so the caller sees this error instead of one from inside the backend.
 
     Args:
         op: the public function's name, for the message.
@@ -100,8 +101,8 @@ def refuse_grad(op: str, /, **tensors: object) -> None:
         for name, tensor in tensors.items():
             if getattr(tensor, "requires_grad", False) is True:
                 raise RuntimeError(
-                    f"{op}: {name} requires grad, but {op} runs torch.distributed "
-                    "collectives and has no autograd formula (a gradient would not reflect "
+                    f"{op}: {name} requires grad, but {op} exchanges data between "
+                    "ranks and has no autograd formula (a gradient would not reflect "
                     "the other ranks); call it under torch.no_grad() / torch.inference_mode(), "
                     "or pass detached tensors"
                 )

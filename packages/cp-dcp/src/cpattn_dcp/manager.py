@@ -57,6 +57,7 @@ from cpattn_common.checks import (
     check_nonnegative_int,
     check_positive_int,
 )
+from cpattn_common.dispatch import refuse_grad
 from cpattn_common.group import as_cp_group
 from cpattn_dcp.direct._base import DirectPathUnavailable, indexed_device
 from cpattn_dcp.direct.a2a import DirectDCPA2AWorkspace
@@ -637,7 +638,11 @@ class DCPManager:
                 H) for this manager's N, H_r and D, or ``partial_lse`` not its ``[T, H]``,
                 whichever path is selected (and what the combine ops raise: dtypes,
                 ``seq_lens`` / ``query_start_loc``, ...).
+            RuntimeError: grad mode is on and an input requires grad, on every path (no
+                autograd formula: ``cpattn_common.dispatch.refuse_grad``; the direct A2A
+                refuses, the NCCL combine ops would only fail in ``backward``).
         """
+        refuse_grad("DCPManager.combine", partial_output=partial_output, partial_lse=partial_lse)
         path = self.selection.combine
         base = self.is_lse_base_on_e
         if path == "direct_a2a":
@@ -696,7 +701,8 @@ class DCPManager:
         the combine.
 
         Raises:
-            RuntimeError: PCP is on (``has_query_gather`` is False).
+            RuntimeError: PCP is on (``has_query_gather`` is False); grad mode is on and
+                ``query`` requires grad (every path refuses it).
             TypeError: ``query`` is not a tensor.
             ValueError: ``query`` is not ``[T, H_r, D_q]`` for this manager's H_r and D_q,
                 whichever path is selected.
@@ -743,6 +749,8 @@ class DCPManager:
             ValueError: a buffer with fewer than N*T rows, row shapes that differ, a row width
                 other than ``kv_token_dim``, a dtype / device mismatch or a non-contiguous
                 buffer, whichever path is selected.
+            RuntimeError: grad mode is on and either tensor requires grad (every path refuses
+                it).
         """
         if self.selection.kv_gather == "direct":
             ws = self.direct_kv_gather

@@ -436,3 +436,29 @@ def test_is_lse_base_on_e_must_be_a_bool_before_anything_is_published(
     assert int(wss[0].epoch[0]) == 0
     with pytest.raises(TypeError, match="is_lse_base_on_e must be a bool"):
         wss[0].wait_and_combine(t, is_lse_base_on_e=flag)  # type: ignore[arg-type]
+
+
+def test_inputs_that_require_grad_are_refused_before_anything_is_published(
+    sim_build: Build, device: torch.device
+) -> None:
+    """The kernels have no autograd formula: with grad on, a partial that requires grad is
+    refused before the publish (the output would have dropped the gradient); under
+    ``torch.no_grad()`` the same tensors combine."""
+    n, t, h_r, d = 2, 2, 1, 8
+    _, wss = sim_build(n, device, _a2a(device, 4, h_r, d, torch.bfloat16, max_spins=3))
+    o = torch.randn(t, n * h_r, d, device=device).to(torch.bfloat16).requires_grad_()
+    lse = torch.randn(t, n * h_r, device=device).requires_grad_()
+    signals = wss[1].recv_signal.clone()
+    for name, args in (("partial_output", (o, lse.detach())), ("partial_lse", (o.detach(), lse))):
+        for method in ("lse_reduce", "publish"):
+            with pytest.raises(
+                RuntimeError, match=f"^DirectDCPA2AWorkspace.{method}: {name} requires grad"
+            ):
+                getattr(wss[0], method)(*args)
+    assert torch.equal(wss[1].recv_signal, signals)  # nothing published
+    assert int(wss[0].epoch[0]) == 0
+    with torch.no_grad():
+        for ws in wss:
+            ws.publish(o, lse)
+        outs = [ws.wait_and_combine(t) for ws in wss]
+    assert all(not out.requires_grad and bool(torch.isfinite(out).all()) for out in outs)

@@ -3,6 +3,7 @@ their protocol, validation, and the rule that they are never created without mul
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -538,3 +539,44 @@ def test_kv_publish_rank_offset_past_int32(watch_interpreted_accesses: Any) -> N
     got = np.concatenate(stores)
     np.testing.assert_array_equal(got, 1 * cap * d + rank * t * d + np.arange(d))
     assert sig[1, rank] == 1  # the signal of call 1 was raised
+
+
+def test_gathers_refuse_inputs_that_require_grad(sim_build: Build, device: torch.device) -> None:
+    """The kernels have no autograd formula: with grad on, a tensor that requires grad is
+    refused before anything is stored into a peer (the result would have dropped the
+    gradient); under ``torch.no_grad()`` the same tensors gather."""
+    n, d = 2, 8
+    _, qs = sim_build(n, device, _q(device, 2, 1, d, torch.bfloat16))
+    _, kvs = sim_build(n, device, _kv(device, 4, d, torch.bfloat16))
+    q = torch.ones(2, 1, d, device=device, dtype=torch.bfloat16, requires_grad=True)
+    local = torch.ones(2, d, device=device, dtype=torch.bfloat16, requires_grad=True)
+    out = torch.zeros(n * 2, d, device=device, dtype=torch.bfloat16)
+    calls: dict[str, Callable[[], Any]] = {
+        "DirectDCPQGatherWorkspace.publish: local_query": lambda: qs[0].publish(q),
+        "DirectDCPQGatherWorkspace.gather: local_query": lambda: qs[0].gather(q),
+        "DirectDCPKVGatherWorkspace.publish: local_kv": lambda: kvs[0].publish(local),
+        "DirectDCPKVGatherWorkspace.gather: local_kv": lambda: kvs[0].gather(out, local),
+        "DirectDCPKVGatherWorkspace.wait: gathered_kv": lambda: kvs[0].wait(
+            out.clone().requires_grad_()
+        ),
+        "DirectDCPKVGatherWorkspace.gather: gathered_kv": lambda: kvs[0].gather(
+            out.clone().requires_grad_(), local.detach()
+        ),
+    }
+    for what, call in calls.items():
+        with pytest.raises(RuntimeError, match=f"^{re.escape(what)} requires grad"):
+            call()
+    assert torch.all(qs[1].final_query == 0)
+    assert torch.all(kvs[1].received_kv == 0)
+    assert [ws.epoch.tolist() for ws in (*qs, *kvs)] == [[0]] * (2 * n)
+    with torch.no_grad():
+        for ws in qs:
+            ws.publish(q)
+        gathered = [ws.wait(2) for ws in qs]
+        for ws in kvs:
+            ws.publish(local)
+        for ws in kvs:
+            ws.wait(out)
+    for g in gathered:
+        assert torch.equal(g, torch.ones(2, n, d, device=device, dtype=torch.bfloat16))
+    assert torch.equal(out, torch.ones_like(out))

@@ -19,6 +19,7 @@ import torch
 
 from cpattn_common.alloc import empty_output
 from cpattn_common.checks import check_bool
+from cpattn_common.dispatch import refuse_grad
 from cpattn_common.launch import launch_cached
 from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
@@ -243,6 +244,11 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         sharing one process can run all publishes before any wait.
         """
         if validate:
+            refuse_grad(
+                "DirectDCPA2AWorkspace.publish",
+                partial_output=partial_output,
+                partial_lse=partial_lse,
+            )
             self._before_call()
             self._validate(partial_output, partial_lse, seq_lens, query_start_loc)
         u = self._resolve_ubatch(ubatch_id)
@@ -378,11 +384,18 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
                 ubatch out of range; bad ``seq_lens``/``query_start_loc`` raise exactly what
                 ``dcp_a2a_lse_reduce`` raises for them (one shared check); an
                 ``is_lse_base_on_e`` that is not a bool (``TypeError``).
+            RuntimeError: grad mode is on and an input requires grad (no autograd formula:
+                ``cpattn_common.dispatch.refuse_grad``), or the workspace is closed.
             DirectProtocolError: an earlier call's bounded wait timed out.
         """
         # Checked before the publish: a wait that raised after it would leave this rank's
         # call half made (the peers would wait for it).
         is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
+        refuse_grad(
+            "DirectDCPA2AWorkspace.lse_reduce",
+            partial_output=partial_output,
+            partial_lse=partial_lse,
+        )
         self._before_call()
         self._validate(partial_output, partial_lse, seq_lens, query_start_loc)
         u = self._resolve_ubatch(ubatch_id)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from cpattn_common.dispatch import mark_written_in_place
+from cpattn_common.dispatch import mark_written_in_place, refuse_grad
 from cpattn_common.launch import launch_cached
 from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
@@ -223,12 +223,14 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
                 stores out of bounds of the peers' slots.
 
         Raises:
-            RuntimeError: the workspace is closed.
+            RuntimeError: the workspace is closed, or (with ``validate``) grad mode is on and
+                ``local_kv`` requires grad (``cpattn_common.dispatch.refuse_grad``).
             DirectProtocolError: an earlier call's bounded wait timed out.
             ValueError: ``local_kv`` has the wrong shape, dtype, device or layout, or
                 ``N*T > max_gathered_tokens``, or the ubatch is out of range.
         """
         if validate:
+            refuse_grad("DirectDCPKVGatherWorkspace.publish", local_kv=local_kv)
             self._before_call()
             reason = self._local_kv_reason(local_kv)
             if reason is not None:
@@ -277,13 +279,15 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
                 checked them, passes ``False``).
 
         Raises:
-            RuntimeError: the workspace is closed.
+            RuntimeError: the workspace is closed, or (with ``validate``) grad mode is on and
+                ``gathered_kv`` requires grad (``cpattn_common.dispatch.refuse_grad``).
             DirectProtocolError: an earlier call's bounded wait timed out.
             ValueError: ``gathered_kv`` has the wrong shape, dtype, device or layout, a row
                 count that is not a multiple of N, or more rows than ``max_gathered_tokens``
                 (the copy would read past the slot), or the ubatch is out of range.
         """
         if validate:
+            refuse_grad("DirectDCPKVGatherWorkspace.wait", gathered_kv=gathered_kv)
             self._before_call()
             reason = self._gathered_kv_reason(gathered_kv)
             if reason is not None:
@@ -330,8 +334,11 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         Same result as ``all_gather_into_tensor(gathered_kv, local_kv)``. ``checked=True``:
         the caller has just found ``unsupported_reason(gathered_kv, local_kv)`` to be ``None``
         (``DCPManager`` does, to choose the path), so it is not run again. NaN after a
-        timed-out wait (see ``wait``).
+        timed-out wait (see ``wait``). Inference only: with grad mode on, a ``gathered_kv`` or
+        ``local_kv`` that requires grad raises ``RuntimeError``
+        (``cpattn_common.dispatch.refuse_grad``).
         """
+        refuse_grad("DirectDCPKVGatherWorkspace.gather", gathered_kv=gathered_kv, local_kv=local_kv)
         self._before_call()
         reason = None if checked else self.unsupported_reason(gathered_kv, local_kv)
         if reason is not None:

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from cpattn_common.capability import multicast_disabled_by_env
+from cpattn_common.dispatch import refuse_grad
 from cpattn_common.launch import launch_cached
 from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
@@ -215,12 +216,14 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
                 unchecked call stores out of bounds of the peers' slots.
 
         Raises:
-            RuntimeError: the workspace is closed.
+            RuntimeError: the workspace is closed, or (with ``validate``) grad mode is on and
+                ``local_query`` requires grad (``cpattn_common.dispatch.refuse_grad``).
             DirectProtocolError: an earlier call's bounded wait timed out.
             ValueError: ``unsupported_reason(local_query)`` is not ``None`` (wrong shape,
                 dtype, device, layout or ``T > max_num_tokens``), or the ubatch is out of range.
         """
         if validate:
+            refuse_grad("DirectDCPQGatherWorkspace.publish", local_query=local_query)
             self._before_call()
             reason = self.unsupported_reason(local_query)
             if reason is not None:
@@ -334,11 +337,13 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
             (see ``wait``).
 
         Raises:
-            RuntimeError: the workspace is closed.
+            RuntimeError: the workspace is closed, or grad mode is on and ``local_query``
+                requires grad (no autograd formula: ``cpattn_common.dispatch.refuse_grad``).
             DirectProtocolError: an earlier call's bounded wait timed out.
             ValueError: ``unsupported_reason(local_query)`` is not ``None``, or the ubatch is
                 out of range.
         """
+        refuse_grad("DirectDCPQGatherWorkspace.gather", local_query=local_query)
         self._before_call()
         reason = None if checked else self.unsupported_reason(local_query)
         if reason is not None:
