@@ -145,9 +145,7 @@ _NO_GRAD = r"call it under torch.no_grad\(\) / torch.inference_mode\(\), or pass
 
 
 def _grad_error(name: str, arg: str) -> str:
-    return (
-        rf"^{name}: {arg} requires grad, but {name} exchanges data between ranks.*{_NO_GRAD}"
-    )
+    return rf"^{name}: {arg} requires grad, but {name} exchanges data between ranks.*{_NO_GRAD}"
 
 
 def test_gathers_refuse_grad_on_one_rank(device: torch.device) -> None:
