@@ -367,6 +367,56 @@ def test_a_group_this_rank_is_not_in_is_rejected(run_ranks: Callable[..., list[A
     assert "not a member of the group with ranks [0]" in results[1]
 
 
+def grad_refusal_ranks(rank: int, world_size: int, device_type: str) -> list[str]:
+    """Runs on every rank: each collective of a CPGroup with an argument that requires grad,
+    under grad mode (the messages) and under no_grad (the results, per call)."""
+    group = CPGroup()
+    device = _rank_device(device_type)
+
+    def x(rows: int = 2) -> torch.Tensor:
+        return torch.full((rows, 2), float(rank + 1), device=device, requires_grad=True)
+
+    def empty(rows: int) -> torch.Tensor:
+        return torch.zeros(rows, 2, device=device)
+
+    calls: list[Callable[[], Any]] = [
+        lambda: group.all_gather(x(), dim=0),
+        lambda: group.reduce_scatter(x(world_size), dim=0),
+        lambda: group.all_reduce(x()),
+        lambda: group.all_to_all_single(empty(world_size), x(world_size)),
+        lambda: group.all_gather_into_tensor(empty(2 * world_size), x()),
+        lambda: group.all_gather_into_tensor(empty(2 * world_size).requires_grad_(), x().detach()),
+    ]
+    seen: list[str] = []
+    for call in calls:
+        try:
+            call()
+        except RuntimeError as exc:
+            seen.append(str(exc).split(" but ")[0])
+        else:
+            seen.append("no error")
+        with torch.no_grad():
+            call()  # every rank runs the same collectives
+    return seen
+
+
+def test_collectives_refuse_arguments_that_require_grad(
+    run_ranks: Callable[..., list[Any]], device: torch.device
+) -> None:
+    """The all-gathers failed with torch's "view created in no_grad mode" error, reduce-scatter
+    and all-reduce returned results whose gradient ignored the other ranks, the all-to-all
+    dropped it: now one clear error before any communication."""
+    want = [
+        "CPGroup.all_gather: tensor requires grad,",
+        "CPGroup.reduce_scatter: tensor requires grad,",
+        "CPGroup.all_reduce: tensor requires grad,",
+        "CPGroup.all_to_all_single: input requires grad,",
+        "CPGroup.all_gather_into_tensor: input requires grad,",
+        "CPGroup.all_gather_into_tensor: output requires grad,",
+    ]
+    assert run_ranks(grad_refusal_ranks, 2, device.type) == [want, want]
+
+
 def test_all_to_all_single_rejects_an_output_overlapping_its_input() -> None:
     """gloo's native all-to-all returned wrong chunks in place; no backend promises it."""
     from cpattn_common.group import check_all_to_all_single_args

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, SupportsIndex, TypeVar, cast, r
 import torch
 import torch.distributed as dist
 
+from cpattn_common.dispatch import refuse_grad
 from cpattn_common.identity_memo import IdentityMemo
 
 if TYPE_CHECKING:
@@ -212,6 +213,11 @@ class CPGroup:
             ``reduce_scatter_tensor`` and ``all_to_all_single`` when it has them (default).
             ``False`` forces the portable fallbacks (used by tests; slower).
 
+    The collectives are inference only: with grad mode on, a tensor argument that requires
+    grad raises ``RuntimeError`` (``cpattn_common.dispatch.refuse_grad``), on every world size.
+    Without that, the all-gathers failed with an obscure view error, and the others returned
+    results without a gradient or with one that ignored the other ranks.
+
     Attributes:
         world_size: N, the group size.
         rank_in_group: r, this process's rank inside the group.
@@ -289,6 +295,7 @@ class CPGroup:
             output: ``[N*T, *rest]``, same dtype/device as ``input``; any strides.
             input: ``[T, *rest]``; any strides.
         """
+        refuse_grad("CPGroup.all_gather_into_tensor", output=output, input=input)
         n = self._world_size
         check_all_gather_into_tensor_args(output, input, n)
         if n == 1:
@@ -314,6 +321,7 @@ class CPGroup:
             output: ``[N*C, *rest]``; chunk n (rows ``n*C:(n+1)*C``) is filled from rank n.
             input: ``[N*C, *rest]``, same shape/dtype/device as ``output``; any strides.
         """
+        refuse_grad("CPGroup.all_to_all_single", output=output, input=input)
         n = self._world_size
         check_all_to_all_single_args(output, input, n)
         if n == 1:
@@ -344,6 +352,7 @@ class CPGroup:
         Returns:
             A new contiguous tensor holding the sum (world size 1: ``tensor`` itself).
         """
+        refuse_grad("CPGroup.all_reduce", tensor=tensor)
         if self._world_size == 1:
             return tensor
         out = tensor.clone(memory_format=torch.contiguous_format)
@@ -360,6 +369,7 @@ class CPGroup:
         Returns:
             ``[*pre, N*S, *post]`` (world size 1: ``tensor`` itself).
         """
+        refuse_grad("CPGroup.all_gather", tensor=tensor)
         d = normalize_dim(dim, tensor.dim())
         n = self._world_size
         if n == 1:
@@ -388,6 +398,7 @@ class CPGroup:
             ``[*pre, S/N, *post]``, contiguous: rows ``r*S/N:(r+1)*S/N`` of the sum
             (world size 1: ``tensor`` itself).
         """
+        refuse_grad("CPGroup.reduce_scatter", tensor=tensor)
         d = normalize_dim(dim, tensor.dim())
         n = self._world_size
         size = tensor.shape[d]
