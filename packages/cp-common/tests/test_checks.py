@@ -15,6 +15,7 @@ from cpattn_common.checks import (
     check_dtype,
     check_nonnegative_int,
     check_positive_int,
+    is_bool_scalar,
     is_index_dtype,
 )
 
@@ -124,6 +125,17 @@ def test_check_bool() -> None:
             check_bool("flag", value)
 
 
+def test_is_bool_scalar() -> None:
+    """Every wrapping of a bool that operator.index may take as 0 / 1 (numpy 2.2 indexes
+    np.True_), and nothing else."""
+    np = pytest.importorskip("numpy")
+    for value in (True, np.True_, np.bool_(False), torch.tensor(True), torch.tensor([False])):
+        assert is_bool_scalar(value)
+    for value in (1, np.int64(1), torch.tensor(1), 1.0, None, "True", np.float32(1.0)):
+        assert not is_bool_scalar(value)
+
+
 def test_exported() -> None:
     assert {"INDEX_DTYPES", "is_index_dtype", "check_positive_int"} <= set(checks.__all__)
     assert {"check_nonnegative_int", "check_dtype", "check_bool"} <= set(checks.__all__)
+    assert "is_bool_scalar" in checks.__all__

@@ -139,6 +139,11 @@ def test_bad_input(fake_group: MakeGroup) -> None:
         maybe_gather_indexer_k(x["k"], slots[:2], 3, True, pcp_group=g2)
     with pytest.raises(ValueError, match="pcp_group= is required when use_pcp=True"):
         maybe_gather_indexer_k(x["k"], slots, 1, True)
+    # Flags are checked, not truthy (a string "False" turned the gather on).
+    with pytest.raises(TypeError, match="use_pcp must be a bool"):
+        maybe_gather_indexer_k(x["k"], slots, 1, "False", pcp_group=g2)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="shard_decode_requests must be a bool"):
+        maybe_gather_indexer_k(x["k"], slots, 1, True, 1, pcp_group=g2)  # type: ignore[arg-type]
 
 
 _NO_GRAD = r"call it under torch.no_grad\(\) / torch.inference_mode\(\), or pass detached tensors"

@@ -104,6 +104,9 @@ def test_maybe_all_gather_q_bad_input(fake_group: MakeGroup) -> None:
     # The layout is checked even when the query is already replicated.
     with pytest.raises(ValueError, match="dcp_world_size"):
         maybe_all_gather_q_for_dcp(torch.zeros(3, 2, 4), 2, 4, already_replicated=True)
+    # A group passed positionally landed in already_replicated and skipped the gather.
+    with pytest.raises(TypeError, match="already_replicated must be a bool"):
+        maybe_all_gather_q_for_dcp(torch.zeros(3, 2, 4), 2, 1, fake_group(2))  # type: ignore[arg-type]
 
 
 def test_finalize(fake_group: MakeGroup) -> None:

@@ -217,6 +217,11 @@ def test_plan_on_device(device: torch.device) -> None:
         (torch.ones(2, 2, dtype=torch.int64), 2, ValueError, "1-D"),
         (torch.ones(3), 2, TypeError, "integers"),
         (torch.tensor([True, False]), 2, TypeError, "integers"),
+        # operator.index takes a 0-d bool tensor as 0 / 1.
+        (list(torch.tensor([True, False, True])), 2, TypeError, "must hold ints"),
+        # No request order: a dict was planned by its keys, a set in hash order.
+        ({0: 5, 1: 7}, 2, TypeError, r"must be a sequence .* got dict"),
+        ({5, 7}, 2, TypeError, r"must be a sequence .* got set"),
     ],
     ids=[
         "zero",
@@ -228,6 +233,9 @@ def test_plan_on_device(device: torch.device) -> None:
         "2d",
         "float-tensor",
         "bool-tensor",
+        "bool-tensor-elements",
+        "dict",
+        "set",
     ],
 )
 def test_bad_input(seq_lens: object, pcp_size: object, error: type[Exception], match: str) -> None:

@@ -91,6 +91,12 @@ def test_bad_input(fake_group: MakeGroup) -> None:
         slice_prefill_output_local(plan, out[:5], 4, pcp_group=g2)
     with pytest.raises(ValueError, match="world size 3"):
         slice_prefill_output_local(plan, out, 4, pcp_group=fake_group(3))
+    # vLLM's plan is a tuple: it failed with "'tuple' object has no attribute 'pcp_size'".
+    vllm_plan = (plan.restore_idx, plan.gather_idx, plan.cu_seqlens, plan.padded_local_len)
+    with pytest.raises(TypeError, match=r"plan must be a DualChunkSwapPlan .* got tuple"):
+        gather_prefill_qkv_global(vllm_plan, q, k, v, pcp_group=g2)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"plan must be a DualChunkSwapPlan .* got tuple"):
+        slice_prefill_output_local(vllm_plan, out, 4, pcp_group=g2)  # type: ignore[arg-type]
 
 
 _GRAD_ERROR = (

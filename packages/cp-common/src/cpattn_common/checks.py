@@ -18,6 +18,7 @@ __all__ = [
     "check_dtype",
     "check_nonnegative_int",
     "check_positive_int",
+    "is_bool_scalar",
     "is_index_dtype",
 ]
 
@@ -39,6 +40,16 @@ def check_bool(name: str, value: object) -> bool:
     if cls.__module__ == "numpy" and cls.__name__ in ("bool", "bool_"):  # numpy 2 / numpy 1
         return bool(value)
     raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
+def is_bool_scalar(value: object) -> bool:
+    """Whether ``value`` is a bool in a wrapping that ``operator.index`` may take as 0 / 1: a
+    Python ``bool``, a bool tensor, or a numpy bool (older numpy, 2.2 among them, indexes it
+    with a deprecation warning). A size or a dim that is one of these is a bug, not 0 or 1."""
+    if isinstance(value, bool):
+        return True
+    dtype = getattr(value, "dtype", None)
+    return dtype is torch.bool or getattr(dtype, "kind", None) == "b"
 
 
 def check_positive_int(name: str, value: object) -> int:

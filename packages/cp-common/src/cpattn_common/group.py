@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, SupportsIndex, TypeVar, cast, r
 import torch
 import torch.distributed as dist
 
+from cpattn_common.checks import is_bool_scalar
 from cpattn_common.dispatch import refuse_grad
 from cpattn_common.identity_memo import IdentityMemo
 
@@ -115,10 +116,7 @@ def normalize_dim(dim: SupportsIndex, ndim: int) -> int:
     if isinstance(dim, int) and not isinstance(dim, bool):  # the common case
         index = dim
     else:
-        # operator.index takes a bool, a bool tensor and, in older numpy (2.2, with a
-        # deprecation warning), a numpy bool, each as 0 / 1.
-        dtype = getattr(dim, "dtype", None)
-        if isinstance(dim, bool) or dtype is torch.bool or getattr(dtype, "kind", None) == "b":
+        if is_bool_scalar(dim):  # operator.index may take it as 0 / 1
             raise TypeError(f"dim must be an int, got {type(dim).__name__}")
         try:
             index = operator.index(dim)

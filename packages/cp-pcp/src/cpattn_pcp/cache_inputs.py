@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 import torch
 
-from cpattn_common.checks import is_index_dtype
+from cpattn_common.checks import check_bool, is_index_dtype
 from cpattn_common.dispatch import refuse_grad
 from cpattn_common.group import CPGroupLike
 from cpattn_pcp._group import GroupArg, resolve_group
@@ -99,6 +99,7 @@ def _gather_prefill_cache_inputs(
     group: CPGroupLike,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The shared rule behind the three public gathers (see the module docstring)."""
+    shard_decode_requests = check_bool("shard_decode_requests", shard_decode_requests)
     num_rows = _validate(tensors, slot_mapping, num_decode_tokens)
     n = group.world_size
     num_dec = num_decode_tokens
@@ -167,13 +168,14 @@ def maybe_gather_mla_latent_cache_inputs(
         ValueError: row counts differ, ``D`` out of range, slot mapping too short, inputs on
             several devices, or a gather is needed without ``pcp_group``.
         TypeError: ``slot_mapping``'s dtype is not one of ``cpattn_common.checks.INDEX_DTYPES``
-            (bool, floating, complex, quantized and sub-byte dtypes are refused), or
-            ``num_decode_tokens`` is not an int.
+            (bool, floating, complex, quantized and sub-byte dtypes are refused),
+            ``num_decode_tokens`` is not an int, or ``use_pcp`` / ``shard_decode_requests`` is
+            not a bool.
         RuntimeError: ``use_pcp`` and ``num_decode_tokens`` given, grad mode is on and
             ``kv_c_normed`` or ``k_pe`` requires grad (the all-gather has no autograd formula;
             raised on every PCP size and for every batch, see the module docstring).
     """
-    if not use_pcp or num_decode_tokens is None:
+    if not check_bool("use_pcp", use_pcp) or num_decode_tokens is None:
         return kv_c_normed, k_pe, slot_mapping
     # Before the row checks, so that whether it raises does not depend on the batch.
     refuse_grad("maybe_gather_mla_latent_cache_inputs", kv_c_normed=kv_c_normed, k_pe=k_pe)
@@ -222,7 +224,7 @@ def maybe_gather_kv_cache_inputs(
         RuntimeError: as in ``maybe_gather_mla_latent_cache_inputs``, for ``key`` or
             ``value``.
     """
-    if not use_pcp or num_decode_tokens is None:
+    if not check_bool("use_pcp", use_pcp) or num_decode_tokens is None:
         return key, value, slot_mapping
     refuse_grad("maybe_gather_kv_cache_inputs", key=key, value=value)  # see the MLA twin
     group = resolve_group(pcp_group, "pcp_group", "when use_pcp=True")
@@ -263,7 +265,7 @@ def maybe_gather_indexer_k(
         TypeError: as in ``maybe_gather_mla_latent_cache_inputs``.
         RuntimeError: as in ``maybe_gather_mla_latent_cache_inputs``, for ``k``.
     """
-    if not use_pcp or num_decode_tokens is None:
+    if not check_bool("use_pcp", use_pcp) or num_decode_tokens is None:
         return k, slot_mapping
     refuse_grad("maybe_gather_indexer_k", k=k)  # see the MLA twin
     group = resolve_group(pcp_group, "pcp_group", "when use_pcp=True")

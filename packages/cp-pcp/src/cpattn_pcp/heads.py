@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from cpattn_common.checks import check_bool
 from cpattn_common.dispatch import refuse_grad
 from cpattn_common.group import CPGroupLike
 from cpattn_pcp._group import GroupArg, optional_group, resolve_group
@@ -148,7 +149,8 @@ def maybe_all_gather_q_for_dcp(
     Raises:
         ValueError: as in ``dcp_q_gather_group``; mismatched ``(nope, pe)`` leading shapes,
             dtypes or devices.
-        TypeError: ``q`` neither a tensor nor a ``(nope, pe)`` tuple (a list, say).
+        TypeError: ``q`` neither a tensor nor a ``(nope, pe)`` tuple (a list, say);
+            ``already_replicated`` not a bool.
         RuntimeError: the layout needs a gather, grad mode is on and ``q`` (or either tensor
             of the pair) requires grad: the all-gather has no autograd formula.
     """
@@ -170,7 +172,9 @@ def maybe_all_gather_q_for_dcp(
         raise TypeError(f"q must be a tensor or a (nope, pe) tuple, got {type(q).__name__}")
     elif q.dim() < 2:
         raise ValueError(f"q must be [T, H, D], got shape {tuple(q.shape)}")
-    if already_replicated:
+    # Checked, not truthy: a group passed positionally (as vLLM's order has it) landed here
+    # and skipped the gather.
+    if check_bool("already_replicated", already_replicated):
         gather_axis(dcp_world_size, pcp_world_size)  # the layout is still checked
         return q
     group = dcp_q_gather_group(

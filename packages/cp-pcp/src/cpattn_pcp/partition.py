@@ -32,12 +32,13 @@ tensor once); its index tensors then live on the chosen device and the device-si
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, fields, replace
 
 import torch
 
-from cpattn_common.checks import is_index_dtype
+from cpattn_common.checks import is_bool_scalar, is_index_dtype
 
 __all__ = ["DualChunkSwapPlan", "dual_chunk_swap"]
 
@@ -194,9 +195,14 @@ def _as_int_list(seq_lens: Sequence[int] | torch.Tensor) -> list[int]:
             )
         values: list[int] = [int(v) for v in seq_lens.tolist()]  # the one host sync
     else:
+        if isinstance(seq_lens, (Mapping, AbstractSet)):  # no request order (a dict's keys)
+            raise TypeError(
+                "seq_lens must be a sequence (a list, a tuple, a 1-D tensor or array), got "
+                f"{type(seq_lens).__name__}"
+            )
         values = []
         for v in seq_lens:
-            if isinstance(v, bool):
+            if is_bool_scalar(v):  # operator.index may take it as 0 / 1
                 raise TypeError(f"seq_lens must hold ints, got {v!r}")
             try:
                 values.append(operator.index(v))  # int, numpy integers

@@ -22,6 +22,15 @@ from cpattn_pcp.partition import DualChunkSwapPlan
 __all__ = ["gather_prefill_qkv_global", "slice_prefill_output_local"]
 
 
+def _check_plan(plan: object) -> None:
+    if not isinstance(plan, DualChunkSwapPlan):
+        raise TypeError(
+            f"plan must be a DualChunkSwapPlan (from dual_chunk_swap), got "
+            f"{type(plan).__name__}; vLLM's (restore_idx, gather_idx, cu_seqlens, padded_n) "
+            "tuple is not one"
+        )
+
+
 def _check_group_size(plan: DualChunkSwapPlan, world_size: int) -> None:
     if world_size != plan.pcp_size:
         raise ValueError(
@@ -69,11 +78,15 @@ def gather_prefill_qkv_global(
         (last dim contiguous); call ``.contiguous()`` if a kernel needs dense rows.
 
     Raises:
+        TypeError: ``plan`` is not a ``DualChunkSwapPlan``.
         ValueError: row counts differ, exceed ``P`` or stop before this rank's last real
-            row, the group size or device does not match the plan.
+            row, the group size or device does not match the plan. These checks run on each
+            rank before the all-gather: a rank whose check fails raises while its peers wait
+            in the collective, as with any collective that some ranks skip.
         RuntimeError: grad mode is on and ``query``, ``key`` or ``value`` requires grad (the
             all-gather has no autograd formula; on every PCP size, 1 included).
     """
+    _check_plan(plan)
     refuse_grad("gather_prefill_qkv_global", query=query, key=key, value=value)
     group = resolve_group(pcp_group, "pcp_group", "to gather prefill Q/K/V")
     _check_group_size(plan, group.world_size)
@@ -160,9 +173,11 @@ def slice_prefill_output_local(
         ``[num_actual, ...]``, a new tensor.
 
     Raises:
+        TypeError: ``plan`` is not a ``DualChunkSwapPlan``; ``num_actual`` is not an int.
         ValueError: wrong row count, ``num_actual`` out of range, group size or device
             mismatch.
     """
+    _check_plan(plan)
     group = resolve_group(pcp_group, "pcp_group", "to slice the local prefill output")
     _check_group_size(plan, group.world_size)
     if out_global.dim() < 1 or out_global.shape[0] != plan.num_tokens:
