@@ -172,8 +172,7 @@ def maybe_all_gather_q_for_dcp(
         raise TypeError(f"q must be a tensor or a (nope, pe) tuple, got {type(q).__name__}")
     elif q.dim() < 2:
         raise ValueError(f"q must be [T, H, D], got shape {tuple(q.shape)}")
-    # Checked, not truthy: a group passed positionally (as vLLM's order has it) landed here
-    # and skipped the gather.
+    # Checked, not truthy: a group passed positionally landed here and skipped the gather.
     if check_bool("already_replicated", already_replicated):
         gather_axis(dcp_world_size, pcp_world_size)  # the layout is still checked
         return q
