@@ -1,10 +1,11 @@
 #!/bin/bash
-# Run 4 of the nineteenth session, on the two-GPU kind (the four-GPU kind was no longer lent), commit $1 (after CPGroup's grad refusal
-# and the cp-pcp input checks, which runs 1-2 predate): every multi-GPU test at
-# world sizes up to the GPUs visible on nccl, in two pytest processes that share the four GPUs (cp-dcp's
-# combines, with their compile checks over a ProcessGroup, a CPGroup and a shared wrapper; the
-# direct paths; the manager; the gathers; the group memo and its compile tests; the rest: PCP,
-# workspaces, capability, topology, launcher, plugin, demo tests), then the demo on one rank per GPU.
+# Run 4 of the nineteenth session, on the two-GPU kind (the four-GPU kind was no longer lent),
+# commit $1, after CPGroup's grad refusal and the cp-pcp input checks (runs 1-2 predate them):
+# every multi-GPU test at world sizes up to the GPUs visible, on nccl, in two pytest processes
+# that share the GPUs (cp-dcp's combines, with their compile checks over a ProcessGroup, a
+# CPGroup and a shared wrapper; the direct paths; the manager; the gathers; the group memo and
+# its compile tests; the rest: PCP, workspaces, capability, topology, launcher, plugin, demo
+# tests), then the demo on one rank per GPU.
 export PYTHONPATH=packages/cp-common/src:packages/cp-dcp/src:packages/cp-pcp/src:packages/cp-testing/src
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 unset CPATTN_LAUNCH_PLANS
