@@ -107,6 +107,15 @@ def test_gather_kv_validation(device: torch.device) -> None:
             world.run(lambda g, b=buf: dcp_gather_kv(b, local, g))
 
 
+def _rank_device() -> torch.device:
+    """This rank's device: its current GPU on nccl, the CPU on gloo."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _dist_body(rank: int, world_size: int) -> dict[str, bool]:
     import torch.distributed as dist
 
@@ -114,11 +123,7 @@ def _dist_body(rank: int, world_size: int) -> dict[str, bool]:
     from cpattn_dcp.gather import dcp_gather_kv, dcp_gather_query
 
     group = dist.group.WORLD
-    device = (
-        torch.device("cuda", torch.cuda.current_device())
-        if dist.get_backend() == "nccl"
-        else torch.device("cpu")
-    )
+    device = _rank_device()
     t, h_r, d = 3, 2, 16
     full = _queries(world_size, t, h_r, d, torch.bfloat16, device)
     mine = full[:, rank * h_r : (rank + 1) * h_r]
@@ -180,11 +185,7 @@ def _grad_body(rank: int, world_size: int) -> dict[str, object]:
     from cpattn_dcp.gather import dcp_gather_kv, dcp_gather_query
 
     group = dist.group.WORLD
-    device = (
-        torch.device("cuda", torch.cuda.current_device())
-        if dist.get_backend() == "nccl"
-        else torch.device("cpu")
-    )
+    device = _rank_device()
     t, h_r, d = 3, 2, 8
     full = _queries(world_size, t, h_r, d, torch.float32, device)
     mine = full[:, rank * h_r : (rank + 1) * h_r].clone().requires_grad_()
