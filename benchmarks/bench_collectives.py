@@ -189,9 +189,13 @@ def _shape_candidates(
     flat = out.reshape(-1)
     ar_buf = flat.clone()
 
+    # The names CPGroup calls (torch 2.13's *_single; the old, deprecated ones before it).
+    all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+    reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+
     def bare_ag_rs() -> None:
-        dist.all_gather_into_tensor(gathered, lse.reshape(-1))
-        dist.reduce_scatter_tensor(rs_out, flat)
+        all_gather_single(gathered, lse.reshape(-1))
+        reduce_scatter_single(rs_out, flat)
 
     def ours_call(fn: Callable[..., Any]) -> Callable[[], object]:
         return lambda: fn(out, lse, group)
@@ -239,14 +243,14 @@ def _shape_candidates(
             "all_gather",
             lse_bytes,
             "N·B·H·4",
-            lambda: dist.all_gather_into_tensor(gathered, lse.reshape(-1)),
+            lambda: all_gather_single(gathered, lse.reshape(-1)),
         ),
         (
             "nccl: reduce_scatter (out)",
             "reduce_scatter",
             out_bytes,
             "B·H·D·s",
-            lambda: dist.reduce_scatter_tensor(rs_out, flat),
+            lambda: reduce_scatter_single(rs_out, flat),
         ),
         (
             "nccl: all_gather + reduce_scatter",

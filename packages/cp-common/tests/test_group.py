@@ -220,6 +220,17 @@ _MISSING_OP_MESSAGES = {
 }
 
 
+def _native_op(name: str) -> tuple[Any, str]:
+    """Where CPGroup looks up the native collective it labels ``name`` (module, attribute)."""
+    import cpattn_common.group as group_module
+
+    aliases = {
+        "reduce_scatter_tensor": "_reduce_scatter_single",
+        "all_gather_into_tensor": "_all_gather_single",
+    }
+    return (group_module, aliases[name]) if name in aliases else (dist, name)
+
+
 def missing_native_op_ranks(rank: int, world_size: int, device_type: str) -> list[str]:
     """Runs on every rank: each native collective raises torch's "does not support" error;
     CPGroup must answer through its fallback and remember the op as unsupported. Another
@@ -254,11 +265,11 @@ def missing_native_op_ranks(rank: int, world_size: int, device_type: str) -> lis
         group.all_to_all_single(out, send[rank])
         return out, want_a2a
 
-    real = {name: getattr(dist, name) for name in _MISSING_OP_MESSAGES}
+    real = {name: getattr(*_native_op(name)) for name in _MISSING_OP_MESSAGES}
     try:
         for name, messages in _MISSING_OP_MESSAGES.items():
             for message in messages:
-                setattr(dist, name, make_missing(name, message))
+                setattr(*_native_op(name), make_missing(name, message))
                 calls.clear()
                 group = CPGroup()
                 for attempt in range(2):  # the second call goes straight to the fallback
@@ -274,7 +285,7 @@ def missing_native_op_ranks(rank: int, world_size: int, device_type: str) -> lis
                 if calls.get(name) != 1:
                     failures.append(f"{message!r}: native {name} called {calls.get(name)} times")
             # Any other error is a real failure: raised, not hidden behind the fallback.
-            setattr(dist, name, make_missing(name, "Connection closed by peer"))
+            setattr(*_native_op(name), make_missing(name, "Connection closed by peer"))
             group = CPGroup()
             try:
                 run_op(name, group)
@@ -284,10 +295,10 @@ def missing_native_op_ranks(rank: int, world_size: int, device_type: str) -> lis
                     failures.append(f"{name}: unexpected error {exc}")
             if group._unsupported:
                 failures.append(f"{name}: unrelated error marked {group._unsupported}")
-            setattr(dist, name, real[name])
+            setattr(*_native_op(name), real[name])
     finally:
         for name, fn in real.items():
-            setattr(dist, name, fn)
+            setattr(*_native_op(name), fn)
     return failures
 
 
@@ -415,6 +426,28 @@ def test_collectives_refuse_arguments_that_require_grad(
         "CPGroup.all_gather_into_tensor: output requires grad,",
     ]
     assert run_ranks(grad_refusal_ranks, 2, device.type) == [want, want]
+
+
+def deprecation_ranks(rank: int, world_size: int, device_type: str) -> list[str]:
+    """Runs on every rank: the native collectives, with warnings recorded."""
+    import warnings
+
+    group = CPGroup()
+    x = torch.full((world_size, 2), float(rank + 1), device=_rank_device(device_type))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        group.all_gather(x, dim=0)
+        group.reduce_scatter(x, dim=0)
+    return [f"{w.category.__name__}: {w.message}" for w in caught]
+
+
+def test_collectives_call_no_deprecated_torch_function(
+    run_ranks: Callable[..., list[Any]], device: torch.device
+) -> None:
+    """torch 2.13 deprecates all_gather_into_tensor and reduce_scatter_tensor for their
+    ``*_single`` names: every rank printed two FutureWarnings on its first collectives."""
+    for caught in run_ranks(deprecation_ranks, 2, device.type):
+        assert not [w for w in caught if w.startswith("FutureWarning")], caught
 
 
 def test_all_to_all_single_rejects_an_output_overlapping_its_input() -> None:

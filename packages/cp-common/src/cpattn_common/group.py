@@ -45,6 +45,16 @@ __all__ = [
     "trace_time_group",
 ]
 
+# torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single (the old names
+# still work, with a FutureWarning per call site); earlier torch has only the old names. Dynamo
+# traces both under either name. (None without torch.distributed, where no CPGroup is made.)
+_all_gather_single: Any = getattr(dist, "all_gather_single", None) or getattr(
+    dist, "all_gather_into_tensor", None
+)
+_reduce_scatter_single: Any = getattr(dist, "reduce_scatter_single", None) or getattr(
+    dist, "reduce_scatter_tensor", None
+)
+
 _T = TypeVar("_T")
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -303,7 +313,7 @@ class CPGroup:
         out = _contiguous_target(output)
 
         def native() -> None:
-            dist.all_gather_into_tensor(out, inp, group=self._group)
+            _all_gather_single(out, inp, group=self._group)
 
         def fallback() -> None:
             dist.all_gather(list(out.chunk(n, dim=0)), inp, group=self._group)
@@ -411,7 +421,7 @@ class CPGroup:
         out = torch.empty((size // n, *moved.shape[1:]), dtype=moved.dtype, device=moved.device)
 
         def native() -> None:
-            dist.reduce_scatter_tensor(out, moved, group=self._group)
+            _reduce_scatter_single(out, moved, group=self._group)
 
         def fallback() -> None:
             summed = moved.clone()
