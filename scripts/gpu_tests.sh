@@ -9,6 +9,12 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export CPATTN_TEST_DEVICE=cuda
 unset TRITON_INTERPRET
 export PYTHONPATH="packages/cp-common/src:packages/cp-dcp/src:packages/cp-pcp/src:packages/cp-testing/src${PYTHONPATH:+:$PYTHONPATH}"
+# A python without torch is a setup error, not a machine without a GPU (that read as a pass).
+if ! python3 -c 'import torch, triton'; then
+    echo "gpu_tests: $(command -v python3) cannot import torch and triton; run this with the" \
+        "python of the machine's CUDA torch (not from a virtual environment without it)" >&2
+    exit 1
+fi
 if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
     echo "SKIPPED gpu_tests: no CUDA device is visible to torch on this machine"
     exit 0
