@@ -895,8 +895,9 @@ class CachedKernel:
     dict lookup and the native launcher call.
 
     Example:
-        >>> _merge = CachedKernel(_merge_kernel)            # module level
-        >>> _merge((b, h), out, x, n, stride, BLOCK=128, num_warps=4)
+        >>> # at module level
+        >>> _merge = CachedKernel(_merge_kernel)  # doctest: +SKIP
+        >>> _merge((b, h), out, x, n, stride, BLOCK=128, num_warps=4)  # doctest: +SKIP
     """
 
     def __init__(self, kernel: Any):

@@ -73,8 +73,9 @@ def dcp_gather_query(
             every world size, N = 1 included).
 
     Example:
-        >>> q_all = dcp_gather_query(q_local, group)                  # [T, N*H_r, D]
-        >>> q_all = dcp_gather_query(q_local, group, padded_num_heads=128)
+        >>> # q_all [T, N*H_r, D]; the second one backed by storage for 128 heads
+        >>> q_all = dcp_gather_query(q_local, group)  # doctest: +SKIP
+        >>> q_all = dcp_gather_query(q_local, group, padded_num_heads=128)  # doctest: +SKIP
     """
     refuse_grad("dcp_gather_query", query=query)
     if query.dim() != 3:

@@ -428,8 +428,9 @@ def correct_attn_out(
     ``out`` that requires grad raises ``RuntimeError`` (its gradient would ignore the scaling).
 
     Example:
-        >>> lses = torch.stack([lse_rank0, lse_rank1])         # [2, B, H]
-        >>> out, lse = correct_attn_out(out_rank1, lses, cp_rank=1)
+        >>> # lses [2, B, H]: rank 0's and rank 1's LSEs
+        >>> lses = torch.stack([lse_rank0, lse_rank1])  # doctest: +SKIP
+        >>> out, lse = correct_attn_out(out_rank1, lses, cp_rank=1)  # doctest: +SKIP
     """
     del ctx
     is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)

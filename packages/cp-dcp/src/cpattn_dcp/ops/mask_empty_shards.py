@@ -276,8 +276,9 @@ def mask_dcp_empty_shards_(
 
     Example:
         >>> lse = torch.zeros(7, 2)
-        >>> mask_dcp_empty_shards_(lse, torch.tensor([0, 2]), torch.tensor([0, 1, 5]))
-        ... # rows 0 (empty shard) and 5, 6 (padding) are now -inf
+        >>> _ = mask_dcp_empty_shards_(lse, torch.tensor([0, 2]), torch.tensor([0, 1, 5]))
+        >>> lse[:, 0].tolist()  # rows 0 (empty shard) and 5, 6 (padding) are now -inf
+        [-inf, 0.0, 0.0, 0.0, 0.0, -inf, -inf]
     """
     dispatch = must_dispatch(lse)  # tracing, a dispatch mode, autograd
     if seq_lens is not None and query_start_loc is not None and not dispatch:
