@@ -547,6 +547,42 @@ def test_manager_multiprocess(run_ranks: RunRanks, dist_backend: str) -> None:
         assert rep["gathers"] == ("all_gather", "all_gather_into_tensor")
 
 
+def _compiled_combine_body(rank: int, world_size: int) -> dict[str, bool]:
+    """Runs on every rank: ``combine`` of managers built on a ``ProcessGroup`` and on a
+    ``CPGroup``, compiled with ``fullgraph=True``, against the eager call."""
+    import torch.distributed as dist
+
+    from cpattn_common.group import CPGroup
+
+    cuda = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    h_r, d = 2, 16
+    gen = torch.Generator().manual_seed(30 + rank)
+    out = torch.randn(3, world_size * h_r, d, generator=gen).to(device)
+    lse = torch.randn(3, world_size * h_r, generator=gen).to(device)
+    report: dict[str, bool] = {}
+    for group_name, group in (("process_group", dist.group.WORLD), ("cpgroup", CPGroup())):
+        for backend in ("a2a", "ag_rs"):
+            cfg = DCPConfig(comm_backend=backend, use_direct_a2a=False)
+            m = DCPManager(cfg, group, device, h_r, d, torch.float32)
+
+            def step(o: torch.Tensor, s: torch.Tensor, m: DCPManager = m) -> Any:
+                return m.combine(o, s)
+
+            compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+            report[f"{group_name}/{backend}"] = torch.equal(compiled(out, lse), step(out, lse))
+    return report
+
+
+def test_compiled_combine_on_a_process_group_and_a_cpgroup(run_ranks: RunRanks) -> None:
+    """``DCPManager.combine`` compiles with ``fullgraph=True`` on either group (a ``CPGroup``
+    failed under torch 2.11's dynamo: ``AsPythonConstantNotImplementedError``)."""
+    for report in run_ranks(_compiled_combine_body, 2):
+        assert report == {
+            f"{g}/{b}": True for g in ("process_group", "cpgroup") for b in ("a2a", "ag_rs")
+        }
+
+
 def _rank_1_out_of_memory_body(rank: int, world_size: int) -> dict[str, Any]:
     """Real ranks: symmetric memory runs out on rank 1 only (stubbed ``empty``); every rank's
     manager must take the same path and the combine must work on it."""
