@@ -113,7 +113,9 @@ def _mask_empty_shards_kernel(
         if IS_COPY:
             o_src = i_b[:, None] * stride_src_b + i_h[None, :] * stride_src_h
             m_all = m_b[:, None] & m_h[None, :]
-            b_lse = tl.load(src_ptr + o_src, mask=m_all, other=0.0)
+            # Selected in fp32 (exact for every LSE dtype): Triton's CPU interpreter up to 3.8
+            # cannot build a bf16 scalar, so a bf16 select with -inf failed there.
+            b_lse = tl.load(src_ptr + o_src, mask=m_all, other=0.0).to(tl.float32)
             b_lse = tl.where(m_empty[:, None], float("-inf"), b_lse)
             tl.store(dst_ptr + o_dst, b_lse.to(dst_ptr.dtype.element_ty), mask=m_all)
         else:
