@@ -273,7 +273,25 @@ def test_interpreted_kernels_go_plain(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     reason = launch_fast_path_reason(object())
     assert reason is not None
-    assert "TRITON_INTERPRET" in reason or "not a plain" in reason
+    runtime_reason = launch_mod._get_runtime().reason
+    if runtime_reason is not None:  # a Triton whose launches all go plain says so first
+        assert reason == runtime_reason
+    else:
+        assert "TRITON_INTERPRET" in reason or "not a plain" in reason
+
+
+@pytest.mark.parametrize(("version", "fast"), [("3.3.1", False), ("3.4.0", True), ("4.0.0", False)])
+def test_triton_versions_without_the_known_launch_convention_go_plain(
+    monkeypatch: pytest.MonkeyPatch, version: str, fast: bool
+) -> None:
+    """Triton 3.3 has no ``triton.knobs`` (the fast path reads its launch hooks there): it was
+    inside the known range, so its runtime read "not recognised (AttributeError ...)"."""
+    monkeypatch.setattr(triton, "__version__", version)
+    reason = launch_mod._Runtime().reason
+    if fast:  # the installed Triton's own runtime decides (no knobs before 3.4)
+        assert reason is None or "unverified" not in reason
+    else:
+        assert reason == f"triton {version} has an unverified launch convention"
 
 
 def test_non_jit_objects_go_plain() -> None:

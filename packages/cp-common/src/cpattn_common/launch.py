@@ -56,7 +56,7 @@ one entry does not fit its key's calls, which launch the plain way from then on.
 other keys and every other kernel keep their fast path.
 
 Safety: the fast path is used only for a plain ``triton.runtime.jit.JITFunction`` on a Triton
-version whose launch convention is known (3.3 - 3.9: the compiled kernel's ``run`` takes
+version whose launch convention is known (3.4 - 3.9: the compiled kernel's ``run`` takes
 ``grid, stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook,
 *all_args``), when no launch hooks (profilers) or pre-run hooks are installed and the kernel
 reads no global that changed; otherwise, under ``TRITON_INTERPRET=1``, with an argument type it
@@ -91,7 +91,9 @@ __all__ = [
     "set_launch_cache_enabled",
 ]
 
-_KNOWN_MINOR = range(3, 10)  # triton 3.3 .. 3.9 share the launch convention used here
+# Triton 3.4 .. 3.9 share the launch convention used here and keep the launch hooks in
+# triton.knobs; 3.3 has no triton.knobs, so its launches take the plain path.
+_KNOWN_MINOR = range(4, 10)
 _MAX_ENTRIES_PER_KERNEL = 512
 _MAX_PLANS_PER_KERNEL = 64
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
