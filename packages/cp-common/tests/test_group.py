@@ -492,6 +492,9 @@ def shared_group_checks(
         assert shared_cp_group(group) is group  # a wrapper resolves to itself
         sums.append(float(group.all_reduce(torch.ones(2, device=device))[0]))
         refs.append(weakref.ref(pg))
+        # torch 2.6 / 2.7's gloo hangs when one rank destroys a subgroup while its peer still
+        # finishes the collective on it (seen with no cpattn code involved).
+        dist.barrier()
         dist.destroy_process_group(pg)
         del pg, group
     world = shared_cp_group(dist.group.WORLD)

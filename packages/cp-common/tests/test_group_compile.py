@@ -108,7 +108,13 @@ def fresh_group_ranks(rank: int, world_size: int, kind: str, device_type: str) -
         # The graph's wrapper is guarded on the group: another group gets its own.
         other, _ = _fresh_group(kind, world_size, device_type)
         other_gather, _, other_group = compiled(mine, other)
-        result["other_group_wrapper"] = other_group is shared_cp_group(other, **kwargs)
+        # Dynamo guards a DeviceMesh by equality: on torch 2.7, where an equal mesh gets groups
+        # of its own, the graph traced on the first mesh answers an equal one with the first
+        # mesh's wrapper (same ranks; docs/packages/common.md). Later torch shares the groups.
+        equal_mesh = kind == "mesh_dim" and other == group and other_group is got_group
+        result["other_group_wrapper"] = (
+            other_group is shared_cp_group(other, **kwargs) or equal_mesh
+        )
         result["other_group_gather"] = torch.equal(other_gather, want_gather)
     return result
 
