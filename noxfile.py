@@ -21,6 +21,8 @@ ROOT = pathlib.Path(__file__).parent
 PACKAGES = ["cp-common", "cp-dcp", "cp-pcp", "cp-testing"]
 IMPORT_NAMES = {p: "cpattn_" + p.removeprefix("cp-") for p in PACKAGES}
 CONSTRAINTS = str(ROOT / "testing" / "constraints.txt")
+# The oldest torch the packages declare, with the Triton its wheel pins (``tests_oldest``).
+OLDEST_CONSTRAINTS = str(ROOT / "testing" / "constraints-oldest.txt")
 SRC_DIRS = [str(ROOT / "packages" / p / "src") for p in PACKAGES]
 TEST_DIRS = [f"packages/{p}/tests" for p in PACKAGES] + ["tests"]
 # numpy: the Triton interpreter (TRITON_INTERPRET=1) imports it; torch does not pull it in.
@@ -46,12 +48,12 @@ nox.options.reuse_venv = "yes"
 nox.options.sessions = ["lint", "typecheck", "layers", "tests", "build"]
 
 
-def _install_packages(session: nox.Session, *extra: str) -> None:
+def _install_packages(session: nox.Session, *extra: str, constraints: str = CONSTRAINTS) -> None:
     """Install torch (pinned), then every package editable, siblings resolved from source."""
     editables: list[str] = []
     for package in PACKAGES:
         editables += ["-e", f"packages/{package}"]
-    session.install("-c", CONSTRAINTS, "torch", *extra, *editables)
+    session.install("-c", constraints, "torch", *extra, *editables)
 
 
 def _src_pythonpath() -> str:
@@ -82,10 +84,8 @@ def layers(session: nox.Session) -> None:
     session.run("lint-imports", env={"PYTHONPATH": _src_pythonpath()})
 
 
-@nox.session
-def tests(session: nox.Session) -> None:
-    """CPU tests of every package: Triton kernels under TRITON_INTERPRET=1, ranks on gloo."""
-    _install_packages(session, *TEST_DEPS)
+def _run_tests(session: nox.Session, constraints: str) -> None:
+    _install_packages(session, *TEST_DEPS, constraints=constraints)
     args = session.posargs or ["-q", "--durations=20", "--timeout=900", *TEST_DIRS]
     session.run(
         "python",
@@ -94,6 +94,22 @@ def tests(session: nox.Session) -> None:
         *args,
         env={"TRITON_INTERPRET": "1", "CPATTN_TEST_DEVICE": "cpu", **NO_MULTICAST_ENV},
     )
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """CPU tests of every package: Triton kernels under TRITON_INTERPRET=1, ranks on gloo."""
+    _run_tests(session, CONSTRAINTS)
+
+
+@nox.session
+def tests_oldest(session: nox.Session) -> None:
+    """The same tests on the oldest torch and Triton the packages declare (not run by CI).
+
+    torch 2.7 has only CUDA wheels on the package index for Linux: this session downloads
+    about 3 GB (torch, its NVIDIA libraries and Triton 3.3), which then run on the CPU.
+    """
+    _run_tests(session, OLDEST_CONSTRAINTS)
 
 
 @nox.session(venv_backend="none")
