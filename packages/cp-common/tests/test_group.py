@@ -492,8 +492,8 @@ def shared_group_checks(
         assert shared_cp_group(group) is group  # a wrapper resolves to itself
         sums.append(float(group.all_reduce(torch.ones(2, device=device))[0]))
         refs.append(weakref.ref(pg))
-        # torch 2.6 / 2.7's gloo hangs when one rank destroys a subgroup while its peer still
-        # finishes the collective on it (seen with no cpattn code involved).
+        # On torch 2.6 / 2.7, gloo ranks that destroy a subgroup right after a collective on it
+        # can hang in the next new_group unless they meet first (reproduced without cpattn).
         dist.barrier()
         dist.destroy_process_group(pg)
         del pg, group

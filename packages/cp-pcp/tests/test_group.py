@@ -33,8 +33,8 @@ def _resolve_and_destroy(
         same.append(optional_group(pg) is group and group.device_group is pg)
         same.append(float(group.all_reduce(torch.ones(1, device=device))[0]) == world_size)
         refs.append(weakref.ref(pg))
-        # torch 2.6 / 2.7's gloo hangs when one rank destroys a subgroup while its peer still
-        # finishes the collective on it (seen with no cpattn code involved).
+        # On torch 2.6 / 2.7, gloo ranks that destroy a subgroup right after a collective on it
+        # can hang in the next new_group unless they meet first (reproduced without cpattn).
         dist.barrier()
         dist.destroy_process_group(pg)
         del pg, group

@@ -66,7 +66,7 @@ def test_matches_reference(
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     expected = mask_empty_shards_ref(host[:, 1:6], seq_lens, qsl)
     bits = torch.int16 if lse_dtype != torch.float32 else torch.int32
-    # The combines' masked copy first (same kernel, copy mode; a 16-bit select with -inf
+    # The combines' masked copy first (same kernel, copy mode; a bf16 select with -inf
     # failed in Triton's interpreter up to 3.8), then the in-place mask.
     copied = masked_lse_copy(lse, seq_lens.to(device), qsl.to(device))
     assert torch.equal(copied.cpu().view(bits), expected.contiguous().view(bits))
