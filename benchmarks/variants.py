@@ -161,6 +161,10 @@ def _switches() -> dict[str, list[tuple[str, Callable[[], None]]]]:
     correct_plans = [correct_mod._contig_spec, correct_mod._contig_plan]
     pack_plans = [a2a_mod._pack_plan]
     return {
+        "unpack-onevec": [
+            (label, _setter(a2a_mod, unpack_plans, _UNPACK_ONE_VECTOR_MIN_N=min_n))
+            for label, min_n in (("shipped", 0), ("n8", 8), ("n4", 4))
+        ],
         "unpack-warps": [
             (label, _setter(a2a_mod, unpack_plans, tile_config=_forced_warps(w)))
             for label, w in (("shipped", 0), ("w4", 4), ("w8", 8))
@@ -215,8 +219,9 @@ def _switches() -> dict[str, list[tuple[str, Callable[[], None]]]]:
     }
 
 
-def ab(dev: torch.device, batch: int, only: str | None = None) -> None:
-    """The ops under each knob setting (read-flush timing; decode: warm graph replay)."""
+def ab(dev: torch.device, batch: int, only: str | None = None, rounds: int = 1) -> None:
+    """The ops under each knob setting, ``rounds`` interleaved rounds (read-flush timing;
+    decode: warm graph replay, the fastest round)."""
     moved, t = hb.measure_copy_ceiling(dev, timer=hb.time_cold)
     copy_bps = moved / (t.median_ms * 1e-3)
     for switch, settings in _switches().items():
@@ -228,22 +233,31 @@ def ab(dev: torch.device, batch: int, only: str | None = None) -> None:
                 t_in = _inputs(dev, batch, h, d, n, n)
                 dec_sizes = (1, 8, 64)
                 dec = [_inputs(dev, b, h, d, n, 0) for b in dec_sizes]
-                line = f"{op_name} H={h} D={d} N={n}:"
-                for label, set_ in settings:
-                    set_()
-                    op = _ops(n, d)[op_name]
-                    bps = _nbytes(op_name, batch, h, d, n) / (
-                        hb.time_cold(functools.partial(op, t_in)).median_ms * 1e-3
-                    )
-                    us = [
-                        hb.time_cuda_graph([functools.partial(op, x)] * 32).median_ms * 1e3
-                        for x in dec
-                    ]
-                    dec_us = ", ".join(
-                        f"B={b} {u:.2f} us" for b, u in zip(dec_sizes, us, strict=True)
-                    )
-                    line += f"  {label} {bps / copy_bps:.3f} ({dec_us})"
+                fracs: dict[str, list[float]] = {label: [] for label, _ in settings}
+                dec_us: dict[str, list[list[float]]] = {label: [] for label, _ in settings}
+                for _ in range(rounds):
+                    for label, set_ in settings:
+                        set_()
+                        op = _ops(n, d)[op_name]
+                        bps = _nbytes(op_name, batch, h, d, n) / (
+                            hb.time_cold(functools.partial(op, t_in)).median_ms * 1e-3
+                        )
+                        fracs[label].append(bps / copy_bps)
+                        dec_us[label].append(
+                            [
+                                hb.time_cuda_graph([functools.partial(op, x)] * 32).median_ms * 1e3
+                                for x in dec
+                            ]
+                        )
                 settings[0][1]()
+                line = f"{op_name} H={h} D={d} N={n}:"
+                for label, _ in settings:
+                    best = [min(us) for us in zip(*dec_us[label], strict=True)]
+                    decode_txt = ", ".join(
+                        f"B={b} {u:.2f} us" for b, u in zip(dec_sizes, best, strict=True)
+                    )
+                    frac_txt = " / ".join(f"{f:.3f}" for f in fracs[label])
+                    line += f"  {label} {frac_txt} ({decode_txt})"
                 print(line, flush=True)
                 del t_in, dec
                 torch.cuda.empty_cache()
@@ -492,7 +506,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,64", help="with --merge: batch sizes")
     parser.add_argument("--settings", help="with --merge: setting labels, comma-separated")
     parser.add_argument(
-        "--rounds", type=int, default=2, help="with --mask / --merge: interleaved rounds"
+        "--rounds", type=int, default=2, help="with --ab / --mask / --merge: interleaved rounds"
     )
     args = parser.parse_args()
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -500,7 +514,7 @@ def main() -> None:
         probe(dev)
         return
     if args.ab:
-        ab(dev, args.batch, args.ab_only)
+        ab(dev, args.batch, args.ab_only, args.rounds)
         return
     if args.records:
         records(dev, args.batch)

@@ -59,6 +59,10 @@ _UNPACK_MIN_BYTES = 2048
 # 1.42 at B=1); 4 lanes in between. B >= 64 grids and B=4096 are unaffected.
 _UNPACK_SMALL_GRID_LANES = 2
 _UNPACK_SMALL_GRID_MAX_WARPS = 4
+# From this many sources on (up to the unrolled path's 8), an unpack program gets twice
+# tile_config's warps where its tile holds at least two 16-byte payload vectors per thread,
+# so that each thread loads one vector per source (0: off).
+_UNPACK_ONE_VECTOR_MIN_N = 0
 # Cache modifier of the unpack's output stores: "" (write-back). Streaming stores (".cs")
 # measured within the noise of it (+-0.03 of the copy bandwidth, same A/B).
 _UNPACK_OUT_CACHE = ""
@@ -295,6 +299,10 @@ def _unpack_config(n: int, num_rows: int, d: int, size: int) -> tuple[int, int, 
     ``_UNPACK_SMALL_GRID_LANES``)."""
     target = max(_UNPACK_MIN_BYTES, _UNPACK_INFLIGHT_BYTES // n)
     block_r, block_d, num_warps = tile_config(num_rows, d, size, target)
+    lanes = num_warps * 32 * (16 // size)  # one 16-byte vector per thread
+    wide = _UNPACK_ONE_VECTOR_MIN_N and _UNPACK_ONE_VECTOR_MIN_N <= n <= 8
+    if wide and num_warps < 8 and block_r * block_d >= 2 * lanes:
+        num_warps *= 2
     grid0 = -(-num_rows // block_r)
     if _UNPACK_SMALL_GRID_LANES and block_r == 1 and grid0 < MIN_PROGRAMS:
         warps = next_pow2(-(-block_d // (32 * _UNPACK_SMALL_GRID_LANES)))
