@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -211,18 +212,24 @@ def _unpack_tri_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_R: tl.constexpr,
     ORDER: tl.constexpr,
+    ROWS: tl.constexpr,
     IS_BASE_E: tl.constexpr,
 ):
     """The shipped kernel's N <= 8 path in plain Triton (``BLOCK_D = D``, bf16, LSE words,
     LSE out), with the ``order`` dependency when ``ORDER``: the xor of every payload tile,
     reduced over each row (``tl.xor_sum``: shuffles, which wait for the loads), and-ed with
-    the runtime ``zero`` and or-ed into the LSE bits (module docstring)."""
+    the runtime ``zero`` and or-ed into the LSE bits (module docstring). ``ROWS``: the LSE
+    math in the payload tile's row layout (each thread of a row repeats it; no layout
+    conversion, no ``tl.gather``) instead of the shipped compact layout."""
     r0 = tl.program_id(0).to(tl.int64) * BLOCK_R
     i_r = r0 + tl.arange(0, BLOCK_R).to(tl.int64)
     m_r = i_r < num_rows
     rows = tl.program_id(0).to(tl.int64) * 0 + num_rows
     blk = rows * (HEAD_DIM + 2)
-    i_l = r0 + tl.arange(0, BLOCK_R).to(tl.int64)  # compact layout, as shipped
+    if ROWS:  # noqa: SIM108  (a constexpr branch, kept as Triton code)
+        i_l = i_r
+    else:
+        i_l = r0 + tl.arange(0, BLOCK_R).to(tl.int64)  # compact layout, as shipped
     m_l = i_l < num_rows
     i_loc = (i_r - r0).to(tl.int32)
     i_d = tl.arange(0, HEAD_DIM)
@@ -249,7 +256,9 @@ def _unpack_tri_kernel(
     b_inv_s = 1.0 / tl.maximum(b_s, 1.0)
     b_acc = tl.zeros((BLOCK_R, HEAD_DIM), dtype=tl.float32)
     for n in tl.static_range(N):
-        b_wn = tl.gather(_weight(b_ls[n], b_m, b_inv_s, IS_BASE_E), i_loc, 0)
+        b_wn = _weight(b_ls[n], b_m, b_inv_s, IS_BASE_E)
+        if not ROWS:
+            b_wn = tl.gather(b_wn, i_loc, 0)
         b_acc = _wsum(b_acc, b_xs[n], b_wn)
     p_out = dst_ptr + (i_r[:, None] * HEAD_DIM + i_d[None, :])
     tl.store(p_out, b_acc.to(dst_ptr.dtype.element_ty), mask=m_x)
@@ -286,12 +295,15 @@ class TriUnpack(AsmUnpack):
 
     kernel = _unpack_tri_kernel
 
-    def __init__(self, block_r: int, num_warps: int, *, order: bool = False) -> None:
+    def __init__(
+        self, block_r: int, num_warps: int, *, order: bool = False, rows: bool = False
+    ) -> None:
         super().__init__("", block_r, num_warps, order=order)
+        self.rows = rows
 
     def consts(self, n: int, d: int) -> dict[str, object]:
         return {"N": n, "HEAD_DIM": d, "BLOCK_R": self.block_r, "ORDER": self.order,
-                "IS_BASE_E": True}  # fmt: skip
+                "ROWS": self.rows, "IS_BASE_E": True}  # fmt: skip
 
 
 Unpack = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
@@ -302,6 +314,10 @@ def variants() -> dict[str, Unpack]:
     for block_r, warps in TILES:
         forms[f"triton r{block_r} w{warps}"] = TriUnpack(block_r, warps)
         forms[f"triton r{block_r} w{warps} order"] = TriUnpack(block_r, warps, order=True)
+        forms[f"triton r{block_r} w{warps} rows"] = TriUnpack(block_r, warps, rows=True)
+        forms[f"triton r{block_r} w{warps} rows order"] = TriUnpack(
+            block_r, warps, order=True, rows=True
+        )
     for label, load in LOADS.items():
         for block_r, warps in TILES:
             forms[f"{label} r{block_r} w{warps}"] = AsmUnpack(load, block_r, warps)
@@ -317,7 +333,6 @@ def compile_only() -> None:
     """Compile every form for sm_90 (N=8, D=128; no GPU needed): registers, and how many
     16-byte payload loads the SASS issues before its first ``MUFU`` (an ``exp2`` of the LSE
     math, which comes after the wait for the LSE loads)."""
-    import re
     import subprocess
     import tempfile
 
@@ -352,10 +367,15 @@ def compile_only() -> None:
         )
 
 
-def check(device: torch.device, shapes: list[tuple[int, int, int, int]]) -> list[str]:
-    """Names of the forms that passed on every shape (bf16; out 2e-2, LSE 1e-5)."""
+def check(
+    device: torch.device, shapes: list[tuple[int, int, int, int]], only: str | None = None
+) -> list[str]:
+    """Names of the forms (matching ``only``) that passed on every shape (bf16; out 2e-2,
+    LSE 1e-5)."""
     passed = []
     for name, fn in variants().items():
+        if only is not None and name != "shipped" and not re.search(only, name):
+            continue
         ok = True
         for i, (n, b, hr, d) in enumerate(shapes):
             recv = make_recv(n, b, hr, d, torch.bfloat16, device, seed=1 + i)
@@ -422,13 +442,15 @@ def main() -> None:
         help="N,H_r,D per timed shape (B=4096)",
     )
     parser.add_argument("--compile-only", action="store_true", help="sm_90 PTX, no GPU")
+    parser.add_argument("--only", help="regular expression: the forms to check and time")
     args = parser.parse_args()
     if args.compile_only:
         compile_only()
         return
     dev = torch.device("cuda")
     # The timed (N, D) pairs (one compile each), plus a last row tile cut short (R = 404).
-    passed = check(dev, [(8, 256, 8, 128), (4, 100, 16, 128), (2, 64, 32, 128), (4, 101, 4, 128)])
+    shapes = [(8, 256, 8, 128), (4, 100, 16, 128), (2, 64, 32, 128), (4, 101, 4, 128)]
+    passed = check(dev, shapes, args.only)
     moved, ceil = hb.measure_copy_ceiling(dev, timer=hb.time_cold)
     ceiling = moved / (ceil.median_ms * 1e-3)
     print(f"copy ceiling {ceiling / 1e12:.3f} TB/s ({moved / 1e9:.2f} GB moved)")
