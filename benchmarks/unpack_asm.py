@@ -52,6 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
+import cpattn_dcp.ops.a2a_combine as a2a_mod
 import cpattn_testing.bench as hb
 from cpattn_dcp.kernels.a2a import _blk_payload, _wsum
 from cpattn_dcp.kernels.lse_math import _lse_f32, _lse_from, _max_sum_rows, _weight
@@ -309,8 +310,25 @@ class TriUnpack(AsmUnpack):
 Unpack = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
 
+def _op_with_one_vector_min_n(min_n: int) -> Unpack:
+    """The op under ``a2a_combine._UNPACK_ONE_VECTOR_MIN_N = min_n`` (set before each call:
+    the forms run one after another)."""
+
+    def call(recv: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if a2a_mod._UNPACK_ONE_VECTOR_MIN_N != min_n:
+            a2a_mod._UNPACK_ONE_VECTOR_MIN_N = min_n
+            a2a_mod._unpack_config.cache_clear()
+            a2a_mod._unpack_plan.cache_clear()
+        return shipped(recv, d)
+
+    return call
+
+
 def variants() -> dict[str, Unpack]:
-    forms: dict[str, Unpack] = {"shipped": shipped}
+    forms: dict[str, Unpack] = {
+        "shipped": _op_with_one_vector_min_n(0),
+        "op one-vector N>=8": _op_with_one_vector_min_n(8),
+    }
     for block_r, warps in TILES:
         forms[f"triton r{block_r} w{warps}"] = TriUnpack(block_r, warps)
         forms[f"triton r{block_r} w{warps} order"] = TriUnpack(block_r, warps, order=True)
