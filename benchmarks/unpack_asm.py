@@ -315,7 +315,7 @@ def _op_with_one_vector_min_n(min_n: int) -> Unpack:
     the forms run one after another)."""
 
     def call(recv: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if a2a_mod._UNPACK_ONE_VECTOR_MIN_N != min_n:
+        if min_n != a2a_mod._UNPACK_ONE_VECTOR_MIN_N:
             a2a_mod._UNPACK_ONE_VECTOR_MIN_N = min_n
             a2a_mod._unpack_config.cache_clear()
             a2a_mod._unpack_plan.cache_clear()
