@@ -54,6 +54,7 @@ import triton.language as tl
 
 import cpattn_dcp.ops.a2a_combine as a2a_mod
 import cpattn_testing.bench as hb
+from cpattn_common.launch_plans import clear_launch_plans
 from cpattn_dcp.kernels.a2a import _blk_payload, _wsum
 from cpattn_dcp.kernels.lse_math import _lse_f32, _lse_from, _max_sum_rows, _weight
 
@@ -319,6 +320,7 @@ def _op_with_one_vector_min_n(min_n: int) -> Unpack:
             a2a_mod._UNPACK_ONE_VECTOR_MIN_N = min_n
             a2a_mod._unpack_config.cache_clear()
             a2a_mod._unpack_plan.cache_clear()
+            clear_launch_plans()  # a recorded launch would replay the former tile
         return shipped(recv, d)
 
     return call

@@ -48,6 +48,7 @@ import cpattn_dcp.ops.correct_attn_out as correct_mod
 import cpattn_dcp.ops.mask_empty_shards as mask_mod
 import cpattn_testing.bench as hb
 from cpattn_common import merge_attn_states
+from cpattn_common.launch_plans import clear_launch_plans
 from cpattn_common.ops.merge_attn_states import merge_attn_states_fwd
 from cpattn_dcp import correct_attn_out, mask_dcp_empty_shards_
 from cpattn_dcp.ops._common import next_pow2, tile_config
@@ -131,13 +132,16 @@ def methods(dev: torch.device, batch: int) -> None:
 
 def _setter(mod: object, caches: list[Any], **values: object) -> Callable[[], None]:
     """A setter of the module attributes ``values`` of ``mod`` that also clears the memoised
-    launch plans ``caches`` (``functools.lru_cache`` functions) that were derived from them."""
+    launch plans ``caches`` (``functools.lru_cache`` functions) that were derived from them,
+    and the recorded launches (``cpattn_common.launch_plans``, on by default on a GPU
+    machine: a recorded call replays its kernel and tile whatever the knobs say)."""
 
     def set_() -> None:
         for name, value in values.items():
             setattr(mod, name, value)
         for cache in caches:
             cache.cache_clear()
+        clear_launch_plans()
 
     return set_
 
