@@ -265,11 +265,14 @@ def _a2a_unpack_combine_fwd_kernel(
                     )  # fmt: skip
                 b_inv_s = 1.0 / tl.maximum(b_s, 1.0)
                 b_ws = ()  # type: tuple[Any, ...]
-                for n in tl.static_range(N):
-                    b_wn = _weight(b_ls[n], b_m, b_inv_s, IS_BASE_E)
-                    b_ws = b_ws + (tl.gather(b_wn, i_loc, 0),)  # noqa: RUF005
             b_acc = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
             for n in tl.static_range(N):
+                if d0 == 0:
+                    # Each weight just before its source's sum, not all weights first: ptxas
+                    # then issues more payload loads before the wait for the LSE loads (see
+                    # the module docstring).
+                    b_wn = _weight(b_ls[n], b_m, b_inv_s, IS_BASE_E)
+                    b_ws = b_ws + (tl.gather(b_wn, i_loc, 0),)  # noqa: RUF005
                 b_acc = _wsum(b_acc, b_xs[n], b_ws[n])
             tl.store(
                 dst_ptr + (i_r[:, None] * HEAD_DIM + i_d[None, :]),
