@@ -215,6 +215,7 @@ def _unpack_tri_kernel(
     BLOCK_R: tl.constexpr,
     ORDER: tl.constexpr,
     ROWS: tl.constexpr,
+    EAGER_W: tl.constexpr,
     IS_BASE_E: tl.constexpr,
 ):
     """The shipped kernel's N <= 8 path in plain Triton (``BLOCK_D = D``, bf16, LSE words,
@@ -257,11 +258,21 @@ def _unpack_tri_kernel(
     tl.store(lse_out_ptr + i_l, _lse_from(b_m, b_s, IS_BASE_E), mask=m_l)
     b_inv_s = 1.0 / tl.maximum(b_s, 1.0)
     b_acc = tl.zeros((BLOCK_R, HEAD_DIM), dtype=tl.float32)
-    for n in tl.static_range(N):
-        b_wn = _weight(b_ls[n], b_m, b_inv_s, IS_BASE_E)
-        if not ROWS:
-            b_wn = tl.gather(b_wn, i_loc, 0)
-        b_acc = _wsum(b_acc, b_xs[n], b_wn)
+    if EAGER_W:  # every weight first, then the sums (the shipped kernel's order)
+        b_ws = ()  # type: tuple[tl.tensor, ...]
+        for n in tl.static_range(N):
+            b_wn = _weight(b_ls[n], b_m, b_inv_s, IS_BASE_E)
+            if not ROWS:
+                b_wn = tl.gather(b_wn, i_loc, 0)
+            b_ws = b_ws + (b_wn,)  # noqa: RUF005
+        for n in tl.static_range(N):
+            b_acc = _wsum(b_acc, b_xs[n], b_ws[n])
+    else:  # each weight just before its source's sum
+        for n in tl.static_range(N):
+            b_wn = _weight(b_ls[n], b_m, b_inv_s, IS_BASE_E)
+            if not ROWS:
+                b_wn = tl.gather(b_wn, i_loc, 0)
+            b_acc = _wsum(b_acc, b_xs[n], b_wn)
     p_out = dst_ptr + (i_r[:, None] * HEAD_DIM + i_d[None, :])
     tl.store(p_out, b_acc.to(dst_ptr.dtype.element_ty), mask=m_x)
 
@@ -298,14 +309,20 @@ class TriUnpack(AsmUnpack):
     kernel = _unpack_tri_kernel
 
     def __init__(
-        self, block_r: int, num_warps: int, *, order: bool = False, rows: bool = False
+        self,
+        block_r: int,
+        num_warps: int,
+        *,
+        order: bool = False,
+        rows: bool = False,
+        eager_w: bool = False,
     ) -> None:
         super().__init__("", block_r, num_warps, order=order)
-        self.rows = rows
+        self.rows, self.eager_w = rows, eager_w
 
     def consts(self, n: int, d: int) -> dict[str, object]:
         return {"N": n, "HEAD_DIM": d, "BLOCK_R": self.block_r, "ORDER": self.order,
-                "ROWS": self.rows, "IS_BASE_E": True}  # fmt: skip
+                "ROWS": self.rows, "EAGER_W": self.eager_w, "IS_BASE_E": True}  # fmt: skip
 
 
 Unpack = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
@@ -326,14 +343,55 @@ def _op_with_one_vector_min_n(min_n: int) -> Unpack:
     return call
 
 
+class RefKernel:
+    """The unpack kernel of another ``cpattn_dcp/kernels/a2a.py`` (e.g. ``git show
+    REF:packages/cp-dcp/src/cpattn_dcp/kernels/a2a.py > benchmarks/_ab_ref/a2a.py``, carried:
+    git-ignored), launched with the op's own plan (grid and constexprs) under the current
+    ``_UNPACK_ONE_VECTOR_MIN_N``; callable as ``(recv, d) -> (out, lse)``."""
+
+    def __init__(self, path: Path, one_vector_min_n: int) -> None:
+        import importlib.util
+
+        from cpattn_common.launch import CachedKernel
+
+        spec = importlib.util.spec_from_file_location(f"ab_ref_a2a_{path.stem}", path)
+        assert spec is not None
+        assert spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        self.kernel = CachedKernel(module._a2a_unpack_combine_fwd_kernel)
+        self.one_vector_min_n = one_vector_min_n
+
+    def __call__(self, recv: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.one_vector_min_n != a2a_mod._UNPACK_ONE_VECTOR_MIN_N:
+            a2a_mod._UNPACK_ONE_VECTOR_MIN_N = self.one_vector_min_n
+            a2a_mod._unpack_config.cache_clear()
+            a2a_mod._unpack_plan.cache_clear()
+        n, b, hr, _ = recv.shape
+        rows = b * hr
+        out = torch.empty(b, hr, d, dtype=recv.dtype, device=recv.device)
+        lse = torch.empty(b, hr, dtype=torch.float32, device=recv.device)
+        lse_word = a2a_mod._lse_word(recv, rows, d)
+        grid, plan = a2a_mod._unpack_plan(n, rows, d, recv.element_size(), lse_word, True, True)
+        self.kernel.specialize(**plan.constexprs)(grid, recv, out, lse, rows)
+        return out, lse
+
+
+REF_KERNEL: Path | None = None  # --ref-kernel
+
+
 def variants() -> dict[str, Unpack]:
     forms: dict[str, Unpack] = {
         "shipped": _op_with_one_vector_min_n(0),
         "op one-vector N>=8": _op_with_one_vector_min_n(8),
     }
+    if REF_KERNEL is not None:
+        forms["ref kernel"] = RefKernel(REF_KERNEL, 0)
+        forms["ref kernel one-vector N>=8"] = RefKernel(REF_KERNEL, 8)
     for block_r, warps in TILES:
         forms[f"triton r{block_r} w{warps}"] = TriUnpack(block_r, warps)
         forms[f"triton r{block_r} w{warps} order"] = TriUnpack(block_r, warps, order=True)
+        forms[f"triton r{block_r} w{warps} eager-w"] = TriUnpack(block_r, warps, eager_w=True)
         forms[f"triton r{block_r} w{warps} rows"] = TriUnpack(block_r, warps, rows=True)
         forms[f"triton r{block_r} w{warps} rows order"] = TriUnpack(
             block_r, warps, order=True, rows=True
@@ -463,7 +521,10 @@ def main() -> None:
     )
     parser.add_argument("--compile-only", action="store_true", help="sm_90 PTX, no GPU")
     parser.add_argument("--only", help="regular expression: the forms to check and time")
+    parser.add_argument("--ref-kernel", type=Path, help="an earlier kernels/a2a.py (RefKernel)")
     args = parser.parse_args()
+    global REF_KERNEL
+    REF_KERNEL = args.ref_kernel
     if args.compile_only:
         compile_only()
         return
