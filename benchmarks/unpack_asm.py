@@ -384,6 +384,7 @@ def variants() -> dict[str, Unpack]:
     forms: dict[str, Unpack] = {
         "shipped": _op_with_one_vector_min_n(0),
         "op one-vector N>=8": _op_with_one_vector_min_n(8),
+        "op one-vector N>=5": _op_with_one_vector_min_n(5),
     }
     if REF_KERNEL is not None:
         forms["ref kernel"] = RefKernel(REF_KERNEL, 0)
