@@ -328,16 +328,22 @@ class TriUnpack(AsmUnpack):
 Unpack = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
 
+def _set_one_vector_min_n(min_n: int) -> None:
+    """Set ``a2a_combine._UNPACK_ONE_VECTOR_MIN_N``; on a change, clear the memoised plans and
+    the recorded launches (a recorded call would replay the former tile)."""
+    if min_n != a2a_mod._UNPACK_ONE_VECTOR_MIN_N:
+        a2a_mod._UNPACK_ONE_VECTOR_MIN_N = min_n
+        a2a_mod._unpack_config.cache_clear()
+        a2a_mod._unpack_plan.cache_clear()
+        clear_launch_plans()
+
+
 def _op_with_one_vector_min_n(min_n: int) -> Unpack:
     """The op under ``a2a_combine._UNPACK_ONE_VECTOR_MIN_N = min_n`` (set before each call:
     the forms run one after another)."""
 
     def call(recv: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if min_n != a2a_mod._UNPACK_ONE_VECTOR_MIN_N:
-            a2a_mod._UNPACK_ONE_VECTOR_MIN_N = min_n
-            a2a_mod._unpack_config.cache_clear()
-            a2a_mod._unpack_plan.cache_clear()
-            clear_launch_plans()  # a recorded launch would replay the former tile
+        _set_one_vector_min_n(min_n)
         return shipped(recv, d)
 
     return call
@@ -363,10 +369,7 @@ class RefKernel:
         self.one_vector_min_n = one_vector_min_n
 
     def __call__(self, recv: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.one_vector_min_n != a2a_mod._UNPACK_ONE_VECTOR_MIN_N:
-            a2a_mod._UNPACK_ONE_VECTOR_MIN_N = self.one_vector_min_n
-            a2a_mod._unpack_config.cache_clear()
-            a2a_mod._unpack_plan.cache_clear()
+        _set_one_vector_min_n(self.one_vector_min_n)
         n, b, hr, _ = recv.shape
         rows = b * hr
         out = torch.empty(b, hr, d, dtype=recv.dtype, device=recv.device)
