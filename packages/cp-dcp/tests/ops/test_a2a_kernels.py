@@ -426,6 +426,34 @@ def test_unpack_decode_grids_get_more_warps(monkeypatch: pytest.MonkeyPatch) -> 
         a2a_mod._unpack_config.cache_clear()
 
 
+def test_unpack_large_grids_one_vector_per_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At N=8, grids of _UNPACK_ONE_VECTOR_MIN_PROGRAMS programs or more get twice the tile
+    rule's warps (one 16-byte vector per thread and source); N=4, decode grids and the knob
+    off keep the tile rule."""
+    import cpattn_dcp.ops._common as common_mod
+    import cpattn_dcp.ops.a2a_combine as a2a_mod
+
+    monkeypatch.setattr(common_mod, "MIN_PROGRAMS", 264)  # the GPU value
+    monkeypatch.setattr(a2a_mod, "MIN_PROGRAMS", 264)
+    common_mod.tile_config.cache_clear()
+    a2a_mod._unpack_config.cache_clear()
+    try:
+        # B=4096, bf16: H=64 D=128 (8 rows of 128 lanes: 2 warps by the tile rule), D=256,
+        # H=128 D=512 (2 rows of 512 lanes).
+        assert a2a_mod._unpack_config(8, 4096 * 8, 128, 2) == (4096, 8, 128, 4)
+        assert a2a_mod._unpack_config(8, 4096 * 8, 256, 2) == (8192, 4, 256, 4)
+        assert a2a_mod._unpack_config(8, 4096 * 16, 512, 2) == (32768, 2, 512, 4)
+        assert a2a_mod._unpack_config(4, 4096 * 16, 128, 2) == (4096, 16, 128, 4)
+        # B=64 H=128 D=512: 512 programs, below the grid floor.
+        assert a2a_mod._unpack_config(8, 64 * 16, 512, 2) == (512, 2, 512, 2)
+        monkeypatch.setattr(a2a_mod, "_UNPACK_ONE_VECTOR_MIN_N", 0)
+        a2a_mod._unpack_config.cache_clear()
+        assert a2a_mod._unpack_config(8, 4096 * 8, 128, 2) == (4096, 8, 128, 2)
+    finally:
+        common_mod.tile_config.cache_clear()
+        a2a_mod._unpack_config.cache_clear()
+
+
 def test_pack_dim() -> None:
     assert a2a_pack_dim(torch.bfloat16) == 2
     assert a2a_pack_dim(torch.float16) == 2

@@ -41,6 +41,14 @@ then the weights (element-wise, once per row in a compact layout, moved to the p
 with ``tl.gather``), the fp32 weighted sum (zero-weight sources contribute exactly 0) and one
 store of the output rows. LSE math in the LSEs' own base (``lse_math``: weights
 ``b^(l - m) / s``, large LSEs keep fp32 accuracy).
+
+Load order. ``ptxas`` schedules the LSE loads first and starts the LSE math, which waits for
+them, before most payload loads: a second DRAM round trip per program (``cuobjdump`` of the
+sm_90 SASS, ``benchmarks/unpack_asm.py --compile-only``). Each source's weight is therefore
+formed just before its weighted sum, not all N first: at N=8 with 4 warps 5 of the 8 payload
+loads then come before the first ``exp2`` (none did), and with one vector per thread at N=8
+(``ops.a2a_combine._UNPACK_ONE_VECTOR_MIN_N``) the H200 unpack at bf16 H=64 D=128 B=4096
+reads 0.844-0.849 of the copy against 0.817-0.820 (``results/h200-2026-12-01-s21/``).
 """
 
 from typing import Any  # noqa: F401  (used by type comments in the kernel)
@@ -268,9 +276,9 @@ def _a2a_unpack_combine_fwd_kernel(
             b_acc = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
             for n in tl.static_range(N):
                 if d0 == 0:
-                    # Each weight just before its source's sum, not all weights first: ptxas
-                    # then issues more payload loads before the wait for the LSE loads (see
-                    # the module docstring).
+                    # Each weight just before its source's sum, not all weights first:
+                    # ptxas then issues more payload loads before the wait for the LSE
+                    # loads (module docstring, "Load order").
                     b_wn = _weight(b_ls[n], b_m, b_inv_s, IS_BASE_E)
                     b_ws = b_ws + (tl.gather(b_wn, i_loc, 0),)  # noqa: RUF005
                 b_acc = _wsum(b_acc, b_xs[n], b_ws[n])

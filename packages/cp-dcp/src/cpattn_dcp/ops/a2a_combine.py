@@ -59,10 +59,18 @@ _UNPACK_MIN_BYTES = 2048
 # 1.42 at B=1); 4 lanes in between. B >= 64 grids and B=4096 are unaffected.
 _UNPACK_SMALL_GRID_LANES = 2
 _UNPACK_SMALL_GRID_MAX_WARPS = 4
-# From this many sources on (up to the unrolled path's 8), an unpack program gets twice
-# tile_config's warps where its tile holds at least two 16-byte payload vectors per thread,
-# so that each thread loads one vector per source (0: off).
-_UNPACK_ONE_VECTOR_MIN_N = 0
+# From _UNPACK_ONE_VECTOR_MIN_N sources on (up to the unrolled path's 8), on grids of at least
+# _UNPACK_ONE_VECTOR_MIN_PROGRAMS programs, an unpack program gets twice tile_config's warps
+# where its tile holds two or more 16-byte payload vectors per thread: one vector per thread
+# and source (0: off). H200, bf16, B=4096, fraction of the copy bandwidth, with the kernel that
+# computes each weight just before its source's sum (benchmarks/unpack_asm.py --ref-kernel,
+# results/h200-2026-12-01-s21/unpack_ab_*.txt): N=8 H=64 D=128 0.844-0.849 against 0.785-0.797
+# with two vectors per thread (0.817-0.820 for the kernel before), D=256 0.949-0.951 against
+# 0.913-0.915 (0.926-0.927); H=128 D=512 and N = 2, 4, 7 unchanged; N = 5 and 6 lost 0.03 and
+# 0.02, hence 8. A decode grid lost: B=64 H=128 D=512 N=8 (512 programs) replayed in 2.93
+# against 2.63 us (ab_unpack_onevec-1f95d16.txt), hence the grid floor (B=4096 grids: 4096+).
+_UNPACK_ONE_VECTOR_MIN_N = 8
+_UNPACK_ONE_VECTOR_MIN_PROGRAMS = 4096
 # Cache modifier of the unpack's output stores: "" (write-back). Streaming stores (".cs")
 # measured within the noise of it (+-0.03 of the copy bandwidth, same A/B).
 _UNPACK_OUT_CACHE = ""
@@ -295,15 +303,21 @@ def _launch_pack(
 @functools.lru_cache(maxsize=1024)
 def _unpack_config(n: int, num_rows: int, d: int, size: int) -> tuple[int, int, int, int]:
     """``(grid0, BLOCK_R, BLOCK_D, num_warps)``: about 16 KiB of payload loads in flight;
+    large grids at N=8 load one vector per thread and source (``_UNPACK_ONE_VECTOR_MIN_N``);
     one-row programs of a grid below ``MIN_PROGRAMS`` (decode) get more warps (see
     ``_UNPACK_SMALL_GRID_LANES``)."""
     target = max(_UNPACK_MIN_BYTES, _UNPACK_INFLIGHT_BYTES // n)
     block_r, block_d, num_warps = tile_config(num_rows, d, size, target)
-    lanes = num_warps * 32 * (16 // size)  # one 16-byte vector per thread
-    wide = _UNPACK_ONE_VECTOR_MIN_N and _UNPACK_ONE_VECTOR_MIN_N <= n <= 8
-    if wide and num_warps < 8 and block_r * block_d >= 2 * lanes:
-        num_warps *= 2
     grid0 = -(-num_rows // block_r)
+    wide = (
+        _UNPACK_ONE_VECTOR_MIN_N
+        and _UNPACK_ONE_VECTOR_MIN_N <= n <= 8
+        and grid0 >= _UNPACK_ONE_VECTOR_MIN_PROGRAMS
+        # two or more 16-byte vectors per thread
+        and block_r * block_d >= 2 * num_warps * 32 * (16 // size)
+    )
+    if wide and num_warps < 8:
+        num_warps *= 2
     if _UNPACK_SMALL_GRID_LANES and block_r == 1 and grid0 < MIN_PROGRAMS:
         warps = next_pow2(-(-block_d // (32 * _UNPACK_SMALL_GRID_LANES)))
         num_warps = max(num_warps, min(_UNPACK_SMALL_GRID_MAX_WARPS, warps))
