@@ -454,6 +454,66 @@ def test_unpack_large_grids_one_vector_per_thread(monkeypatch: pytest.MonkeyPatc
         a2a_mod._unpack_config.cache_clear()
 
 
+@pytest.mark.parametrize(
+    ("b", "hr", "d", "dtype"),
+    [
+        (300, 8, 128, torch.bfloat16),
+        (140, 8, 256, torch.float16),
+        (40, 16, 512, torch.bfloat16),
+        (150, 8, 128, torch.float32),
+    ],
+    ids=["d128-bf16", "d256-fp16", "d512-bf16", "d128-fp32"],
+)
+def test_unpack_one_vector_tiles_match(
+    device: torch.device,
+    monkeypatch: pytest.MonkeyPatch,
+    b: int,
+    hr: int,
+    d: int,
+    dtype: torch.dtype,
+) -> None:
+    """N=8 with one vector per thread (the grid floor lowered so that a small batch takes it;
+    on a GPU these batches keep tiles of two or more vectors per thread): the float64
+    combine, and bit for bit what the tile rule's warps give. The interpreter ignores warps:
+    there a small batch checks the plumbing only."""
+    from cpattn_common.launch_plans import clear_launch_plans
+
+    n = 8
+    if device.type != "cuda":
+        b = 3
+    outs, lses = _partials(n, b, hr, d, seed=d + b, dtype=dtype, lse_dtype=torch.float32)
+    recv = torch.empty(n, b, hr, a2a_record_width(d, dtype), dtype=dtype, device=device)
+    payload, lanes = a2a_buffer_views(recv, d)
+    payload.copy_(outs.to(device))
+    lanes.copy_(lses.to(device)[..., None].contiguous().view(dtype))
+    ref_out, ref_lse = lse_combine_ref(outs, lses)
+
+    def unpack(min_programs: int) -> tuple[tuple[int, ...], torch.Tensor, torch.Tensor]:
+        monkeypatch.setattr(a2a_mod, "_UNPACK_ONE_VECTOR_MIN_PROGRAMS", min_programs)
+        a2a_mod._unpack_config.cache_clear()
+        a2a_mod._unpack_plan.cache_clear()
+        clear_launch_plans()  # a recorded call would replay the other tile
+        config = a2a_mod._unpack_config(n, b * hr, d, recv.element_size())
+        out, lse = a2a_unpack_combine(recv, head_dim=d, return_lse=True)
+        assert lse is not None
+        return config, out, lse
+
+    try:
+        tile_rule, want, want_lse = unpack(2**62)
+        one_vector, got, got_lse = unpack(1)
+    finally:
+        a2a_mod._unpack_config.cache_clear()
+        a2a_mod._unpack_plan.cache_clear()
+        clear_launch_plans()
+    if device.type == "cuda":  # the interpreter's MIN_PROGRAMS = 1 gives other tiles
+        assert one_vector[3] == 2 * tile_rule[3], (tile_rule, one_vector)
+    assert_close_to_ref(got, ref_out, dtype=dtype, name="out")
+    assert_close_to_ref(got_lse, ref_lse, dtype=torch.float32, name="lse")
+    bits = _BITS[dtype]
+    assert torch.equal(got.cpu().view(bits), want.cpu().view(bits))
+    assert torch.equal(got_lse.cpu(), want_lse.cpu())
+
+
 def test_pack_dim() -> None:
     assert a2a_pack_dim(torch.bfloat16) == 2
     assert a2a_pack_dim(torch.float16) == 2
