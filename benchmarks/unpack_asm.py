@@ -41,7 +41,6 @@ source blocks.
 from __future__ import annotations
 
 import argparse
-import functools
 import re
 import sys
 from collections.abc import Callable
@@ -59,7 +58,7 @@ from cpattn_dcp.kernels.a2a import _blk_payload, _wsum
 from cpattn_dcp.kernels.lse_math import _lse_f32, _lse_from, _max_sum_rows, _weight
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from unpack_tma import make_recv, reference, rel_err, shipped
+from unpack_tma import check, shipped, time_shape
 
 LOADS = {
     "ld.v4": "ld.global.v4.b32",
@@ -449,70 +448,6 @@ def compile_only() -> None:
         )
 
 
-def check(
-    device: torch.device, shapes: list[tuple[int, int, int, int]], only: str | None = None
-) -> list[str]:
-    """Names of the forms (matching ``only``) that passed on every shape (bf16; out 2e-2,
-    LSE 1e-5)."""
-    passed = []
-    for name, fn in variants().items():
-        if only is not None and name != "shipped" and not re.search(only, name):
-            continue
-        ok = True
-        for i, (n, b, hr, d) in enumerate(shapes):
-            recv = make_recv(n, b, hr, d, torch.bfloat16, device, seed=1 + i)
-            ref_out, ref_lse = reference(recv, d)
-            try:
-                out, lse = fn(recv, d)
-            except Exception as exc:  # report and go on: one form failing is a result
-                print(f"  {name}: N={n} B={b} H_r={hr} D={d}: {type(exc).__name__}: {exc}")
-                ok = False
-                break
-            e_out, e_lse = rel_err(out, ref_out), rel_err(lse, ref_lse)
-            # Same math as the shipped op: say whether its output matched bit for bit.
-            same = torch.equal(out.view(torch.int16), shipped(recv, d)[0].view(torch.int16))
-            if not (e_out < 2e-2 and e_lse < 1e-5):
-                print(f"  {name}: N={n} B={b} D={d}: out {e_out:.2e} lse {e_lse:.2e}")
-                ok = False
-                break
-            if not same:
-                print(f"  {name}: N={n} B={b} D={d}: not bit-identical to the shipped op")
-        print(f"check {'ok  ' if ok else 'FAIL'} {name}")
-        if ok:
-            passed.append(name)
-    return passed
-
-
-def time_shape(
-    dev: torch.device,
-    n: int,
-    hr: int,
-    d: int,
-    names: list[str],
-    ceiling: float,
-    rounds: int,
-    guard_us: float,
-) -> None:
-    """Time the forms ``names`` at B=4096 bf16 in interleaved rounds; print copy fractions."""
-    b = 4096
-    forms = variants()
-    recv = make_recv(n, b, hr, d, torch.bfloat16, dev, seed=7)
-    nbytes = recv.numel() * 2 + b * hr * (d * 2 + 4)
-    src = torch.empty(nbytes // 4, dtype=torch.bfloat16, device=dev)
-    dst = torch.empty_like(src)
-    print(f"\nH={n * hr} D={d} N={n} B={b}: {nbytes / 1e6:.1f} MB counted")
-    calls: dict[str, Callable[[], object]] = {"copy of the same bytes": lambda: dst.copy_(src)}
-    for name in names:
-        calls[name] = functools.partial(forms[name], recv, d)
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            times[name].append(hb.time_cold(call, host_guard_us=guard_us).median_ms)
-    for name, ms in times.items():
-        fracs = " / ".join(f"{nbytes / (t * 1e-3) / ceiling:.3f}" for t in ms)
-        print(f"  {name:28s} {min(ms) * 1e3:7.2f} us  copy fraction {fracs}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -535,13 +470,14 @@ def main() -> None:
     dev = torch.device("cuda")
     # The timed (N, D) pairs (one compile each), plus a last row tile cut short (R = 404).
     shapes = [(8, 256, 8, 128), (4, 100, 16, 128), (2, 64, 32, 128), (4, 101, 4, 128)]
-    passed = check(dev, shapes, args.only)
+    forms = variants()
+    passed = check(dev, shapes, forms, args.only)
     moved, ceil = hb.measure_copy_ceiling(dev, timer=hb.time_cold)
     ceiling = moved / (ceil.median_ms * 1e-3)
     print(f"copy ceiling {ceiling / 1e12:.3f} TB/s ({moved / 1e9:.2f} GB moved)")
     for shape in args.shapes:
         n, hr, d = (int(x) for x in shape.split(","))
-        time_shape(dev, n, hr, d, passed, ceiling, args.rounds, args.host_guard_us)
+        time_shape(dev, n, hr, d, passed, ceiling, args.rounds, args.host_guard_us, forms)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import re
 from collections.abc import Callable
 
 import torch
@@ -237,11 +238,20 @@ def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a64[finite] - ref[finite]).norm() / ref[finite].norm().clamp_min(1e-30))
 
 
-def check(device: torch.device, shapes: list[tuple[int, int, int, int]]) -> list[str]:
-    """Names of the forms that passed on every shape (bf16; tolerance 2e-2 bf16 rounding)."""
-    forms = variants()
+def check(
+    device: torch.device,
+    shapes: list[tuple[int, int, int, int]],
+    forms: dict[str, Unpack] | None = None,
+    only: str | None = None,
+) -> list[str]:
+    """Names of the forms (default: ``variants()``; with ``only``, those matching it and
+    ``shipped``) that passed on every shape (bf16; out 2e-2, LSE 1e-5). Prints whether each
+    form's output matched the shipped op's bit for bit."""
+    forms = variants() if forms is None else forms
     passed = []
     for name, fn in forms.items():
+        if only is not None and name != "shipped" and not re.search(only, name):
+            continue
         ok = True
         for i, (n, b, hr, d) in enumerate(shapes):
             recv = make_recv(n, b, hr, d, torch.bfloat16, device, seed=1 + i)
@@ -257,6 +267,8 @@ def check(device: torch.device, shapes: list[tuple[int, int, int, int]]) -> list
                 print(f"  {name}: N={n} B={b} D={d}: out err {e_out:.2e}, lse err {e_lse:.2e}")
                 ok = False
                 break
+            if not torch.equal(out.view(torch.int16), shipped(recv, d)[0].view(torch.int16)):
+                print(f"  {name}: N={n} B={b} D={d}: not bit-identical to the shipped op")
         print(f"check {'ok  ' if ok else 'FAIL'} {name}")
         if ok:
             passed.append(name)
@@ -299,10 +311,12 @@ def time_shape(
     ceiling: float,
     rounds: int,
     guard_us: float,
+    forms: dict[str, Unpack] | None = None,
 ) -> None:
-    """Time the forms ``names`` at B=4096 bf16 in interleaved rounds; print copy fractions."""
+    """Time the forms ``names`` (of ``forms``, default ``variants()``) at B=4096 bf16 in
+    interleaved rounds; print copy fractions."""
     b = 4096
-    forms = variants()
+    forms = variants() if forms is None else forms
     recv = make_recv(n, b, hr, d, torch.bfloat16, dev, seed=7)
     nbytes = recv.numel() * 2 + b * hr * (d * 2 + 4)
     src = torch.empty(nbytes // 4, dtype=torch.bfloat16, device=dev)
