@@ -54,7 +54,7 @@ import triton.language as tl
 import cpattn_dcp.ops.a2a_combine as a2a_mod
 import cpattn_testing.bench as hb
 from cpattn_common.launch_plans import clear_launch_plans
-from cpattn_dcp.kernels.a2a import _blk_payload, _wsum
+from cpattn_dcp.kernels.a2a import _wsum
 from cpattn_dcp.kernels.lse_math import _lse_f32, _lse_from, _max_sum_rows, _weight
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -215,6 +215,8 @@ def _unpack_tri_kernel(
     ORDER: tl.constexpr,
     ROWS: tl.constexpr,
     EAGER_W: tl.constexpr,
+    PAY_EVICT: tl.constexpr,
+    OUT_CACHE: tl.constexpr,
     IS_BASE_E: tl.constexpr,
 ):
     """The shipped kernel's N <= 8 path in plain Triton (``BLOCK_D = D``, bf16, LSE words,
@@ -238,7 +240,9 @@ def _unpack_tri_kernel(
     m_x = tl.broadcast_to(m_r[:, None], (BLOCK_R, HEAD_DIM))
     b_xs = ()  # type: tuple[tl.tensor, ...]
     for n in tl.static_range(N):
-        b_x = _blk_payload(recv_ptr, n * blk, i_r, i_d, m_x, HEAD_DIM, 8)
+        o_row = tl.max_contiguous(tl.multiple_of(n * blk + i_r * HEAD_DIM, 8), 1)
+        p_x = recv_ptr + (o_row[:, None] + i_d[None, :])
+        b_x = tl.load(p_x, mask=m_x, other=0.0, eviction_policy=PAY_EVICT)
         b_xs = b_xs + (b_x,)  # noqa: RUF005
     words = recv_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     b_ls = ()  # type: tuple[tl.tensor, ...]
@@ -273,7 +277,7 @@ def _unpack_tri_kernel(
                 b_wn = tl.gather(b_wn, i_loc, 0)
             b_acc = _wsum(b_acc, b_xs[n], b_wn)
     p_out = dst_ptr + (i_r[:, None] * HEAD_DIM + i_d[None, :])
-    tl.store(p_out, b_acc.to(dst_ptr.dtype.element_ty), mask=m_x)
+    tl.store(p_out, b_acc.to(dst_ptr.dtype.element_ty), mask=m_x, cache_modifier=OUT_CACHE)
 
 
 class AsmUnpack:
@@ -315,13 +319,17 @@ class TriUnpack(AsmUnpack):
         order: bool = False,
         rows: bool = False,
         eager_w: bool = False,
+        pay_evict: str = "",
+        out_cache: str = "",
     ) -> None:
         super().__init__("", block_r, num_warps, order=order)
         self.rows, self.eager_w = rows, eager_w
+        self.pay_evict, self.out_cache = pay_evict, out_cache
 
     def consts(self, n: int, d: int) -> dict[str, object]:
         return {"N": n, "HEAD_DIM": d, "BLOCK_R": self.block_r, "ORDER": self.order,
-                "ROWS": self.rows, "EAGER_W": self.eager_w, "IS_BASE_E": True}  # fmt: skip
+                "ROWS": self.rows, "EAGER_W": self.eager_w, "PAY_EVICT": self.pay_evict,
+                "OUT_CACHE": self.out_cache, "IS_BASE_E": True}  # fmt: skip
 
 
 Unpack = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
@@ -380,21 +388,26 @@ class RefKernel:
 
 
 REF_KERNEL: Path | None = None  # --ref-kernel
+_SHIPPED_ONE_VECTOR_MIN_N = a2a_mod._UNPACK_ONE_VECTOR_MIN_N
 
 
 def variants() -> dict[str, Unpack]:
     forms: dict[str, Unpack] = {
-        "shipped": _op_with_one_vector_min_n(0),
-        "op one-vector N>=8": _op_with_one_vector_min_n(8),
+        "shipped": _op_with_one_vector_min_n(_SHIPPED_ONE_VECTOR_MIN_N),
+        "op one-vector off": _op_with_one_vector_min_n(0),
         "op one-vector N>=5": _op_with_one_vector_min_n(5),
     }
     if REF_KERNEL is not None:
         forms["ref kernel"] = RefKernel(REF_KERNEL, 0)
         forms["ref kernel one-vector N>=8"] = RefKernel(REF_KERNEL, 8)
-    for block_r, warps in TILES:
+    for block_r, warps in (*TILES, (4, 2), (32, 16)):
         forms[f"triton r{block_r} w{warps}"] = TriUnpack(block_r, warps)
         forms[f"triton r{block_r} w{warps} order"] = TriUnpack(block_r, warps, order=True)
         forms[f"triton r{block_r} w{warps} eager-w"] = TriUnpack(block_r, warps, eager_w=True)
+        forms[f"triton r{block_r} w{warps} evict-first"] = TriUnpack(
+            block_r, warps, pay_evict="evict_first"
+        )
+        forms[f"triton r{block_r} w{warps} .cs"] = TriUnpack(block_r, warps, out_cache=".cs")
         forms[f"triton r{block_r} w{warps} rows"] = TriUnpack(block_r, warps, rows=True)
         forms[f"triton r{block_r} w{warps} rows order"] = TriUnpack(
             block_r, warps, order=True, rows=True
