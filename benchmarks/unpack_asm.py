@@ -383,7 +383,10 @@ class RefKernel:
         lse = torch.empty(b, hr, dtype=torch.float32, device=recv.device)
         lse_word = a2a_mod._lse_word(recv, rows, d)
         grid, plan = a2a_mod._unpack_plan(n, rows, d, recv.element_size(), lse_word, True, True)
-        self.kernel.specialize(**plan.constexprs)(grid, recv, out, lse, rows)
+        # The plan's constexprs that the earlier kernel takes (later ones add parameters).
+        names = set(self.kernel.kernel.arg_names) | {"num_warps", "num_stages"}
+        consts = {k: v for k, v in plan.constexprs.items() if k in names}
+        self.kernel.specialize(**consts)(grid, recv, out, lse, rows)
         return out, lse
 
 

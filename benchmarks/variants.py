@@ -165,6 +165,10 @@ def _switches() -> dict[str, list[tuple[str, Callable[[], None]]]]:
     correct_plans = [correct_mod._contig_spec, correct_mod._contig_plan]
     pack_plans = [a2a_mod._pack_plan]
     return {
+        "unpack-evict": [
+            (label, _setter(a2a_mod, unpack_plans, _UNPACK_PAY_EVICT=policy))
+            for label, policy in (("shipped", a2a_mod._UNPACK_PAY_EVICT), ("default", ""))
+        ],
         "unpack-onevec": [
             (label, _setter(a2a_mod, unpack_plans, _UNPACK_ONE_VECTOR_MIN_N=min_n))
             for label, min_n in (("shipped", 0), ("n8", 8), ("n4", 4))

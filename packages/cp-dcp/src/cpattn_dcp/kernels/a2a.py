@@ -193,11 +193,16 @@ def _blk_lse(recv_ptr, o_lse, i_r, m_r, PACK: tl.constexpr, LSE_WORD: tl.constex
 
 
 @triton.jit
-def _blk_payload(recv_ptr, o_blk, i_r, i_d, m_x, HEAD_DIM: tl.constexpr, PAY_ALIGN: tl.constexpr):
-    """``[BLOCK_R, BLOCK_D]`` payload lanes ``i_d`` of rows ``i_r`` of the block at ``o_blk``."""
+def _blk_payload(
+    recv_ptr, o_blk, i_r, i_d, m_x, HEAD_DIM: tl.constexpr, PAY_ALIGN: tl.constexpr,
+    EVICT: tl.constexpr = "",
+):  # fmt: skip
+    """``[BLOCK_R, BLOCK_D]`` payload lanes ``i_d`` of rows ``i_r`` of the block at ``o_blk``
+    (``EVICT``: the loads' eviction policy)."""
     # True alignment of both terms (host-checked, see the module docstring).
     o_row = tl.max_contiguous(tl.multiple_of(o_blk + i_r * HEAD_DIM, PAY_ALIGN), 1)
-    return tl.load(recv_ptr + (o_row[:, None] + i_d[None, :]), mask=m_x, other=0.0)
+    p_x = recv_ptr + (o_row[:, None] + i_d[None, :])
+    return tl.load(p_x, mask=m_x, other=0.0, eviction_policy=EVICT)
 
 
 @triton.jit
@@ -223,6 +228,7 @@ def _a2a_unpack_combine_fwd_kernel(
     IS_BASE_E: tl.constexpr,
     HAS_LSE_OUT: tl.constexpr,
     OUT_CACHE: tl.constexpr = "",
+    PAY_EVICT: tl.constexpr = "",
 ):
     """Grid ``(cdiv(R, BLOCK_R),)``; ``recv`` the contiguous block buffer of N sources
     (module docstring), ``R = num_rows = B * H_r``.
@@ -239,6 +245,8 @@ def _a2a_unpack_combine_fwd_kernel(
     ab_unpack_gather.txt``). N > 8: one ``[N_POW2, BLOCK_R]`` LSE pass, then the N payloads
     one after another. ``OUT_CACHE``: cache modifier of the output and LSE stores (the op
     passes ``""``, the default write-back; see ``ops.a2a_combine._UNPACK_OUT_CACHE``).
+    ``PAY_EVICT``: eviction policy of the payload loads (see
+    ``ops.a2a_combine._UNPACK_PAY_EVICT``).
     """
     r0 = tl.program_id(0).to(tl.int64) * BLOCK_R
     i_r = r0 + tl.arange(0, BLOCK_R).to(tl.int64)
@@ -257,7 +265,7 @@ def _a2a_unpack_combine_fwd_kernel(
             m_x = _chunk_mask(m_r, i_d, HEAD_DIM, BLOCK_R, BLOCK_D)
             b_xs = ()  # type: tuple[Any, ...]
             for n in tl.static_range(N):
-                b_x = _blk_payload(recv_ptr, n * blk, i_r, i_d, m_x, HEAD_DIM, PAY_ALIGN)
+                b_x = _blk_payload(recv_ptr, n * blk, i_r, i_d, m_x, HEAD_DIM, PAY_ALIGN, PAY_EVICT)
                 b_xs = b_xs + (b_x,)  # noqa: RUF005
             if d0 == 0:
                 # LSE vectors (loads issued after the payload loads above), global LSE, weights.
@@ -306,7 +314,7 @@ def _a2a_unpack_combine_fwd_kernel(
             b_acc = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
             for n in tl.static_range(N):
                 b_wn = tl.sum(tl.where(i_n[:, None] == n, b_w, 0.0), axis=0)
-                b_x = _blk_payload(recv_ptr, n * blk, i_r, i_d, m_x, HEAD_DIM, PAY_ALIGN)
+                b_x = _blk_payload(recv_ptr, n * blk, i_r, i_d, m_x, HEAD_DIM, PAY_ALIGN, PAY_EVICT)
                 b_acc = _wsum(b_acc, b_x, b_wn)
             tl.store(
                 dst_ptr + (i_r[:, None] * HEAD_DIM + i_d[None, :]),

@@ -74,6 +74,8 @@ _UNPACK_ONE_VECTOR_MIN_PROGRAMS = 4096
 # Cache modifier of the unpack's output stores: "" (write-back). Streaming stores (".cs")
 # measured within the noise of it (+-0.03 of the copy bandwidth, same A/B).
 _UNPACK_OUT_CACHE = ""
+# Eviction policy of the unpack's payload loads ("": Triton's default). Under evaluation.
+_UNPACK_PAY_EVICT = "evict_first"
 # Pack: 16-byte vectors of the payload region one program copies, and its warps (the same
 # tile as the former record pack, H200, bf16, B=4096, fused mask: 256 vectors / 2 warps
 # 0.84-0.86 of the copy bandwidth at H=64 D=128, 0.96 at H=128 D=512; 512 / 4 and 1024 / 8
@@ -350,6 +352,7 @@ def _unpack_plan(
         ("IS_BASE_E", base_e),
         ("HAS_LSE_OUT", has_lse),
         ("OUT_CACHE", _UNPACK_OUT_CACHE),
+        ("PAY_EVICT", _UNPACK_PAY_EVICT),
         ("num_warps", num_warps),
     )
     return (grid0,), _unpack_spec(consts)
