@@ -167,7 +167,10 @@ def _switches() -> dict[str, list[tuple[str, Callable[[], None]]]]:
     return {
         "unpack-evict": [
             (label, _setter(a2a_mod, unpack_plans, _UNPACK_PAY_EVICT=policy))
-            for label, policy in (("shipped", a2a_mod._UNPACK_PAY_EVICT), ("default", ""))
+            for label, policy in (
+                ("shipped", a2a_mod._UNPACK_PAY_EVICT),
+                ("evict_first", "evict_first"),
+            )
         ],
         "unpack-onevec": [
             (label, _setter(a2a_mod, unpack_plans, _UNPACK_ONE_VECTOR_MIN_N=min_n))

@@ -74,8 +74,12 @@ _UNPACK_ONE_VECTOR_MIN_PROGRAMS = 4096
 # Cache modifier of the unpack's output stores: "" (write-back). Streaming stores (".cs")
 # measured within the noise of it (+-0.03 of the copy bandwidth, same A/B).
 _UNPACK_OUT_CACHE = ""
-# Eviction policy of the unpack's payload loads ("": Triton's default). Under evaluation.
-_UNPACK_PAY_EVICT = "evict_first"
+# Eviction policy of the unpack's payload loads ("": Triton's default). "evict_first", A/B
+# through the op against "" (H200, bf16, B=4096, one vector per thread at N=8, fraction of the
+# copy; results/h200-2026-12-01-s21/unpack_ab_evict-6c7da66.txt): H=64 D=128 N=8 / 4 / 2
+# +0.009 / +0.010 / -0.005, D=256 +0.035 / +0.015 / -0.067, H=128 D=512 -0.007 / -0.030 /
+# -0.089; graph replay at B=64: D=512 N=8 2.98 against 2.64 us, D=256 N=4 2.00 against 1.77.
+_UNPACK_PAY_EVICT = ""
 # Pack: 16-byte vectors of the payload region one program copies, and its warps (the same
 # tile as the former record pack, H200, bf16, B=4096, fused mask: 256 vectors / 2 warps
 # 0.84-0.86 of the copy bandwidth at H=64 D=128, 0.96 at H=128 D=512; 512 / 4 and 1024 / 8
