@@ -66,9 +66,11 @@ _UNPACK_SMALL_GRID_MAX_WARPS = 4
 # computes each weight just before its source's sum (benchmarks/unpack_asm.py --ref-kernel,
 # results/h200-2026-12-01-s21/unpack_ab_*.txt): N=8 H=64 D=128 0.844-0.849 against 0.785-0.797
 # with two vectors per thread (0.817-0.820 for the kernel before), D=256 0.949-0.951 against
-# 0.913-0.915 (0.926-0.927); H=128 D=512 and N = 2, 4, 7 unchanged; N = 5 and 6 lost 0.03 and
-# 0.02, hence 8. A decode grid lost: B=64 H=128 D=512 N=8 (512 programs) replayed in 2.93
-# against 2.63 us (ab_unpack_onevec-1f95d16.txt), hence the grid floor (B=4096 grids: 4096+).
+# 0.913-0.915 (0.926-0.927), H=128 D=512 unchanged. One vector per thread cost 0.03 at N=5 and
+# 0.02 at N=6 and changed nothing at N=7, hence 8 (N = 2 to 7 keep the tile rule; the new
+# kernel reads as the one before there). A decode grid lost: B=64 H=128 D=512 N=8 (512
+# programs) replayed in 2.93 against 2.63 us (ab_unpack_onevec-1f95d16.txt), hence the grid
+# floor (B=4096 grids: 4096 programs and more).
 _UNPACK_ONE_VECTOR_MIN_N = 8
 _UNPACK_ONE_VECTOR_MIN_PROGRAMS = 4096
 # Cache modifier of the unpack's output stores: "" (write-back). Streaming stores (".cs")
