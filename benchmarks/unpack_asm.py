@@ -1,41 +1,37 @@
-"""The A2A unpack-combine with explicit PTX loads (L2 prefetch-size hints), timed next to the
-shipped op (dev tool, GPU only: inline PTX does not run under the interpreter).
+"""The A2A unpack-combine in other forms, timed next to the shipped op (dev tool, GPU; the
+forms with inline PTX do not run under the interpreter).
 
-The one unmet bandwidth target of issue 5 is the unpack-combine at H=64 D=128 N=8 B=4096
-(0.79-0.83 of the 2 GB copy across pages; Nsight Compute: 93% of its DRAM traffic is reads,
-70% of DRAM throughput). Register loads in every tile shape, persistent grids, ``cp.async``
-pipelines, TMA boxes, cache modifiers and narrower records were tried before
-(``docs/performance-notes.md``). Triton has no way to ask for PTX's L2 prefetch-size
-qualifier (``.L2::128B`` / ``.L2::256B``: the L2 fetches that many bytes around a missed
-sector from DRAM), nor for the read-only ``.nc`` path with ``L1::no_allocate`` that CUDA
-libraries use for streaming reads. Here each thread loads 16-byte chunks with
-``tl.inline_asm_elementwise`` (one ``ld.global...v4.b32`` per chunk, four int32 words = eight
-bf16 lanes), and the combine runs in that chunk space: a word's two bf16 lanes become fp32 by
-shifts (exact), eight fp32 accumulators per chunk, the result rounded to bf16 (round to
-nearest even, as the shipped kernel's conversion) and stored as one ``st.global.v4.b32`` per
-chunk. The LSE words and the weights are the shipped kernel's (``lse_math``).
+Written for the one unmet bandwidth target of issue 5, the unpack-combine at H=64 D=128 N=8
+B=4096. Register loads in every tile shape, persistent grids, ``cp.async`` pipelines, TMA
+boxes, cache modifiers and narrower records were tried before (``docs/performance-notes.md``).
+The forms here (``variants()``):
 
-Forms: each load instruction in ``LOADS`` times the tiles in ``TILES`` (rows per program,
-warps). ``.L2::*`` without ``.nc`` and plain ``ld.global.v4`` separate the hint from the
-chunk-space rewrite.
+* ``ld.* rR wW``: each thread loads 16-byte chunks through ``tl.inline_asm_elementwise`` (one
+  ``ld.global...v4.b32`` per chunk, ``LOADS``: PTX's ``.nc`` read-only path and L2
+  prefetch-size hints, which Triton cannot ask for), and the combine runs in that chunk space:
+  a word's two bf16 lanes become fp32 by shifts (exact), eight fp32 accumulators per chunk,
+  the result rounded to bf16 (round to nearest even, as the shipped kernel's conversion) and
+  stored with one ``st.global.v4.b32`` per chunk. ``TILES``: rows per program and warps.
+* ``triton rR wW``: the shipped kernel's N <= 8 path in plain Triton, with the weights formed
+  before all sums (``eager-w``, the shipped order before commit ``b5d1ed1``) or each just
+  before its sum, the LSE math in the payload's row layout (``rows``), ``evict_first``
+  payload loads or ``.cs`` stores.
+* ``order``: ``ptxas`` issues the LSE loads, starts the LSE math (which waits for them) and
+  issues most payload loads only after it, whatever the order in the source (``cuobjdump`` of
+  the sm_90 SASS, ``--compile-only``; a ``tl.debug_barrier`` after the loads is dropped). These
+  forms bitwise-or into the LSE bits a zero that depends on every payload load (``(x ^ y ...)
+  & zero``, ``zero`` a runtime 0 that ``ptxas`` cannot fold), so every load is issued first.
+* the op itself under ``_UNPACK_ONE_VECTOR_MIN_N`` settings, and with ``--ref-kernel`` the
+  unpack kernel of an earlier ``kernels/a2a.py`` launched with the op's own plans.
 
-Load order (``order`` forms). The SASS of the shipped kernel and of these forms (``cuobjdump``
-of Triton 3.6 and 3.9 builds for sm_90, ``--compile-only``) issues the LSE loads first, then
-starts the LSE math, which waits for them, and issues most payload loads only after that: two
-DRAM round trips per program, whatever the order in the source (``ptxas`` schedules it;
-a ``tl.debug_barrier`` after the loads is dropped from the SASS). The ``order`` forms or a zero
-that depends on every payload load (``(x ^ y ...) & zero``, ``zero`` a runtime argument that
-``ptxas`` cannot fold) into the LSE bits, so that the LSE math waits for the payloads and
-every load is issued first; their LSE math runs per chunk instead of per row.
-
-Every form is checked against a float64 combine before it is timed; timing as in
-``unpack_tma.py`` (``time_cold`` with a host guard, interleaved rounds), next to the shipped
-op, a copy of the same bytes and the 2 GB copy ceiling. bf16 only, D % 8 == 0, 16-byte aligned
-source blocks.
+Every form is checked against a float64 combine (and said whether it matches the shipped op
+bit for bit) before it is timed, as in ``unpack_tma.py`` (``time_cold`` with a host guard,
+interleaved rounds), next to a copy of the same bytes and the 2 GB copy ceiling. bf16 only,
+D % 8 == 0, 16-byte aligned source blocks. Findings: ``results/h200-2026-12-01-s21/README.md``.
 
     PYTHONPATH=packages/cp-common/src:packages/cp-dcp/src:packages/cp-testing/src \
         python3 benchmarks/unpack_asm.py [--rounds R] [--host-guard-us T] [--shapes N,H_r,D ...]
-            [--compile-only]
+            [--only REGEX] [--ref-kernel PATH] [--compile-only]
 """
 
 from __future__ import annotations
