@@ -74,7 +74,7 @@ def _load_chunk(p_addr, LOAD: tl.constexpr):
         constraints="=r,=r,=r,=r,l",
         args=[p_addr],
         dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
-        is_pure=False,  # keep them first: the shipped order (see below)
+        is_pure=False,  # kept in program order by LLVM (ptxas still reorders: see above)
         pack=1,
     )
 
@@ -220,7 +220,10 @@ def _unpack_tri_kernel(
     reduced over each row (``tl.xor_sum``: shuffles, which wait for the loads), and-ed with
     the runtime ``zero`` and or-ed into the LSE bits (module docstring). ``ROWS``: the LSE
     math in the payload tile's row layout (each thread of a row repeats it; no layout
-    conversion, no ``tl.gather``) instead of the shipped compact layout."""
+    conversion, no ``tl.gather``) instead of the shipped compact layout. ``EAGER_W``: every
+    weight before the sums (the order before ``b5d1ed1``), else each just before its sum.
+    ``PAY_EVICT`` / ``OUT_CACHE``: eviction policy of the payload loads, cache modifier of the
+    output stores."""
     r0 = tl.program_id(0).to(tl.int64) * BLOCK_R
     i_r = r0 + tl.arange(0, BLOCK_R).to(tl.int64)
     m_r = i_r < num_rows
