@@ -30,7 +30,10 @@ class _PGStub:
 
 
 class _Group:
-    """A minimal CPGroupLike with a (stub) process group so the probe would rendezvous."""
+    """A minimal CPGroupLike with a (stub) process group so the probe would rendezvous; its
+    peers answer the probe's agreement as this rank does (host tensors, as for gloo)."""
+
+    backend = "gloo"
 
     def __init__(self, world_size: int = 2, with_pg: bool = True):
         self.world_size = world_size
@@ -38,7 +41,7 @@ class _Group:
         self.device_group: Any = _PGStub() if with_pg else None
 
     def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        raise NotImplementedError
+        return torch.cat([tensor] * self.world_size, dim=dim)
 
     def reduce_scatter(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
         raise NotImplementedError
@@ -476,3 +479,59 @@ def test_a_probe_allocation_failing_on_one_rank_fails_the_probe_on_every_rank(
         assert reason is not None
         assert "symmetric-memory probe failed: SymmetricAllocationError" in reason
         assert "failed on rank(s) [1] of 2" in reason
+
+
+def _probe_with_a_rank_local_multicast_answer(
+    rank: int, world_size: int, case: str
+) -> tuple[bool, bool, bool, str | None, bool]:
+    """gloo ranks that pretend to have CUDA; the multicast query (``case="query"``) or the
+    handle's multicast address (``"handle"``) fails on rank 1 only, or rank 1's rendezvous
+    returns no handle (``"unreached"``)."""
+
+    def has_multicast(device: torch.device) -> bool:
+        if case == "query" and rank == 1:
+            raise RuntimeError("multicast query failed (stubbed on rank 1)")
+        return True
+
+    def rendezvous(group: Any, device: torch.device, want_multicast: bool) -> tuple[bool, bool]:
+        if case == "unreached" and rank == 1:
+            return False, False
+        return True, want_multicast and not (case == "handle" and rank == 1)
+
+    torch.cuda.is_available = lambda: True  # type: ignore[assignment]
+    torch.cuda.current_device = lambda: 0  # type: ignore[assignment]
+    for name in MULTICAST_ENV_VARS:
+        os.environ.pop(name, None)
+    capability._device_has_multicast = has_multicast  # type: ignore[assignment]
+    capability._rendezvous_probe = rendezvous  # type: ignore[assignment]
+    probe = group_probe(dist.group.WORLD)
+    return (
+        probe.symm_mem_reaches_group,
+        probe.rendezvous_failed,
+        probe.multicast,
+        probe.reason,
+        direct_cp_multicast_enabled(dist.group.WORLD, torch.bfloat16, None),
+    )
+
+
+@pytest.mark.parametrize("case", ["query", "handle", "unreached"])
+def test_the_ranks_agree_on_a_rank_local_multicast_answer(
+    run_ranks: Callable[..., list[Any]], device: torch.device, case: str
+) -> None:
+    """What one rank finds alone (its multicast query raised, its handle has no multicast
+    address, its rendezvous gave no handle) turns the path off on every rank: rank 0 used to
+    take the direct multicast gather while rank 1 took the NCCL all-gather, each waiting for
+    the other."""
+    if device.type != "cpu":
+        pytest.skip("replaces torch.cuda in its rank processes: a CPU (gloo) test")
+    results = run_ranks(_probe_with_a_rank_local_multicast_answer, 2, case, timeout=60.0)
+    for rank, (reached, failed, multicast, reason, enabled) in enumerate(results):
+        assert (multicast, enabled) == (False, False)
+        assert reason is not None
+        if case == "unreached":
+            assert (reached, failed) == (False, True)
+            assert "rank(s) [1] of 2" in reason
+        else:
+            assert (reached, failed) == (True, False)
+            if rank == 0:
+                assert "no multicast on rank(s) [1] of 2" in reason

@@ -6,7 +6,9 @@ rank raised at once, its peers would wait in the rendezvous for good. ``agree_on
 sits between the two: one all-gather of a flag per rank, after which every rank knows whether
 all of them succeeded, and all raise ``SymmetricAllocationError`` together if not.
 ``agreed_symmetric_empty`` is that local step and agreement in one, used by
-``DirectCPWorkspace.allocate`` and the capability probe's rendezvous.
+``DirectCPWorkspace.allocate`` and the capability probe's rendezvous. ``gather_rank_values``
+is the all-gather itself, for decisions that must come out the same on every rank (the probe's
+multicast answer, a workspace's multicast addresses).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ __all__ = [
     "agree_on_local_step",
     "agreed_symmetric_empty",
     "agreement_flag",
+    "gather_rank_values",
 ]
 
 
@@ -43,6 +46,16 @@ def agreement_flag(group: CPGroupLike, device: torch.device) -> torch.Tensor:
     return torch.empty(1, dtype=torch.int32, device="cpu" if on_host else device)
 
 
+def gather_rank_values(group: CPGroupLike, flag: torch.Tensor, value: int) -> list[int]:
+    """Collective: every rank's ``value`` (an int32), in group rank order.
+
+    One all-gather of ``flag`` (the scratch tensor of ``agreement_flag``) over ``group``: a
+    decision taken from the result is the same on every rank.
+    """
+    flag.fill_(value)
+    return [int(v) for v in group.all_gather(flag, dim=0).tolist()]
+
+
 def agree_on_local_step(
     group: CPGroupLike, flag: torch.Tensor, failure: BaseException | None, what: str
 ) -> None:
@@ -57,8 +70,7 @@ def agree_on_local_step(
         failure: this rank's error of the local step, or ``None``.
         what: the step, named in the message.
     """
-    flag.fill_(0 if failure is not None else 1)
-    flags = group.all_gather(flag, dim=0).tolist()
+    flags = gather_rank_values(group, flag, 0 if failure is not None else 1)
     failed_ranks = [r for r, ok in enumerate(flags) if not ok]
     if not failed_ranks:
         return

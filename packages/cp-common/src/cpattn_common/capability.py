@@ -13,6 +13,8 @@ Multicast is **never probed** (no ``has_multicast_support``, no multicast rendez
 
 Probes are collective over the group (every rank must ask the same questions in the same
 order: every guarding condition here is rank-invariant), cached per group, and never raise.
+What a rank finds on its own (its multicast support, its handle's multicast address) is agreed
+over the group before the probe answers, so every rank gets the same answer.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cpattn_common.agreement import agreed_symmetric_empty
+from cpattn_common.agreement import agreed_symmetric_empty, agreement_flag, gather_rank_values
 from cpattn_common.group import CPGroupLike, cache_owner, shared_cp_group
 from cpattn_common.identity_memo import IdentityMemo
 
@@ -266,19 +268,34 @@ def _probe_group(group: CPGroupLike) -> GroupProbe:
             logger.debug("multicast support query failed: %r", exc)
             want_multicast = False
             reason = f"multicast support query failed: {type(exc).__name__}: {exc}"
+    flag = agreement_flag(group, device)
+    failed: str | None = None
     try:
         reached, multicast = _rendezvous_probe(group, device, want_multicast)
     except Exception as exc:
         logger.debug("symmetric-memory probe failed: %r", exc)
-        reason = f"symmetric-memory probe failed: {type(exc).__name__}: {exc}"
+        reached, multicast = False, False
+        failed = f"symmetric-memory probe failed: {type(exc).__name__}: {exc}"
+    # The rank-local steps above (the multicast query, reading the handle) may fail on some
+    # ranks only; every rank must take the same paths, or one would wait in a direct path's
+    # exchange while its peer runs NCCL. One all-gather: 0 not reached, 1 reached, 2 reached
+    # with a multicast address.
+    codes = gather_rank_values(group, flag, int(reached) + int(reached and multicast))
+    unreached = [r for r, code in enumerate(codes) if code == 0]
+    if unreached:
+        reason = failed or (
+            f"symmetric-memory rendezvous failed or returned no handle on rank(s) {unreached} "
+            f"of {group.world_size}"
+        )
         return GroupProbe(same_node, False, False, reason, rendezvous_failed=True)
+    no_multicast = [r for r, code in enumerate(codes) if code == 1]
     if env_off is not None:
         reason = f"multicast disabled by {env_off}"
-    elif not reached:
-        reason = "symmetric-memory rendezvous returned no handle"
     elif not multicast and reason is None:
         reason = "the symmetric-memory handle has no multicast address"
-    return GroupProbe(same_node, reached, multicast, reason, rendezvous_failed=not reached)
+    elif no_multicast and reason is None:
+        reason = f"no multicast on rank(s) {no_multicast} of {group.world_size}"
+    return GroupProbe(same_node, True, not no_multicast, reason)
 
 
 def group_probe(group: Any) -> GroupProbe:
