@@ -210,6 +210,26 @@ def test_auto_falls_back_when_a_direct_workspace_refuses(monkeypatch: pytest.Mon
         _managers(world, DCPConfig(comm_backend="a2a", use_direct_q_gather=True), **kw)
 
 
+def test_a_forced_direct_gather_that_gating_turns_off_raises(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``use_direct_*_gather=True`` on a group without multicast (simulated ranks have none)
+    silently took the NCCL gather; only the environment may keep a forced gather off (see
+    ``test_direct_gathers_fall_back_without_any_multicast_call``)."""
+    from cpattn_dcp.direct import DirectPathUnavailable
+
+    for var in capability.MULTICAST_ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    world = SimulatedWorld(2, device)
+    kw = {"kv_token_dim": 8, "max_gathered_kv_tokens": 4}
+    for switch in ("use_direct_q_gather", "use_direct_kv_gather"):
+        config = DCPConfig(**{switch: True})
+        with pytest.raises(
+            DirectPathUnavailable, match=f"^{switch}=True, but the direct path cannot run: "
+        ):
+            _managers(world, config, **kw)
+
+
 def test_auto_falls_back_together_when_a_rank_cannot_allocate(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

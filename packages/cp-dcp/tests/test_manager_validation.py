@@ -238,6 +238,8 @@ _BAD_KV = {
     "dtypes": ((6, 8), (3, 8), torch.float16, "must share dtype and device"),
     # a column slice of wider rows: the NCCL gather refuses it as well
     "strided buffer": ((6, 16), (3, 8), _BF16, "gathered_kv must be contiguous"),
+    # the direct path sliced it first (IndexError)
+    "0-d buffer": ((), (3, 8), _BF16, "of equal rank, got () and (3, 8)"),
 }  # fmt: skip
 
 
@@ -263,6 +265,38 @@ def test_kv_gather_refuses_a_buffer_it_cannot_fill_on_every_path(
         m.kv_gather(gathered, local)
     assert m.num_fallbacks == 0
     assert m.last_kv_gather_path is None
+
+
+def test_direct_paths_refuse_an_input_on_another_device(
+    device: torch.device,
+    monkeypatch: pytest.MonkeyPatch,
+    patch_direct_gathers: Callable[[], None],
+) -> None:
+    """Inputs on another device than the direct workspaces' (``meta`` here) were counted and
+    logged as a fallback and sent to NCCL: this rank alone would leave the direct path while
+    its peers wait in it. They are the caller's mistake, like another geometry."""
+    patch_direct_gathers()
+    config = DCPConfig(comm_backend="a2a", use_direct_a2a=True, max_num_tokens=4)
+    _, ms = _managers(config, device, kv_token_dim=8, max_gathered_kv_tokens=8)
+    m = ms[0]
+    assert (m.combine_path, m.query_gather_path, m.kv_gather_path) == (
+        "direct_a2a", "direct", "direct",
+    )  # fmt: skip
+    _nccl_forbidden(monkeypatch)
+    meta = torch.device("meta")
+    on = f"but this manager's direct path is on {m.device}"
+    with pytest.raises(ValueError, match=re.escape(f"partial_output is on meta, {on}")):
+        m.combine(torch.zeros(3, _N * _H_R, _D, dtype=_BF16, device=meta),
+                  torch.zeros(3, _N * _H_R, device=meta))  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape(f"query is on meta, {on}")):
+        m.query_gather(torch.zeros(3, _H_R, _D, dtype=_BF16, device=meta))
+    with pytest.raises(ValueError, match=re.escape(f"local_kv is on meta, {on}")):
+        m.kv_gather(torch.zeros(6, 8, dtype=_BF16, device=meta),
+                    torch.zeros(3, 8, dtype=_BF16, device=meta))  # fmt: skip
+    assert m.num_fallbacks == 0
+    assert (m.last_combine_path, m.last_query_gather_path, m.last_kv_gather_path) == (
+        None, None, None,
+    )  # fmt: skip
 
 
 def test_kv_gather_refuses_non_tensors(device: torch.device) -> None:

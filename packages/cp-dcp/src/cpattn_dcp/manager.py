@@ -51,6 +51,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from cpattn_common.capability import multicast_disabled_by_env
 from cpattn_common.checks import (
     check_bool,
     check_dtype,
@@ -275,6 +276,26 @@ def _build_direct(build: Callable[[], _W], forced: bool | None) -> tuple[_W | No
         return None, f"the workspace refused: {exc}"
 
 
+def _check_device(device: torch.device, **tensors: torch.Tensor) -> None:
+    """``ValueError`` for a call on another device than the direct workspace's. Only this rank
+    can be wrong there, so it is the caller's mistake, not a fallback: this rank alone would
+    take NCCL while its peers wait in the direct path."""
+    for name, tensor in tensors.items():
+        if tensor.device != device:
+            raise ValueError(
+                f"{name} is on {tensor.device}, but this manager's direct path is on {device}"
+            )
+
+
+def _refuse_forced_gather(forced: bool | None, switch: str, reason: str) -> None:
+    """Raise ``DirectPathUnavailable`` when gating turned off a forced direct gather, unless
+    the environment disables multicast (the gathers then stay off even when forced, as
+    ``DCPConfig`` says). The gating decision is the same on every rank (the capability probe
+    agrees on it), so every rank raises."""
+    if forced is True and not multicast_disabled_by_env():
+        raise DirectPathUnavailable(f"{switch}=True, but the direct path cannot run: {reason}")
+
+
 class DCPManager:
     """Selects and owns the query gather, output combine and KV gather of one DCP layer.
 
@@ -307,7 +328,9 @@ class DCPManager:
         ValueError: a size < 1 (``max_gathered_kv_tokens`` < 0); ``padded_num_heads < N*H_r``;
             ``use_direct_kv_gather=True`` without ``kv_token_dim`` and
             ``max_gathered_kv_tokens >= 1``; a forced direct path that refuses this setup.
-        DirectPathUnavailable: a forced direct gather without a multicast address.
+        DirectPathUnavailable: a forced direct gather that cannot run here (no multicast
+            address, no multicast on some rank, no CUDA), unless the environment disables
+            multicast (then the gather stays off).
     """
 
     def __init__(
@@ -476,7 +499,9 @@ class DCPManager:
             self.group, self.query_dtype, cfg.use_direct_q_gather, what="direct q-gather",
             device=self.device,
         )  # fmt: skip
-        if reason is None:
+        if reason is not None:
+            _refuse_forced_gather(cfg.use_direct_q_gather, "use_direct_q_gather", reason)
+        else:
             ws, reason = _build_direct(
                 lambda: get_direct_dcp_q_gather_workspace(
                     self.group, self.device, cfg.max_num_tokens, self.num_heads,
@@ -502,7 +527,9 @@ class DCPManager:
             self.group, self.kv_dtype, cfg.use_direct_kv_gather, DIRECT_KV_GATHER_DTYPES,
             what="direct kv-gather", device=self.device,
         )  # fmt: skip
-        if reason is None:
+        if reason is not None:
+            _refuse_forced_gather(cfg.use_direct_kv_gather, "use_direct_kv_gather", reason)
+        else:
             ws, reason = _build_direct(
                 lambda: get_direct_dcp_kv_gather_workspace(
                     self.group, self.device, self.max_gathered_kv_tokens, token_dim,
@@ -636,8 +663,9 @@ class DCPManager:
             TypeError: a non-tensor input (and what the combine ops raise).
             ValueError: ``partial_output`` not ``[T, N*H_r, D]`` (with PCP: ``[T, H, D]``, any
                 H) for this manager's N, H_r and D, or ``partial_lse`` not its ``[T, H]``,
-                whichever path is selected (and what the combine ops raise: dtypes,
-                ``seq_lens`` / ``query_start_loc``, ...).
+                whichever path is selected; an input on another device than the direct
+                path's (and what the combine ops raise: dtypes, ``seq_lens`` /
+                ``query_start_loc``, ...).
             RuntimeError: grad mode is on and an input requires grad, on every path (no
                 autograd formula: ``cpattn_common.dispatch.refuse_grad``; the direct A2A
                 refuses, the NCCL combine ops would only fail in ``backward``).
@@ -659,6 +687,7 @@ class DCPManager:
             )
             if reason is not None:
                 self._check_combine_inputs(partial_output, partial_lse)
+                _check_device(ws.device, partial_output=partial_output, partial_lse=partial_lse)
                 if ws.unsupported_reason(partial_output, partial_lse, layout=False) is None:
                     partial_output, reason = _packed(partial_output), None  # see _packed
             if reason is None:
@@ -705,7 +734,8 @@ class DCPManager:
                 ``query`` requires grad (every path refuses it).
             TypeError: ``query`` is not a tensor.
             ValueError: ``query`` is not ``[T, H_r, D_q]`` for this manager's H_r and D_q,
-                whichever path is selected.
+                whichever path is selected; ``query`` on another device than the direct
+                path's.
         """
         path = self.selection.query_gather
         if path == "none":
@@ -722,6 +752,7 @@ class DCPManager:
             )
             if reason is not None:
                 self._check_query(query)
+                _check_device(ws.device, query=query)
                 if ws.unsupported_reason(query, layout=False) is None:
                     query, reason = _packed(query), None  # see _packed
             if reason is None:
@@ -760,6 +791,7 @@ class DCPManager:
                 isinstance(gathered_kv, torch.Tensor)
                 and isinstance(local_kv, torch.Tensor)
                 and local_kv.dim() >= 1
+                and gathered_kv.dim() >= 1
             ):
                 target = gathered_kv[: self.world_size * local_kv.shape[0]]
                 if ws.unsupported_reason(target, local_kv) is None:
@@ -767,6 +799,7 @@ class DCPManager:
                     ws.gather(target, local_kv, checked=True)
                     return target
             self._check_kv(gathered_kv, local_kv)
+            _check_device(ws.device, local_kv=local_kv)  # gathered_kv: same (_check_kv)
             # 2-D here: the direct path exists only with a kv_token_dim, checked above.
             target = gathered_kv[: self.world_size * local_kv.shape[0]]
             reason = ws.unsupported_reason(target, local_kv)

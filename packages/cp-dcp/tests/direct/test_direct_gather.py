@@ -488,6 +488,38 @@ def test_gather_factories_return_none_without_multicast(
     assert off == [None, None]
 
 
+@pytest.mark.parametrize("which", ["q", "kv"])
+def test_a_rank_without_a_multicast_address_fails_the_gather_on_every_rank(
+    sim_build: Build, device: torch.device, monkeypatch: pytest.MonkeyPatch, which: str
+) -> None:
+    """Rank 1's handle has no multicast address (``multicast_ptrs`` gives zeros on any
+    failure of that rank): it raised alone and its peer kept the direct gather, each then
+    waiting in a different collective. The ranks now agree and all raise, naming rank 1."""
+    from cpattn_common.workspace import DirectCPWorkspace
+    from cpattn_dcp.direct import DirectPathUnavailable
+
+    for var in capability.MULTICAST_ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+
+    def multicast_ptrs(self: DirectCPWorkspace, storage: torch.Tensor) -> list[int]:
+        return [0 if self.rank == 1 else 0x1000] * self.num_ubatches
+
+    monkeypatch.setattr(DirectCPWorkspace, "multicast_ptrs", multicast_ptrs)
+    build = (_q(device, 4, 1, 8, torch.bfloat16, require_multicast=True) if which == "q"
+             else _kv(device, 4, 8, torch.bfloat16, require_multicast=True))  # fmt: skip
+
+    def outcome(g: Any) -> str:
+        try:
+            build(g)
+        except DirectPathUnavailable as exc:
+            return str(exc)
+        return "built"
+
+    world, _ = sim_build(2, device, lambda g: None)
+    for message in world.run(outcome):
+        assert "requires NVLS symmetric-memory multicast; rank(s) [1] of 2" in message
+
+
 def test_timeout_names_missing_ranks_of_groups_over_64(
     sim_build: Build, device: torch.device
 ) -> None:

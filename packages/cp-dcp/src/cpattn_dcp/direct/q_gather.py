@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from cpattn_common.agreement import agreement_flag, gather_rank_values
 from cpattn_common.capability import multicast_disabled_by_env
 from cpattn_common.dispatch import refuse_grad
 from cpattn_common.launch import launch_cached
@@ -66,19 +67,30 @@ _PUBLISHED_AS_IS = frozenset(
 
 
 def _require_multicast(name: str, symm: Any, storages: list[torch.Tensor]) -> None:
-    """Raise ``DirectPathUnavailable`` (a ``RuntimeError``) unless every storage has a
-    multicast pointer for every ubatch.
+    """Raise ``DirectPathUnavailable`` (a ``RuntimeError``) on every rank unless every rank's
+    storages have a multicast pointer for every ubatch (collective over ``symm.group``).
 
-    The environment check comes first so no multicast query is made where it is disabled.
+    Whether a handle has a multicast address is this rank's own answer, so the ranks agree on
+    it first: a rank that refused alone would take the NCCL gather while its peers wait in the
+    direct one. The environment check comes first, so no multicast query is made where it is
+    disabled.
     """
-    if multicast_disabled_by_env():
+    env_off = multicast_disabled_by_env()
+    ok = not env_off and all(
+        (ptrs := symm.multicast_ptrs(storage)) and all(int(p) != 0 for p in ptrs)
+        for storage in storages
+    )
+    flags = gather_rank_values(symm.group, agreement_flag(symm.group, symm.device), int(ok))
+    if env_off:
         raise DirectPathUnavailable(
             f"{name} requires NVLS symmetric-memory multicast, which the environment disables"
         )
-    for storage in storages:
-        ptrs = symm.multicast_ptrs(storage)
-        if not ptrs or any(int(p) == 0 for p in ptrs):
-            raise DirectPathUnavailable(f"{name} requires NVLS symmetric-memory multicast.")
+    missing = [r for r, flag in enumerate(flags) if not flag]
+    if missing:
+        raise DirectPathUnavailable(
+            f"{name} requires NVLS symmetric-memory multicast; rank(s) {missing} of "
+            f"{len(flags)} have no multicast address."
+        )
 
 
 class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
