@@ -63,7 +63,9 @@ reads no global that changed; otherwise, under ``TRITON_INTERPRET=1``, with an a
 does not know, or with ``CPATTN_LAUNCH_CACHE=0`` in the environment at import (or after
 ``set_launch_cache_enabled(False)``), it launches the plain way. The stream is the *current*
 stream, so launches are CUDA-graph capturable. Toggling ``TRITON_DEBUG`` / Triton compile knobs
-at run time is not seen by cached entries: call ``clear_launch_cache()`` after such a change.
+at run time is not seen by cached entries: call ``clear_launch_cache()`` after such a change,
+and ``cpattn_common.launch_plans.clear_launch_plans()`` where launch plans are on (a recorded
+call replays its compiled kernel until then).
 """
 
 from __future__ import annotations
@@ -232,7 +234,9 @@ def launch_fast_path_reason(kernel: Any = None) -> str | None:
 
 
 def clear_launch_cache() -> None:
-    """Forget every cached compiled kernel (the next launch of each goes through the JIT)."""
+    """Forget every cached compiled kernel (the next launch of each goes through the JIT).
+
+    Recorded launch plans keep theirs: ``launch_plans.clear_launch_plans()`` forgets those."""
     with _lock:
         for info in _infos.values():
             info.live = False
