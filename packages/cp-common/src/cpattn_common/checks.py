@@ -16,6 +16,7 @@ __all__ = [
     "INDEX_DTYPES",
     "check_bool",
     "check_dtype",
+    "check_no_neg_bit",
     "check_nonnegative_int",
     "check_positive_int",
     "is_bool_scalar",
@@ -130,3 +131,31 @@ def is_index_dtype(dtype: torch.dtype) -> bool:
     why). Callers raise their own ``TypeError`` naming the argument.
     """
     return dtype in INDEX_DTYPES
+
+
+def check_no_neg_bit(op: str, /, **tensors: object) -> None:
+    """Raise ``ValueError`` for a tensor with torch's negative bit set.
+
+    Such a tensor (``z.conj().imag`` of a complex ``z``, ``torch._neg_view``) stores its values
+    un-negated and negates them lazily; a kernel that reads or writes its memory would see the
+    wrong sign. torch's own ops resolve the bit, a direct launch does not. For the slow path of
+    an op's checks: ``tensor.is_neg()`` costs about 0.1 µs of host time.
+
+    Args:
+        op: the public function's name, for the message.
+        **tensors: the arguments to test, keyed by name; ``None`` and non-tensors are skipped.
+
+    Raises:
+        ValueError: a tensor has the negative bit; the message names ``op`` and the argument.
+    """
+    # dynamo cannot trace is_neg() (a graph break), so traced calls skip the test; they reach
+    # the kernels through the registered ops. is_compiling() is a constant while tracing.
+    if torch.compiler.is_compiling():
+        return
+    for name, tensor in tensors.items():
+        if isinstance(tensor, torch.Tensor) and tensor.is_neg():
+            raise ValueError(
+                f"{op}: {name} has torch's negative bit set (a lazily negated view, e.g. "
+                f"z.conj().imag): its memory holds the un-negated values, which the kernel "
+                f"would read; pass {name}.resolve_neg()"
+            )

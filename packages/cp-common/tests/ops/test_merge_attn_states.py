@@ -539,3 +539,24 @@ def test_vmap_goes_through_the_registered_op(device: torch.device) -> None:
         want, want_lse = merge_attn_states(o, s, return_lse=True)
         torch.testing.assert_close(got[i], want, rtol=0, atol=0, equal_nan=True)
         torch.testing.assert_close(got_lse[i], want_lse, rtol=0, atol=0, equal_nan=True)
+
+
+def test_inputs_with_the_negative_bit_merge_their_values(device: torch.device) -> None:
+    """A tensor with torch's negative bit (``z.conj().imag``, ``torch._neg_view``) keeps its
+    values un-negated in memory. The kernel read that memory: the eager call returned the
+    negated merge, while the registered op (the dispatcher resolves the bit) was right."""
+    _needs_triton(device)
+    outs, lses = make_case(3, 4, 5, 32, dtype=torch.bfloat16, device=device, seed=21)
+    neg_outs, neg_lses = torch._neg_view(-outs), torch._neg_view(-lses)
+    assert neg_outs.is_neg()
+    torch.testing.assert_close(neg_outs, outs, rtol=0, atol=0, equal_nan=True)
+    want_out, want_lse = merge_attn_states(outs, lses, return_lse=True)
+    _check(want_out, want_lse, outs, lses)
+    for po, pl in ((neg_outs, lses), (outs, neg_lses), (neg_outs, neg_lses)):
+        for got_out, got_lse in (
+            merge_attn_states(po, pl, return_lse=True),
+            merge_attn_states_fwd(po, pl),
+            torch.ops.cpattn_common.merge_attn_states(po, pl, True),
+        ):
+            torch.testing.assert_close(got_out, want_out, rtol=0, atol=0, equal_nan=True)
+            torch.testing.assert_close(got_lse, want_lse, rtol=0, atol=0, equal_nan=True)

@@ -183,7 +183,8 @@ def _validate(
 
 
 def _valid_cuda(partial_outs: torch.Tensor, partial_lses: torch.Tensor) -> bool:
-    """Cheap check: plain CUDA tensors on one device that ``_validate`` would accept.
+    """Cheap check: plain CUDA tensors on one device that ``_validate`` would accept, and
+    that hold their values in memory (no negative bit: see ``_resolved``).
 
     False means "not proven": the caller runs ``_validate`` (which raises on bad input) and
     the general path.
@@ -199,7 +200,23 @@ def _valid_cuda(partial_outs: torch.Tensor, partial_lses: torch.Tensor) -> bool:
         and partial_outs.dtype in _OUT_SET
         and partial_lses.dtype in _LSE_SET
         and partial_lses.get_device() == partial_outs.get_device()
+        and not partial_outs.is_neg()
+        and not partial_lses.is_neg()
     )
+
+
+def _resolved(
+    partial_outs: torch.Tensor, partial_lses: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inputs with their values in memory. A tensor with torch's negative bit (e.g.
+    ``z.conj().imag`` of a complex ``z``) stores the values un-negated and negates them lazily;
+    the kernel reads memory, so it gets a negated copy (the dispatcher resolves the bit
+    before a registered op runs). The inputs themselves where no bit is set."""
+    if partial_outs.is_neg():
+        partial_outs = partial_outs.resolve_neg()
+    if partial_lses.is_neg():
+        partial_lses = partial_lses.resolve_neg()
+    return partial_outs, partial_lses
 
 
 def merge_attn_states_fwd(
@@ -223,6 +240,7 @@ def merge_attn_states_fwd(
     """
     if not _valid_cuda(partial_outs, partial_lses):
         _validate(partial_outs, partial_lses)
+        partial_outs, partial_lses = _resolved(partial_outs, partial_lses)
     return _launch(partial_outs, partial_lses, bool(is_lse_base_on_e), eager)
 
 
@@ -307,6 +325,7 @@ def _merge_any_backend(
         return _launch(partial_outs, partial_lses, is_lse_base_on_e, None)
     _validate(partial_outs, partial_lses)
     if triton_usable(partial_outs.device):
+        partial_outs, partial_lses = _resolved(partial_outs, partial_lses)
         return _launch(partial_outs, partial_lses, is_lse_base_on_e, None)
     from cpattn_common.lse import merge_attn_states_torch  # lse re-exports this module
 
