@@ -655,11 +655,22 @@ def _misaligned(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _negated(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in a tensor with torch's negative bit (memory holds ``-t``)."""
+    out = torch._neg_view(-t)
+    assert out.is_neg()
+    return out
+
+
+@pytest.mark.parametrize("form", ["layout", "negative bit"])
 def test_rank_local_layouts_stay_on_the_direct_path(
-    device: torch.device, patch_direct_gathers: Callable[[], None]
+    device: torch.device, patch_direct_gathers: Callable[[], None], form: str
 ) -> None:
-    """A misaligned or strided input on one rank is packed there, not sent to NCCL: its peers
-    take the direct path (their inputs are fine) and would wait for it until the timeout."""
+    """A misaligned or strided input on one rank, or one with torch's negative bit (whose
+    memory the kernels copied as it is: negated values), is packed there, not sent to NCCL:
+    its peers take the direct path (their inputs are fine) and would wait for it until the
+    timeout."""
+    neg = form == "negative bit"
     n, h_r, d = 2, 2, 8
     patch_direct_gathers()
     world = SimulatedWorld(n, device)
@@ -676,8 +687,9 @@ def test_rank_local_layouts_stay_on_the_direct_path(
     qsl = case.query_start_loc
     ws0.publish(o0, l0, case.local_seq_lens[0], qsl)
     o1, l1 = case.rank_inputs(1)
-    assert ws0.unsupported_reason(_misaligned(o1), l1) is not None  # the workspace refuses it
-    out1 = ms[1].combine(_misaligned(o1), l1, seq_lens=case.local_seq_lens[1], query_start_loc=qsl)
+    o1, l1 = (_negated(o1), _negated(l1)) if neg else (_misaligned(o1), l1)
+    assert ws0.unsupported_reason(o1, l1) is not None  # the workspace refuses it
+    out1 = ms[1].combine(o1, l1, seq_lens=case.local_seq_lens[1], query_start_loc=qsl)
     out0 = ws0.wait_and_combine(case.num_rows)
     assert isinstance(out1, torch.Tensor)
     assert isinstance(out0, torch.Tensor)
@@ -689,7 +701,11 @@ def test_rank_local_layouts_stay_on_the_direct_path(
     qws = ms[0].direct_q_gather
     assert qws is not None
     qws.publish(full[:, :h_r])
-    strided = full[:, h_r:].transpose(0, 1).contiguous().transpose(0, 1)  # heads not packed
+    strided = (
+        _negated(full[:, h_r:])
+        if neg
+        else full[:, h_r:].transpose(0, 1).contiguous().transpose(0, 1)  # heads not packed
+    )
     assert qws.unsupported_reason(strided) is not None
     got1 = ms[1].query_gather(strided)
     assert torch.equal(qws.wait(2), full)
@@ -700,8 +716,9 @@ def test_rank_local_layouts_stay_on_the_direct_path(
     kws = ms[0].direct_kv_gather
     assert kws is not None
     kws.publish(local[0])
-    buf1 = _misaligned(torch.zeros(n * 2, d, device=device, dtype=torch.bfloat16))
-    view1 = ms[1].kv_gather(buf1, _misaligned(local[1]))
+    buf1 = torch.zeros(n * 2, d, device=device, dtype=torch.bfloat16)
+    buf1 = _negated(buf1) if neg else _misaligned(buf1)
+    view1 = ms[1].kv_gather(buf1, _negated(local[1]) if neg else _misaligned(local[1]))
     buf0 = torch.zeros(n * 2, d, device=device, dtype=torch.bfloat16)
     kws.wait(buf0)
     assert torch.equal(buf0, torch.cat(local))

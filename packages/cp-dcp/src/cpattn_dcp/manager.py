@@ -130,8 +130,9 @@ def _log_once(level: int, message: str) -> None:
 def _packed(t: torch.Tensor) -> torch.Tensor:
     """A fresh contiguous copy of ``t`` (a new allocation: 16-byte aligned).
 
-    The direct paths refuse some strides and unaligned data pointers. Those are properties of
-    this rank's tensor, not of the call: another rank's tensor may be laid out differently. A
+    The direct paths refuse some strides, unaligned data pointers and torch's negative bit (a
+    lazily negated view; the copy holds the values). Those are properties of this rank's
+    tensor, not of the call: another rank's tensor may be laid out differently. A
     direct call waits for every peer, so if this rank fell back to NCCL for them while its
     peers went direct, both sides would wait for each other until the timeout. The choice of
     path must therefore depend only on what every rank shares (token count, shapes, dtypes),
@@ -690,6 +691,8 @@ class DCPManager:
                 _check_device(ws.device, partial_output=partial_output, partial_lse=partial_lse)
                 if ws.unsupported_reason(partial_output, partial_lse, layout=False) is None:
                     partial_output, reason = _packed(partial_output), None  # see _packed
+                    if partial_lse.is_neg():  # a copy holds the values (see _packed)
+                        partial_lse = _packed(partial_lse)
             if reason is None:
                 direct = ws.lse_reduce(
                     partial_output, partial_lse, base, seq_lens, query_start_loc,

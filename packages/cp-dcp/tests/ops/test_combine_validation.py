@@ -75,6 +75,40 @@ def test_bad_inputs(device: torch.device, op: Callable[..., Any]) -> None:
         op(out, lse, object())
 
 
+def _neg_bit(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in a tensor with torch's negative bit: memory holds ``-t``."""
+    view = torch._neg_view(-t)
+    assert view.is_neg()
+    return view
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda f: f.__name__)
+def test_inputs_with_the_negative_bit_raise(device: torch.device, op: Callable[..., Any]) -> None:
+    """A lazily negated view keeps ``-t`` in memory, which the kernels read: the eager call
+    combined the negated values (or LSEs) without a word. It is refused with its remedy."""
+    out = torch.randn(3, 4, 16, device=device)
+    lse = torch.randn(3, 4, device=device)
+    for name, args in (
+        ("cp_attn_out", (_neg_bit(out), lse)),
+        ("cp_attn_lse", (out, _neg_bit(lse))),
+    ):
+        with pytest.raises(ValueError, match=rf"{name} has torch's negative bit set .* "
+                           rf"pass {name}\.resolve_neg\(\)"):  # fmt: skip
+            op(*args, _FakeGroup(1))
+
+
+def test_a2a_pack_and_unpack_refuse_buffers_with_the_negative_bit(device: torch.device) -> None:
+    from cpattn_dcp.ops.a2a_combine import a2a_pack, a2a_unpack_combine
+
+    out = torch.randn(3, 4, 16, device=device, dtype=torch.bfloat16)
+    lse = torch.randn(3, 4, device=device)
+    send = a2a_pack(out, lse, 2)
+    with pytest.raises(ValueError, match="a2a_pack: send has torch's negative bit"):
+        a2a_pack(out, lse, 2, send=_neg_bit(torch.empty_like(send)))
+    with pytest.raises(ValueError, match="a2a_unpack_combine: recv has torch's negative bit"):
+        a2a_unpack_combine(_neg_bit(send), head_dim=16)
+
+
 @pytest.mark.parametrize("op", OPS, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_world_size_1(device: torch.device, op: Callable[..., Any], dtype: torch.dtype) -> None:

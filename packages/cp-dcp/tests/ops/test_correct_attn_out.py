@@ -269,6 +269,13 @@ def test_bad_inputs(device: torch.device) -> None:
     with pytest.raises(ValueError, match="share memory"):
         correct_attn_out(shared, lses, 0)
     assert correct_attn_out(torch.ones(3, 1, 8, device=device).expand(3, 4, 8).clone(), lses, 0)
+    # torch's negative bit (memory holds the negated values): the LSEs were read negated.
+    for name, args in (
+        ("out", (torch._neg_view(-out), lses)),
+        ("lses", (out, torch._neg_view(-lses))),
+    ):
+        with pytest.raises(ValueError, match=rf"{name} has torch's negative bit set"):
+            correct_attn_out(*args, 0)
 
 
 def test_singleton_lse_dims_follow_out(device: torch.device) -> None:

@@ -198,6 +198,10 @@ def test_bad_inputs(device: torch.device) -> None:
     with pytest.raises(ValueError, match="share memory"):
         mask_dcp_empty_shards_(shared, sl, qsl)
     assert mask_dcp_empty_shards_(shared, None, None) is shared
+    # torch's negative bit (memory holds -lse): the -inf stored in place read as +inf.
+    negated = torch._neg_view(-lse)
+    with pytest.raises(ValueError, match=r"lse has torch's negative bit set .* lse\.resolve_neg"):
+        mask_dcp_empty_shards_(negated, sl, qsl)
 
 
 def test_opcheck(device: torch.device) -> None:

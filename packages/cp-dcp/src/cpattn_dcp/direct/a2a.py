@@ -174,9 +174,11 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
 
         Shape/dtype mismatches that would be errors for any combine are reported by
         ``lse_reduce`` itself; this covers what a fallback to NCCL can handle instead:
-        too many rows, a different dtype, misaligned or unpacked rows. ``layout=False`` leaves
-        out the last two (strides and alignment): those are properties of this rank's tensor,
-        which a packed copy mends, while the others are the same on every rank of a call.
+        too many rows, a different dtype, misaligned or unpacked rows, torch's negative bit (a
+        lazily negated view: memory holds the negated values, which the kernels would copy).
+        ``layout=False`` leaves out the last three: those are properties of this rank's
+        tensors, which packed copies mend, while the others are the same on every rank of a
+        call.
         """
         if partial_output.dim() != 3 or partial_lse.dim() != 2:
             return "expected partial_output [T, H, D] and partial_lse [T, H]"
@@ -195,6 +197,8 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
             return f"inputs on {partial_output.device}/{partial_lse.device}, workspace on {self.device}"
         if not layout or t == 0:
             return None
+        if partial_output.is_neg() or partial_lse.is_neg():
+            return "partial_output or partial_lse has torch's negative bit (a lazily negated view)"
         if partial_output.stride(2) != 1:
             return "partial_output must have a unit stride on its last dim"
         return check_16b_aligned(

@@ -122,8 +122,8 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
 
     def _kv_rows_reason(self, what: str, kv: torch.Tensor, layout: bool = True) -> str | None:
         """Why ``kv`` (named ``what``) is not a contiguous, 16-byte-aligned ``[rows, D]``
-        tensor of this workspace's dtype and device (``None``: it is); ``layout=False`` leaves
-        out contiguity and alignment."""
+        tensor of this workspace's dtype and device, without torch's negative bit (``None``:
+        it is); ``layout=False`` leaves out contiguity, alignment and the negative bit."""
         if kv.dim() != 2:
             return f"expected {what} [rows, D], got {tuple(kv.shape)}"
         if kv.shape[1] != self.token_dim:
@@ -136,12 +136,17 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             return None
         if not kv.is_contiguous():
             return f"{what} must be contiguous"
+        if kv.is_neg():
+            return f"{what} has torch's negative bit (a lazily negated view)"
         return check_16b_aligned(kv, what, ())
 
     def layout_ok(self, kv: torch.Tensor) -> bool:
-        """Whether ``kv``'s layout is one the direct gather reads or writes as is: contiguous
-        and 16-byte aligned (its shape, dtype and device are not looked at)."""
-        return kv.is_contiguous() and (kv.numel() == 0 or kv.data_ptr() % 16 == 0)
+        """Whether ``kv``'s layout is one the direct gather reads or writes as is: contiguous,
+        16-byte aligned and without torch's negative bit (a lazily negated view, whose memory
+        holds the negated values); its shape, dtype and device are not looked at."""
+        return (
+            kv.is_contiguous() and (kv.numel() == 0 or kv.data_ptr() % 16 == 0) and not kv.is_neg()
+        )
 
     def _local_kv_reason(self, local_kv: torch.Tensor, layout: bool = True) -> str | None:
         """Why ``publish`` cannot take ``local_kv [T, D]`` (``None``: it can)."""
@@ -177,10 +182,10 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         """Why this call cannot take the direct path (``None``: it can).
 
         ``local_kv [T, D]`` and ``gathered_kv [N*T, D]`` must be contiguous, 16-byte aligned,
-        of the workspace dtype, device and token dim, with ``N*T <= max_gathered_tokens``.
-        ``layout=False`` leaves out contiguity and alignment: those are properties of this
-        rank's tensors, which packed copies mend, while the others are the same on every rank
-        of a call.
+        without torch's negative bit, of the workspace dtype, device and token dim, with
+        ``N*T <= max_gathered_tokens``. ``layout=False`` leaves out contiguity, alignment and
+        the negative bit: those are properties of this rank's tensors, which packed copies
+        mend, while the others are the same on every rank of a call.
         """
         # Accept in one expression first (the manager's hot path, each shape read once); the
         # per-tensor checks below only name what is wrong.

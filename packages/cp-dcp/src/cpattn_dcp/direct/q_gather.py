@@ -190,9 +190,10 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
     def unsupported_reason(self, local_query: torch.Tensor, *, layout: bool = True) -> str | None:
         """Why ``local_query`` cannot take the direct path (``None``: it can).
 
-        ``layout=False`` leaves out the head packing and alignment checks: those are properties
-        of this rank's tensor, which a packed copy mends, while the others are the same on every
-        rank of a call."""
+        ``layout=False`` leaves out the negative bit (a lazily negated view, whose memory holds
+        the negated values), head packing and alignment checks: those are properties of this
+        rank's tensor, which a packed copy mends, while the others are the same on every rank
+        of a call."""
         if local_query.dim() != 3:
             return f"expected local_query [T, H_r, D], got {tuple(local_query.shape)}"
         t, h, d = local_query.shape
@@ -206,6 +207,8 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
             return f"local_query on {local_query.device}, workspace on {self.device}"
         if not layout:
             return None
+        if local_query.is_neg():
+            return "local_query has torch's negative bit (a lazily negated view)"
         if t > 0 and (local_query.stride(2) != 1 or (h > 1 and local_query.stride(1) != d)):
             return "local_query heads must be packed (head stride D, dim stride 1)"
         if t > 0:

@@ -7,7 +7,7 @@ from typing import Any, Literal, Protocol, cast, overload
 
 import torch
 
-from cpattn_common.checks import check_positive_int
+from cpattn_common.checks import check_no_neg_bit, check_positive_int
 from cpattn_common.group import trace_time_group
 from cpattn_dcp.comm.groups import group_rank, group_token, group_world_size
 from cpattn_dcp.context import CPTritonContext
@@ -142,6 +142,8 @@ def _valid_cuda(
         and cp_attn_lse.dtype in LSE_DTYPES
         and cp_attn_lse.is_cuda
         and cp_attn_lse.get_device() == dev
+        and not cp_attn_out.is_neg()
+        and not cp_attn_lse.is_neg()
     ):
         return False
     if seq_lens is None or query_start_loc is None:
@@ -172,6 +174,7 @@ def validate_combine_args(
             f"{op}: cp_attn_out and cp_attn_lse must be tensors, got "
             f"{type(cp_attn_out).__name__} and {type(cp_attn_lse).__name__}"
         )
+    check_no_neg_bit(op, cp_attn_out=cp_attn_out, cp_attn_lse=cp_attn_lse)
     if cp_attn_out.dim() != 3:
         raise ValueError(
             f"{op}: expected cp_attn_out [B, H, D], got shape {tuple(cp_attn_out.shape)}"

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from cpattn_common.alloc import new_output
-from cpattn_common.checks import check_bool
+from cpattn_common.checks import check_bool, check_no_neg_bit
 from cpattn_common.dispatch import mark_written_in_place, must_dispatch, refuse_grad_in_place
 from cpattn_common.group import CPGroupLike
 from cpattn_common.launch import CachedKernel, Specialization
@@ -413,7 +413,8 @@ def a2a_pack(
 
     Raises:
         ValueError / TypeError: as :func:`dcp_a2a_lse_reduce` for the same arguments; a
-            ``send`` of another shape, dtype or device, or not contiguous (``ValueError``).
+            ``send`` of another shape, dtype or device, not contiguous or with torch's
+            negative bit (``ValueError``).
         RuntimeError: grad mode is on and ``send`` requires grad (the op writes it in place
             and has no autograd formula).
 
@@ -497,6 +498,7 @@ def _check_send(send: torch.Tensor, cp_attn_out: torch.Tensor, cp_world_size: in
             f"send must be a contiguous {cp_attn_out.dtype} tensor of shape {shape} on "
             f"{cp_attn_out.device}, got {send.dtype} {tuple(send.shape)} on {send.device}"
         )
+    check_no_neg_bit("a2a_pack", send=send)
 
 
 def _pack(
@@ -596,8 +598,8 @@ def a2a_unpack_combine(
     Raises:
         TypeError: ``recv`` is not a tensor, ``head_dim`` is not an int, an
             ``is_lse_base_on_e`` that is not a bool.
-        ValueError: unsupported dtype, ``recv`` not 4-D or not contiguous, or its last dim is
-            not ``D + P`` for ``head_dim``.
+        ValueError: unsupported dtype, ``recv`` not 4-D or not contiguous, its last dim not
+            ``D + P`` for ``head_dim``, or torch's negative bit on it.
 
     Inference only (no autograd formula): see ``cpattn_common.dispatch``. Registered as
     ``torch.ops.cpattn_dcp.a2a_unpack_combine`` (its LSE is empty without ``return_lse``).
@@ -620,6 +622,7 @@ def a2a_unpack_combine(
     if hit.__class__ is tuple:
         return hit[0], hit[1] if len(hit) > 1 else None
     _buffer_shape(recv, head_dim)
+    check_no_neg_bit("a2a_unpack_combine", recv=recv)
     rec = (
         _unpack_plans.recorder(hit, recv, head_dim, return_lse, is_lse_base_on_e)
         if _unpack_plans.on
@@ -777,7 +780,8 @@ def dcp_a2a_lse_reduce(
     Raises:
         ValueError: ``H % N != 0`` ("H=<H> must be divisible by DCP world size <N>."), an
             output dtype other than fp16/bf16/fp32, bad shapes, device mismatch, inconsistent
-            ``seq_lens``/``query_start_loc`` (one ``None``, not 1-D, lengths).
+            ``seq_lens``/``query_start_loc`` (one ``None``, not 1-D, lengths), an input with
+            torch's negative bit (a lazily negated view, ``checks.check_no_neg_bit``).
         TypeError: non-floating tensors; ``seq_lens``/``query_start_loc`` not tensors or
             not of an integer dtype (as for ``mask_dcp_empty_shards_``); an
             ``is_lse_base_on_e`` that is not a bool.

@@ -218,7 +218,8 @@ def cp_lse_ag_out_rs(
 
     Raises:
         ValueError: bad shapes, ``H % N != 0``, unsupported dtypes, device mismatch,
-            inconsistent ``seq_lens``/``query_start_loc`` (one ``None``, not 1-D, lengths).
+            inconsistent ``seq_lens``/``query_start_loc`` (one ``None``, not 1-D, lengths),
+            an input with torch's negative bit (``cpattn_common.checks.check_no_neg_bit``).
         TypeError: non-floating tensors; ``seq_lens``/``query_start_loc`` not tensors or
             not of an integer dtype (as for ``mask_dcp_empty_shards_``); an
             ``is_lse_base_on_e`` that is not a bool.

@@ -16,6 +16,7 @@ import functools
 import torch
 
 from cpattn_common.alloc import new_output
+from cpattn_common.checks import check_no_neg_bit
 from cpattn_common.dispatch import mark_written_in_place, must_dispatch, refuse_grad_in_place
 from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_common.launch_plans import OpPlans
@@ -71,6 +72,7 @@ def _check_lse(lse: torch.Tensor) -> None:
 
 
 def _check_writable(lse: torch.Tensor) -> None:
+    check_no_neg_bit("mask_dcp_empty_shards_", lse=lse)
     if shares_elements(lse):
         raise ValueError(
             f"lse (shape {tuple(lse.shape)}, strides {lse.stride()}) has elements that share "
@@ -91,6 +93,7 @@ def _valid_fast(lse: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torc
         and lse.dim() == 2
         and lse.dtype in LSE_DTYPES
         and 0 not in lse.stride()  # possibly shared elements: _check_writable decides
+        and not lse.is_neg()
         and mask_args_proven(lse, seq_lens, query_start_loc)
     )
 
@@ -268,7 +271,8 @@ def mask_dcp_empty_shards_(
     Raises:
         ValueError: exactly one of ``seq_lens``/``query_start_loc`` is ``None``, they are
             not 1-D, ``len(query_start_loc) != len(seq_lens) + 1``, devices differ, or
-            (masking on) ``lse`` has elements that share memory (an expanded view).
+            (masking on) ``lse`` has elements that share memory (an expanded view) or
+            torch's negative bit (``checks.check_no_neg_bit``).
         TypeError: non-floating ``lse``; ``seq_lens``/``query_start_loc`` not tensors or not
             of an integer dtype (bool, floating and complex are not).
         RuntimeError: (masking on) grad mode is on and ``lse`` requires grad: the op has no
