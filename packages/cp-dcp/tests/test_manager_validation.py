@@ -538,7 +538,9 @@ def test_fallback_reasons_differing_in_a_dtype_are_two_reasons(
     monkeypatch.setattr(manager_mod, "dcp_a2a_lse_reduce", lambda out, lse, g, **kw: out[:, :1])
     with caplog.at_level(logging.INFO, logger="cpattn_dcp.manager"):
         for dtype in (torch.float16, torch.float32):
-            m.combine(torch.zeros(1, 2, 8, dtype=dtype, device=device), torch.zeros(1, 2))
+            m.combine(
+                torch.zeros(1, 2, 8, dtype=dtype, device=device), torch.zeros(1, 2, device=device)
+            )
     infos = [r.getMessage() for r in caplog.records if "cannot take a call" in r.getMessage()]
     assert len(infos) == 2, infos
     assert "float16" in infos[0]
