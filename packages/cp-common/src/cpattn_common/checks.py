@@ -139,7 +139,7 @@ def check_no_neg_bit(op: str, /, **tensors: object) -> None:
     Such a tensor (``z.conj().imag`` of a complex ``z``, ``torch._neg_view``) stores its values
     un-negated and negates them lazily; a kernel that reads or writes its memory would see the
     wrong sign. torch's own ops resolve the bit, a direct launch does not. For the slow path of
-    an op's checks: ``tensor.is_neg()`` costs about 0.1 µs of host time.
+    an op's checks: ``tensor.is_neg()`` costs 0.1-0.2 µs of host time.
 
     Args:
         op: the public function's name, for the message.
