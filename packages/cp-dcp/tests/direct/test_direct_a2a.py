@@ -14,7 +14,13 @@ import pytest
 import torch
 
 from cpattn_common.ubatch import ubatch_context
-from cpattn_dcp.direct import DirectDCPA2AWorkspace, DirectProtocolError
+from cpattn_dcp.direct import (
+    MAX_SPINS_LIMIT,
+    DirectDCPA2AWorkspace,
+    DirectDCPKVGatherWorkspace,
+    DirectDCPQGatherWorkspace,
+    DirectProtocolError,
+)
 from cpattn_dcp.direct import a2a as a2a_module
 from cpattn_dcp.ops.a2a_combine import a2a_pack, a2a_unpack_combine
 from cpattn_testing.cases import make_dcp_decode_case
@@ -344,6 +350,46 @@ def test_lse_reduce_single_rank_after_peer_published(
     ref, _ = lse_combine_ref(o, lse)
     assert_close_to_ref(out0, ref[:, :1], dtype=torch.bfloat16)
     assert_close_to_ref(out1, ref[:, 1:], dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("workspace", ["a2a", "q_gather", "kv_gather"])
+@pytest.mark.parametrize(
+    ("bound", "error", "match"),
+    [
+        (0, ValueError, "positive"),
+        (MAX_SPINS_LIMIT + 1, ValueError, "32 bits"),
+        (2**40, ValueError, "32 bits"),
+        (2.5, TypeError, "int"),
+        (True, TypeError, "int"),
+    ],
+)
+def test_max_spins_out_of_the_kernels_range_is_refused(
+    sim_build: Build,
+    device: torch.device,
+    workspace: str,
+    bound: object,
+    error: type[Exception],
+    match: str,
+) -> None:
+    """The wait kernels count polls in 32 bits: a bound of 2**31 or more was accepted, and a
+    wait for a dead peer then never ended (the counter wrapped negative, below the bound)."""
+    ctor: Any = {
+        "a2a": lambda g, **kw: DirectDCPA2AWorkspace(g, device, 4, 1, 8, torch.bfloat16, **kw),
+        "q_gather": lambda g, **kw: DirectDCPQGatherWorkspace(
+            g, device, 4, 1, 8, torch.bfloat16, require_multicast=False, **kw
+        ),
+        "kv_gather": lambda g, **kw: DirectDCPKVGatherWorkspace(
+            g, device, 4, 8, torch.bfloat16, require_multicast=False, **kw
+        ),
+    }[workspace]
+    with pytest.raises(error, match=match):
+        sim_build(2, device, lambda g: ctor(g, max_spins=bound))
+    with pytest.raises(error, match="error_check_interval"):
+        sim_build(
+            2, device, lambda g: ctor(g, error_check_interval=-1 if error is ValueError else 1.5)
+        )
+    _, wss = sim_build(2, device, lambda g: ctor(g, max_spins=MAX_SPINS_LIMIT))
+    assert wss[0].max_spins == MAX_SPINS_LIMIT
 
 
 def test_validation_errors(sim_build: Build, device: torch.device) -> None:

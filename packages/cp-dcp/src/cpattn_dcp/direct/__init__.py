@@ -6,7 +6,12 @@ flags carrying a device-side epoch; waits are bounded and report a timeout on th
 return ``None`` when it says no) and always has an NCCL fallback (``cpattn_dcp.DCPManager``).
 """
 
-from cpattn_dcp.direct._base import DEFAULT_MAX_SPINS, DirectPathUnavailable, DirectProtocolError
+from cpattn_dcp.direct._base import (
+    DEFAULT_MAX_SPINS,
+    MAX_SPINS_LIMIT,
+    DirectPathUnavailable,
+    DirectProtocolError,
+)
 from cpattn_dcp.direct.a2a import DIRECT_A2A_DTYPES, DirectDCPA2AWorkspace
 from cpattn_dcp.direct.factories import (
     clear_direct_workspace_cache,
@@ -23,6 +28,7 @@ __all__ = [
     "DEFAULT_MAX_SPINS",
     "DIRECT_A2A_DTYPES",
     "DIRECT_KV_GATHER_DTYPES",
+    "MAX_SPINS_LIMIT",
     "DirectDCPA2AWorkspace",
     "DirectDCPKVGatherWorkspace",
     "DirectDCPQGatherWorkspace",

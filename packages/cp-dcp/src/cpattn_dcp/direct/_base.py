@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import triton
 
+from cpattn_common.checks import check_nonnegative_int, check_positive_int
 from cpattn_common.group import CPGroupLike, as_cp_group
 from cpattn_common.ubatch import current_ubatch_id
 from cpattn_common.workspace import DirectCPWorkspace, SymmetricAllocationError
@@ -41,6 +42,7 @@ from cpattn_dcp.direct._group_failure import group_failure_word
 
 __all__ = [
     "DEFAULT_MAX_SPINS",
+    "MAX_SPINS_LIMIT",
     "MIN_TRITON_VERSION",
     "DirectPathUnavailable",
     "DirectProtocolError",
@@ -50,6 +52,9 @@ __all__ = [
 
 #: Bounded wait: polls of the signal words before a wait gives up (≈ seconds on a GPU).
 DEFAULT_MAX_SPINS = 1 << 26
+#: The largest ``max_spins``: the wait kernels count polls in 32 bits, so a larger bound would
+#: never be reached (the counter wraps negative) and a wait for a dead peer would never end.
+MAX_SPINS_LIMIT = 2**31 - 1
 #: Eager calls between two non-blocking copies of the error record to the host.
 DEFAULT_ERROR_CHECK_INTERVAL = 64
 #: Error-record flags: this workspace's wait timed out (names the missing sources) / it failed
@@ -153,7 +158,8 @@ class DirectWorkspaceBase:
         device: the device the buffers live on (a bare ``"cuda"`` means the current CUDA
             device; ``self.device`` is always indexed on CUDA).
         num_ubatches: micro-batch slots U (validated by the subclass).
-        max_spins: polls before a wait gives up and records an error.
+        max_spins: polls before a wait gives up and records an error, 1 to
+            ``MAX_SPINS_LIMIT`` (2**31 - 1).
         error_check_interval: eager CUDA calls between non-blocking error-record copies (0:
             only ``check_error()`` reports on CUDA; the CPU always reports at the next call).
     """
@@ -170,12 +176,14 @@ class DirectWorkspaceBase:
     ) -> None:
         if torch.device(device).type == "cuda" and (reason := triton_unsupported_reason()):
             raise DirectPathUnavailable(f"{name}: {reason}")
-        if max_spins < 1:
-            raise ValueError(f"{name}: max_spins must be >= 1, got {max_spins}")
-        if error_check_interval < 0:
+        # Checked, never converted: int(2.5) or int(True) would set another bound than meant.
+        check_positive_int(f"{name}: max_spins", max_spins)
+        if max_spins > MAX_SPINS_LIMIT:
             raise ValueError(
-                f"{name}: error_check_interval must be >= 0, got {error_check_interval}"
+                f"{name}: max_spins must be <= {MAX_SPINS_LIMIT} (the wait kernels count polls "
+                f"in 32 bits), got {max_spins}"
             )
+        check_nonnegative_int(f"{name}: error_check_interval", error_check_interval)
         self.name = name
         self.device = indexed_device(device)
         self.num_ubatches = num_ubatches

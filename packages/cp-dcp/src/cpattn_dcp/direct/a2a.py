@@ -57,12 +57,15 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         head_dim: D.
         dtype: output dtype, float16 or bfloat16.
         num_ubatches: micro-batch slots (``cpattn_common.ubatch``).
-        max_spins: polls before a wait gives up (then ``DirectProtocolError`` on the host).
-        error_check_interval: eager calls between non-blocking error-record checks.
+        max_spins: polls before a wait gives up (then ``DirectProtocolError`` on the host),
+            1 to ``MAX_SPINS_LIMIT`` (2**31 - 1: the kernels count polls in 32 bits).
+        error_check_interval: eager calls between non-blocking error-record checks (>= 0).
 
     Raises:
         ValueError: unsupported dtype, ``num_ubatches < 1``, non-positive sizes, rows that are
-            not 16-byte multiples (``head_dim * elem % 16``), or fewer than two ranks.
+            not 16-byte multiples (``head_dim * elem % 16``), fewer than two ranks, or
+            ``max_spins`` / ``error_check_interval`` out of range.
+        TypeError: a ``max_spins`` / ``error_check_interval`` that is not an int.
     """
 
     def __init__(
