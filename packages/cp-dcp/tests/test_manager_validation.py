@@ -238,6 +238,8 @@ _BAD_KV = {
     "dtypes": ((6, 8), (3, 8), torch.float16, "must share dtype and device"),
     # a column slice of wider rows: the NCCL gather refuses it as well
     "strided buffer": ((6, 16), (3, 8), _BF16, "gathered_kv must be contiguous"),
+    # T = 0: the direct path's empty slice of it is contiguous, so it took no check
+    "strided buffer, T=0": ((6, 16), (0, 8), _BF16, "gathered_kv must be contiguous"),
     # the direct path sliced it first (IndexError)
     "0-d buffer": ((), (3, 8), _BF16, "of equal rank, got () and (3, 8)"),
 }  # fmt: skip
@@ -258,7 +260,7 @@ def test_kv_gather_refuses_a_buffer_it_cannot_fill_on_every_path(
     _nccl_forbidden(monkeypatch)
     gathered_shape, local_shape, gathered_dtype, message = _BAD_KV[bad]
     gathered = torch.zeros(gathered_shape, dtype=gathered_dtype, device=device)
-    if bad == "strided buffer":
+    if bad.startswith("strided buffer"):
         gathered = gathered[:, :8]
     local = torch.zeros(local_shape, dtype=_BF16, device=device)
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -626,6 +628,24 @@ def test_direct_gathers_check_each_call_once(
         ms[1].kv_gather(torch.zeros(4, 8, dtype=_BF16, device=device), local[1]), torch.cat(local)
     )
     assert counts == {"q": 1, "kv": 1}
+
+
+def test_an_empty_kv_gather_stays_on_the_direct_path(
+    device: torch.device, patch_direct_gathers: Callable[[], None]
+) -> None:
+    """T = 0 into a contiguous buffer takes the checks of the slow path, then the direct
+    gather (every rank takes part in it), never a fallback."""
+    patch_direct_gathers()
+    _, ms = _managers(DCPConfig(max_num_tokens=4), device, kv_token_dim=8, max_gathered_kv_tokens=8)
+    empty = torch.zeros(0, 8, dtype=_BF16, device=device)
+    ws0 = ms[0].direct_kv_gather
+    assert ws0 is not None
+    ws0.publish(empty, validate=False)
+    buf = torch.zeros(4, 8, dtype=_BF16, device=device)
+    out = ms[1].kv_gather(buf, empty)
+    assert out.shape == (0, 8)
+    assert ms[1].last_kv_gather_path == "direct"
+    assert ms[1].num_fallbacks == 0
 
 
 @pytest.mark.parametrize("bad", ["local_kv", "gathered_kv", "both"])

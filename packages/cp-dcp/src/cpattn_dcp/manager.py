@@ -797,7 +797,9 @@ class DCPManager:
                 and gathered_kv.dim() >= 1
             ):
                 target = gathered_kv[: self.world_size * local_kv.shape[0]]
-                if ws.unsupported_reason(target, local_kv) is None:
+                # T = 0 takes the checks below: an empty slice is contiguous whatever the
+                # buffer, which the NCCL path would refuse.
+                if local_kv.shape[0] and ws.unsupported_reason(target, local_kv) is None:
                     self.last_kv_gather_path = "direct"
                     ws.gather(target, local_kv, checked=True)
                     return target
@@ -806,7 +808,10 @@ class DCPManager:
             # 2-D here: the direct path exists only with a kv_token_dim, checked above.
             target = gathered_kv[: self.world_size * local_kv.shape[0]]
             reason = ws.unsupported_reason(target, local_kv)
-            assert reason is not None
+            if reason is None:  # T = 0 into a buffer the checks above accepted
+                self.last_kv_gather_path = "direct"
+                ws.gather(target, local_kv, checked=True)
+                return target
             if ws.unsupported_reason(target, local_kv, layout=False) is None:
                 # Only this rank's layouts stand in the way (see _packed): mend what is off, a
                 # packed copy of the rows and / or a fresh buffer copied into the caller's.
