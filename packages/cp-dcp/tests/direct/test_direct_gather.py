@@ -494,7 +494,8 @@ def test_a_rank_without_a_multicast_address_fails_the_gather_on_every_rank(
 ) -> None:
     """Rank 1's handle has no multicast address (``multicast_ptrs`` gives zeros on any
     failure of that rank): it raised alone and its peer kept the direct gather, each then
-    waiting in a different collective. The ranks now agree and all raise, naming rank 1."""
+    waiting in a different collective. The ranks now agree and all raise, naming rank 1, and
+    each releases the symmetric buffers it had allocated (they lived on with the traceback)."""
     from cpattn_common.workspace import DirectCPWorkspace
     from cpattn_dcp.direct import DirectPathUnavailable
 
@@ -505,6 +506,14 @@ def test_a_rank_without_a_multicast_address_fails_the_gather_on_every_rank(
         return [0 if self.rank == 1 else 0x1000] * self.num_ubatches
 
     monkeypatch.setattr(DirectCPWorkspace, "multicast_ptrs", multicast_ptrs)
+    closed: list[int] = []
+    real_close = DirectCPWorkspace.close
+
+    def close(self: DirectCPWorkspace) -> None:
+        closed.append(self.rank)
+        real_close(self)
+
+    monkeypatch.setattr(DirectCPWorkspace, "close", close)
     build = (_q(device, 4, 1, 8, torch.bfloat16, require_multicast=True) if which == "q"
              else _kv(device, 4, 8, torch.bfloat16, require_multicast=True))  # fmt: skip
 
@@ -518,6 +527,7 @@ def test_a_rank_without_a_multicast_address_fails_the_gather_on_every_rank(
     world, _ = sim_build(2, device, lambda g: None)
     for message in world.run(outcome):
         assert "requires NVLS symmetric-memory multicast; rank(s) [1] of 2" in message
+    assert sorted(closed) == [0, 1]
 
 
 def test_timeout_names_missing_ranks_of_groups_over_64(

@@ -115,7 +115,7 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         )
         self.recv_signal, self._sig_ptrs = self._allocate((2, n), torch.int64)
         if require_multicast:
-            _require_multicast(name, self.symmetric_workspace, [self.received_kv, self.recv_signal])
+            _require_multicast(self, [self.received_kv, self.recv_signal])
         self._block_w = min(next_pow2(token_dim), 4096)
         self._n_pow2 = next_pow2(n)
         self._nan_bits = nan_bits(dtype)  # what a failed wait stores into ``gathered_kv``

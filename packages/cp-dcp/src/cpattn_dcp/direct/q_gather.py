@@ -66,31 +66,36 @@ _PUBLISHED_AS_IS = frozenset(
 )
 
 
-def _require_multicast(name: str, symm: Any, storages: list[torch.Tensor]) -> None:
+def _require_multicast(workspace: DirectWorkspaceBase, storages: list[torch.Tensor]) -> None:
     """Raise ``DirectPathUnavailable`` (a ``RuntimeError``) on every rank unless every rank's
-    storages have a multicast pointer for every ubatch (collective over ``symm.group``).
+    storages have a multicast pointer for every ubatch (collective over the group); the
+    refusing ranks close ``workspace`` first, so its symmetric buffers are released at once
+    rather than with the last reference to the traceback.
 
     Whether a handle has a multicast address is this rank's own answer, so the ranks agree on
     it first: a rank that refused alone would take the NCCL gather while its peers wait in the
     direct one. The environment check comes first, so no multicast query is made where it is
     disabled.
     """
+    name, symm = workspace.name, workspace.symmetric_workspace
     env_off = multicast_disabled_by_env()
     ok = not env_off and all(
         (ptrs := symm.multicast_ptrs(storage)) and all(int(p) != 0 for p in ptrs)
         for storage in storages
     )
     flags = gather_rank_values(symm.group, agreement_flag(symm.group, symm.device), int(ok))
+    missing = [r for r, flag in enumerate(flags) if not flag]
+    if not missing:
+        return
+    workspace.close()  # every rank refuses together (the flags agree), so all close
     if env_off:
         raise DirectPathUnavailable(
             f"{name} requires NVLS symmetric-memory multicast, which the environment disables"
         )
-    missing = [r for r, flag in enumerate(flags) if not flag]
-    if missing:
-        raise DirectPathUnavailable(
-            f"{name} requires NVLS symmetric-memory multicast; rank(s) {missing} of "
-            f"{len(flags)} have no multicast address."
-        )
+    raise DirectPathUnavailable(
+        f"{name} requires NVLS symmetric-memory multicast; rank(s) {missing} of "
+        f"{len(flags)} have no multicast address."
+    )
 
 
 class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
@@ -180,7 +185,7 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         )
         self.recv_signal, self._sig_ptrs = self._allocate((2, n), torch.int64)
         if require_multicast:
-            _require_multicast(name, self.symmetric_workspace, [self.final_query, self.recv_signal])
+            _require_multicast(self, [self.final_query, self.recv_signal])
         # The wait stores NaN bit patterns through this view (its dtype Triton always knows).
         self._final_query_bits = self.final_query.view(same_size_int(dtype))
         self._publish_view = None if dtype in _PUBLISHED_AS_IS else same_size_int(dtype)
