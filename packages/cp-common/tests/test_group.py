@@ -208,6 +208,40 @@ def test_collectives_take_a_numpy_dim(
     assert results[1] == [[1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0], [3.0, 3.0]]
 
 
+def lazy_view_output_ranks(rank: int, world_size: int, device_type: str) -> list[list[float]]:
+    """Runs on every rank: the out-parameter collectives into outputs with torch's negative bit
+    (``torch._neg_view``) and, for a complex dtype, its conjugate bit."""
+    group = CPGroup()
+    dev = _rank_device(device_type)
+    x = torch.arange(4.0, device=dev).view(2, 2) + 10 * rank
+    results = []
+    for op in (group.all_gather_into_tensor, group.all_to_all_single):
+        rows = world_size * 2 if op == group.all_gather_into_tensor else 2
+        raw = torch.zeros(rows, 2, device=dev)
+        op(torch._neg_view(raw), x)
+        results.append((-raw).flatten().tolist())  # the view reads -raw: the values sent
+    z = torch.complex(x, x + 1)
+    raw_z = torch.zeros(world_size * 2, 2, dtype=torch.complex64, device=dev)
+    group.all_gather_into_tensor(raw_z.conj(), z)
+    results.append(raw_z.conj().imag.flatten().tolist())
+    return results
+
+
+def test_collectives_write_into_lazily_negated_outputs(
+    run_ranks: Callable[..., list[Any]], device: torch.device
+) -> None:
+    """c10d gathers into a resolved copy of an output with the negative (or conjugate) bit, so
+    the caller's buffer kept its zeros, silently; its memory now holds the values."""
+    results = run_ranks(lazy_view_output_ranks, 2, device.type)
+    gathered = [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]
+    for rank, (all_gathered, exchanged, imag) in enumerate(results):
+        assert all_gathered == gathered
+        assert (
+            exchanged == gathered[2 * rank : 2 * rank + 2] + gathered[4 + 2 * rank : 6 + 2 * rank]
+        )
+        assert imag == [v + 1 for v in gathered]
+
+
 # What torch raises for a collective the backend lacks, by the dist function CPGroup calls:
 # the c10d Backend base class (Backend.hpp) and older gloo's own reduce_scatter.
 _MISSING_OP_MESSAGES = {

@@ -137,13 +137,22 @@ def _dist_body(rank: int, world_size: int) -> dict[str, bool]:
     results["kv"] = all(
         torch.equal(buf[s * t : (s + 1) * t], full[:, 0, :] + s) for s in range(world_size)
     )
+    # A lazily negated buffer (torch's negative bit): c10d wrote into a resolved copy of it,
+    # so the caller's buffer kept its zeros.
+    raw = torch.zeros(world_size * t, d, device=device, dtype=torch.bfloat16)
+    negated = dcp_gather_kv(torch._neg_view(raw), local, group)
+    results["kv_negated_buffer"] = all(
+        torch.equal(negated[s * t : (s + 1) * t], full[:, 0, :] + s) for s in range(world_size)
+    )
     return results
 
 
 def test_gathers_multiprocess(run_ranks: RunRanks) -> None:
     """One real process-group launch (gloo on CPU, nccl on GPU) covering both gathers."""
     for res in run_ranks(_dist_body, 2):
-        assert res == {"query": True, "query_padded": True, "kv": True}
+        assert res == {
+            "query": True, "query_padded": True, "kv": True, "kv_negated_buffer": True,
+        }  # fmt: skip
 
 
 _NO_GRAD = r"call it under torch.no_grad\(\) / torch.inference_mode\(\), or pass detached tensors"
