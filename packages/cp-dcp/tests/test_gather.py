@@ -75,6 +75,21 @@ def test_gather_query_rejects_too_few_padded_heads(device: torch.device) -> None
         world.run(lambda g: dcp_gather_query(torch.zeros(1, 2, 8, device=device), g, 3))
 
 
+@pytest.mark.parametrize("padded", [8.0, True, "8"])
+@pytest.mark.parametrize("n", [1, 2])
+def test_gather_query_refuses_a_padded_head_count_that_is_not_an_int(
+    device: torch.device, n: int, padded: object
+) -> None:
+    """A float went on to ``torch.empty`` (an undocumented ``TypeError`` there) and ``True``
+    read as one head."""
+    query = torch.zeros(1, 2, 8, device=device)
+    world = SimulatedWorld(n, device)
+    with pytest.raises(TypeError, match="padded_num_heads must be an int"):
+        world.run(lambda g: dcp_gather_query(query, g, padded))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="padded_num_heads must be an int"):
+        reserve_query_head_storage(query, padded)  # type: ignore[arg-type]
+
+
 def test_gather_kv_simulated(device: torch.device) -> None:
     n, t, d = 3, 2, 8
     gen = torch.Generator(device="cpu").manual_seed(9)

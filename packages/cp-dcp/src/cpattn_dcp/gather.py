@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from cpattn_common.alloc import empty_output
+from cpattn_common.checks import check_positive_int
 from cpattn_common.dispatch import refuse_grad
 from cpattn_dcp.comm.groups import resolve_group
 
@@ -41,7 +42,9 @@ def reserve_query_head_storage(query: torch.Tensor, padded_num_heads: int) -> to
 
     Raises:
         ValueError: ``query`` not 3-D or ``padded_num_heads < H``.
+        TypeError: ``padded_num_heads`` is not an int (a bool or a float is refused).
     """
+    check_positive_int("padded_num_heads", padded_num_heads)
     if query.dim() != 3:
         raise ValueError(f"expected query [T, H, D], got shape {tuple(query.shape)}")
     t, h, d = query.shape
@@ -69,6 +72,8 @@ def dcp_gather_query(
 
     Raises:
         ValueError: ``query`` not 3-D or ``padded_num_heads < N*H_r``.
+        TypeError: ``padded_num_heads`` is neither ``None`` nor an int (a bool or a float is
+            refused).
         RuntimeError: grad mode is on and ``query`` requires grad (no autograd formula; on
             every world size, N = 1 included).
 
@@ -83,6 +88,8 @@ def dcp_gather_query(
     group = resolve_group(cp_group)
     n = group.world_size
     t, h_r, d = query.shape
+    if padded_num_heads is not None:
+        check_positive_int("padded_num_heads", padded_num_heads)
     if padded_num_heads is not None and padded_num_heads < n * h_r:
         raise ValueError(
             f"padded_num_heads {padded_num_heads} < gathered heads N*H_r = {n}*{h_r} = {n * h_r}"
