@@ -237,6 +237,35 @@ def test_argument_errors(op: Any, error: type[Exception], match: str) -> None:
         SimulatedWorld(2, timeout=10).run(op)
 
 
+_GRAD_CALLS: dict[str, Any] = {
+    "all_gather": lambda g, t: g.all_gather(t, 0),
+    "reduce_scatter": lambda g, t: g.reduce_scatter(t, 0),
+    "all_reduce": lambda g, t: g.all_reduce(t),
+    "all_gather_into_tensor": lambda g, t: g.all_gather_into_tensor(
+        torch.empty(2 * g.world_size, 4), t
+    ),
+    "all_to_all_single": lambda g, t: g.all_to_all_single(torch.empty(2, 4), t),
+}
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("op", list(_GRAD_CALLS))
+def test_collectives_refuse_tensors_that_require_grad_like_cpgroup(
+    op: str, world_size: int
+) -> None:
+    """The exchange detached its inputs, so a result came back without a gradient where
+    ``CPGroup`` raises: an op that relied on its group to refuse passed only here."""
+
+    def body(g: SimulatedGroup) -> None:
+        t = torch.ones(2, 4, requires_grad=True)
+        with pytest.raises(RuntimeError, match=f"^SimulatedGroup.{op}: .* requires grad"):
+            _GRAD_CALLS[op](g, t)
+        with torch.no_grad():
+            _GRAD_CALLS[op](g, t)
+
+    SimulatedWorld(world_size, timeout=10).run(body)
+
+
 def test_world_arguments() -> None:
     with pytest.raises(ValueError, match="world_size must be a positive int, got 0"):
         SimulatedWorld(0)

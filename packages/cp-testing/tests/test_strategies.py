@@ -159,3 +159,16 @@ def test_lse_tensors_blank_rows_at_about_the_asked_for_rate() -> None:
     draw()
     rate = sum(blank) / len(blank)
     assert 0.1 < rate < 0.32, rate
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_lse_tensors_without_posinf_never_overflow_to_posinf(dtype: torch.dtype) -> None:
+    """A ``magnitude`` beyond the dtype's range (1e5 for fp16) gave +inf after the cast,
+    although ``allow_posinf=False``."""
+
+    @settings(max_examples=200, deadline=None, database=None)
+    @given(cst.lse_tensors((8,), dtype=dtype, allow_posinf=False, magnitude=1e300))
+    def draw(t: torch.Tensor) -> None:
+        assert not torch.isposinf(t).any(), t
+
+    draw()

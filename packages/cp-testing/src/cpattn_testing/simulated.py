@@ -8,7 +8,9 @@ The groups implement the same interface as ``cpattn_common.group.CPGroup`` (the
 ``CPGroupLike`` protocol) with the same semantics, shape checks and world-size-1 shortcuts:
 ``all_gather(t, dim)``, ``reduce_scatter(t, dim)``, ``all_reduce(t)`` (out of place; use the
 return value), ``all_to_all_single(out, inp)``, ``all_gather_into_tensor(out, inp)`` and
-``barrier()``. Sums add the ranks' tensors in rank order, in the tensor's dtype.
+``barrier()``. Sums add the ranks' tensors in rank order, in the tensor's dtype. Like
+``CPGroup``'s, the collectives are inference only: with grad mode on, a tensor that requires
+grad raises ``RuntimeError`` (the exchange would drop its gradient).
 
 ``allocate_symmetric(shape, dtype, device)`` is the in-process stand-in for symmetric memory:
 a collective that gives each rank its own zero-filled buffer plus the buffers of every rank
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from cpattn_common.checks import check_positive_int
+from cpattn_common.dispatch import refuse_grad
 from cpattn_common.group import (
     check_all_gather_into_tensor_args,
     check_all_to_all_single_args,
@@ -157,12 +160,14 @@ class SimulatedGroup:
     # -- collectives ------------------------------------------------------------------------
     def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
         """``output [N*T, ...]`` = every rank's ``input [T, ...]``, rank-major along dim 0."""
+        refuse_grad("SimulatedGroup.all_gather_into_tensor", output=output, input=input)
         check_all_gather_into_tensor_args(output, input, self.world_size)
         parts = self._exchange("all_gather_into_tensor", input)
         output.copy_(torch.cat([p.to(output.device) for p in parts], dim=0))
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> None:
         """Equal-split all-to-all along dim 0: chunk n of ``input`` goes to rank n."""
+        refuse_grad("SimulatedGroup.all_to_all_single", output=output, input=input)
         n = self.world_size
         check_all_to_all_single_args(output, input, n)
         parts = self._exchange("all_to_all_single", input)
@@ -171,6 +176,7 @@ class SimulatedGroup:
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Elementwise sum over ranks, out of place (world size 1: ``tensor`` itself)."""
+        refuse_grad("SimulatedGroup.all_reduce", tensor=tensor)
         parts = self._exchange("all_reduce", tensor)
         if self.world_size == 1:
             return tensor
@@ -178,6 +184,7 @@ class SimulatedGroup:
 
     def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Concatenate every rank's ``tensor`` along ``dim`` in rank order (N = 1: itself)."""
+        refuse_grad("SimulatedGroup.all_gather", tensor=tensor)
         d = normalize_dim(dim, tensor.dim())
         parts = self._exchange(f"all_gather(dim={d})", tensor)
         if self.world_size == 1:
@@ -186,6 +193,7 @@ class SimulatedGroup:
 
     def reduce_scatter(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Sum over ranks, then keep this rank's equal chunk along ``dim`` (N = 1: itself)."""
+        refuse_grad("SimulatedGroup.reduce_scatter", tensor=tensor)
         d = normalize_dim(dim, tensor.dim())
         n = self.world_size
         size = tensor.shape[d]

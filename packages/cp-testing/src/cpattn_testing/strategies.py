@@ -123,7 +123,12 @@ def lse_tensors(
     ``[N, B, H]`` one source's request) is set to -inf with probability about
     ``empty_row_prob``: that source's KV shard is empty. Every source of a request empty
     happens too, by chance, and more often with a higher ``empty_row_prob``.
+
+    Values stay within ``dtype``'s finite range (``magnitude`` is capped at its largest
+    finite value), so ``allow_posinf=False`` holds for fp16 too (a draw above 65504 rounded to
+    +inf).
     """
+    magnitude = min(magnitude, torch.finfo(dtype).max)
     count = math.prod(shape)
     values = draw(
         st.lists(
