@@ -344,6 +344,23 @@ def test_aliased_arguments_and_foreign_pointers_refuse(fake_plan_runtime: dict[s
     )
 
 
+def test_a_pinned_host_argument_refuses(
+    fake_plan_runtime: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU kernel can read pinned host memory, so a call with pinned host tensors ran and was
+    recorded; the key has no pinned bit, so a pageable tensor of the same key then replayed
+    the plan (an illegal address), where Triton's launcher raises ValueError."""
+    spec = fake_plan_runtime["spec"]
+    x = torch.randn(300)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, *a: self is x)
+    for _ in range(3):
+        _scale_copy(spec, x, 100, 2.0)
+    info = launch_plans_info()
+    assert info["plans"] == 0
+    assert info["last_refusal"]["tests.scale_copy"] == "a pinned host tensor argument"
+    assert fake_plan_runtime["dry"] == []
+
+
 def test_views_of_arguments_map_with_offsets(fake_plan_runtime: dict[str, Any]) -> None:
     spec = fake_plan_runtime["spec"]
     x = torch.randn(300)
@@ -642,6 +659,30 @@ def test_a_recorder_that_loses_the_race_records_nothing(
             second.returns(y)
         first.returns(y)
     assert launch_plans_info()["recorded"] == 1
+
+
+def test_a_kernel_of_oversized_shared_memory_refuses(
+    fake_plan_runtime: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above 228 KiB of shared memory Triton launches with a launch attribute (oversized
+    shared memory) that a plan's plain launch does not set: such a kernel is not planned."""
+    spec = fake_plan_runtime["spec"]
+    monkeypatch.setattr(_Metadata, "shared", 228 * 1024 + 16)
+    x = torch.randn(300)
+    for _ in range(3):
+        _scale_copy(spec, x, 100, 2.0)
+    info = launch_plans_info()
+    assert info["plans"] == 0
+    assert (
+        "a compiled kernel a plain cuLaunchKernel cannot launch"
+        in (info["last_refusal"]["tests.scale_copy"])
+    )
+    monkeypatch.setattr(_Metadata, "shared", 228 * 1024)  # the largest a plain launch takes
+    lp._describe_cache.clear()
+    y = torch.randn(300)
+    for _ in range(3):
+        _scale_copy(spec, y, 150, 2.0)
+    assert launch_plans_info()["plans"] == 1
 
 
 def test_a_plan_that_cannot_be_built_is_a_refusal(fake_plan_runtime: dict[str, Any]) -> None:

@@ -265,6 +265,10 @@ def _ptx_param_count(ptx: str) -> int | None:
     return None if m is None else len(re.findall(r"\.param\s", m.group(1)))
 
 
+#: The most shared memory per block a plain ``cuLaunchKernel`` of a Triton kernel may use.
+_MAX_PLAIN_SHARED_BYTES = 228 * 1024
+
+
 def _describe(function: int) -> _KernelDesc | None:
     """The launch description of the compiled kernel behind ``function`` (``None`` when a
     plain ``cuLaunchKernel`` cannot launch it, or it is unknown)."""
@@ -276,7 +280,10 @@ def _describe(function: int) -> _KernelDesc | None:
         if compiled is not None:
             md = compiled.metadata
             plain = (
-                getattr(md, "num_ctas", 1) == 1
+                # Triton launches a kernel of more shared memory with a launch attribute
+                # (oversized shared memory, Triton 3.9's launcher) a plain launch lacks.
+                int(md.shared) <= _MAX_PLAIN_SHARED_BYTES
+                and getattr(md, "num_ctas", 1) == 1
                 and all(d == 1 for d in getattr(md, "cluster_dims", (1, 1, 1)))
                 and not getattr(md, "launch_cooperative_grid", False)
                 and not getattr(md, "launch_pdl", False)
@@ -460,6 +467,11 @@ class Recorder:
         if not self.launches:
             raise _Refused("no kernel launch")
         args = [(i, a) for i, a in enumerate(self.args) if type(a) is torch.Tensor]
+        # A kernel reaches host memory only when it is pinned, which a plan key does not tell
+        # from pageable memory: a plan of a pinned tensor would replay for a pageable one of
+        # the same key (an illegal address), where Triton's launcher raises ValueError.
+        if any(a.device.type == "cpu" and a.is_pinned() for _, a in args):
+            raise _Refused("a pinned host tensor argument")
         storages = [a.untyped_storage().data_ptr() for _, a in args]
         if len({s for s in storages if s}) != sum(1 for s in storages if s):
             raise _Refused("two tensor arguments share storage")
