@@ -47,6 +47,8 @@ SPECIAL_LSE_VALUES: tuple[float, ...] = (
     -1e4,
     88.0,  # exp overflows float32 just above 88.7
     -104.0,  # exp underflows float32 to 0 around -103.9
+    128.0,  # exp2 overflows float32 at 128 (base-2 LSEs)
+    -150.0,  # exp2 underflows float32 to 0 below -149
 )
 
 
