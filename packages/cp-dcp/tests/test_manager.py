@@ -662,6 +662,43 @@ def _negated(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@pytest.mark.parametrize("backend", ["ag_rs", "a2a", "ag_ar"])
+def test_inputs_with_the_negative_bit_combine_on_the_nccl_paths(
+    device: torch.device, backend: str
+) -> None:
+    """The NCCL combine ops refuse torch's negative bit, so the manager raised on one rank
+    (its peers then waited in the collective), where its direct path takes such an input."""
+    n, h_r, d = 2, 2, 8
+    cfg = (
+        DCPConfig(use_pcp=True)
+        if backend == "ag_ar"
+        else DCPConfig(comm_backend=backend, use_direct_a2a=False)
+    )
+    world = SimulatedWorld(n, device)
+    ms = _managers(world, cfg, num_heads=h_r, head_dim=d)
+    heads = n * h_r
+    case = make_dcp_decode_case(
+        seq_lens=[1, 5], world_size=n, num_heads=heads, head_dim=d, padding_rows=1,
+        dtype=torch.bfloat16, device=device, seed=7,
+    )  # fmt: skip
+    qsl = case.query_start_loc
+
+    def body(g: Any) -> torch.Tensor:
+        r = g.rank_in_group
+        out, lse = case.rank_inputs(r)
+        if r == 1:
+            out, lse = _negated(out), _negated(lse)
+        got = ms[r].combine(out, lse, seq_lens=case.local_seq_lens[r], query_start_loc=qsl)
+        assert isinstance(got, torch.Tensor)
+        return got
+
+    results = world.run(body)
+    for r, got in enumerate(results):
+        want = case.ref_out if backend == "ag_ar" else case.ref_out[:, r * h_r : (r + 1) * h_r]
+        assert_close_to_ref(got, want, dtype=torch.bfloat16)
+    assert ms[1].last_combine_path == backend
+
+
 @pytest.mark.parametrize("form", ["layout", "negative bit"])
 def test_rank_local_layouts_stay_on_the_direct_path(
     device: torch.device, patch_direct_gathers: Callable[[], None], form: str

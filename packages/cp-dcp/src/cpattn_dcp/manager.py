@@ -704,6 +704,13 @@ class DCPManager:
             path = "a2a"
         else:
             self._check_combine_inputs(partial_output, partial_lse)
+        if not torch.compiler.is_compiling():  # dynamo cannot trace is_neg()
+            # The NCCL ops refuse torch's negative bit (their kernels read memory); a copy
+            # holds the values, as on the direct path, so every path takes such an input.
+            if partial_output.is_neg():
+                partial_output = partial_output.resolve_neg()
+            if partial_lse.is_neg():
+                partial_lse = partial_lse.resolve_neg()
         self.last_combine_path = path
         op = {"a2a": dcp_a2a_lse_reduce, "ag_rs": cp_lse_ag_out_rs, "ag_ar": cp_lse_ag_out_ar}[path]
         result: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = op(
