@@ -211,8 +211,8 @@ def _contiguous_target(output: torch.Tensor) -> torch.Tensor:
     A lazily negated or conjugated view (torch's negative / conjugate bit) also gets a
     scratch: gloo wrote a negated view's values into a resolved copy, never into its memory
     (the caller's buffer was left as it was), and refused a conjugated one; ``copy_`` back
-    honours either bit. Traced code skips that
-    test: dynamo cannot trace ``is_neg()`` (such an output under ``torch.compile`` is untested).
+    honours either bit. Traced code skips that test: dynamo cannot trace ``is_neg()`` (such an
+    output under ``torch.compile`` is untested).
     """
     if output.is_contiguous() and (
         torch.compiler.is_compiling() or not (output.is_neg() or output.is_conj())

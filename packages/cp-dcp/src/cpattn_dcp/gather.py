@@ -90,10 +90,11 @@ def dcp_gather_query(
     t, h_r, d = query.shape
     if padded_num_heads is not None:
         check_positive_int("padded_num_heads", padded_num_heads)
-    if padded_num_heads is not None and padded_num_heads < n * h_r:
-        raise ValueError(
-            f"padded_num_heads {padded_num_heads} < gathered heads N*H_r = {n}*{h_r} = {n * h_r}"
-        )
+        if padded_num_heads < n * h_r:
+            raise ValueError(
+                f"padded_num_heads {padded_num_heads} < gathered heads N*H_r = "
+                f"{n}*{h_r} = {n * h_r}"
+            )
     if n == 1:
         if padded_num_heads is not None:
             return reserve_query_head_storage(query, padded_num_heads)
