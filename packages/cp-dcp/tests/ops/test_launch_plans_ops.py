@@ -249,3 +249,42 @@ def test_replayed_call_captures_into_a_cuda_graph(device: torch.device, plans: N
             set_launch_plans_enabled(True)
         torch.testing.assert_close(static_out, want_out, rtol=0, atol=0)
         torch.testing.assert_close(static_lse, want_lse, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_gpu_a_pinned_host_call_is_never_replayed_for_pageable_memory(
+    plans: None, device: torch.device
+) -> None:
+    """``mask_dcp_empty_shards_`` launches its kernel on host tensors too: pinned ones a GPU
+    kernel can read, pageable ones Triton's launcher refuses with ``ValueError``. A plan key
+    does not tell the two apart, so a plan recorded on pinned tensors would replay for
+    pageable ones (an illegal address that poisons the CUDA context): pinned calls are not
+    recorded."""
+    if device.type != "cuda":
+        pytest.skip("pinned host memory needs CUDA")
+
+    def args(pinned: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        lse = torch.randn(64, 8)
+        seq_lens = torch.tensor([0, 5, 3], dtype=torch.int32)
+        query_start_loc = torch.tensor([0, 10, 20, 30], dtype=torch.int32)
+        t = (lse, seq_lens, query_start_loc)
+        return tuple(x.pin_memory() for x in t) if pinned else t  # type: ignore[return-value]
+
+    for _ in range(3):  # compile, then a recording the pinned arguments refuse
+        lse, seq_lens, qsl = args(True)
+        want = lse.clone()
+        want[:10] = float("-inf")  # request 0's shard is empty
+        want[30:] = float("-inf")  # padding rows
+        mask_dcp_empty_shards_(lse, seq_lens, qsl)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(lse, want, rtol=0, atol=0)
+    info = launch_plans_info()
+    assert info["plans"] == 0, info
+    assert (
+        info["last_refusal"]["cpattn_dcp.mask_dcp_empty_shards_"] == "a pinned host tensor argument"
+    )
+    hits = info["hits"]
+    with pytest.raises(ValueError, match="cannot be accessed from Triton"):
+        mask_dcp_empty_shards_(*args(False))
+    torch.cuda.synchronize()
+    assert launch_plans_info()["hits"] == hits
