@@ -252,16 +252,12 @@ def test_replayed_call_captures_into_a_cuda_graph(device: torch.device, plans: N
 
 
 @pytest.mark.gpu
-def test_gpu_a_pinned_host_call_is_never_replayed_for_pageable_memory(
-    plans: None, device: torch.device
-) -> None:
+def test_gpu_a_pinned_host_call_is_never_replayed_for_pageable_memory(plans: None) -> None:
     """``mask_dcp_empty_shards_`` launches its kernel on host tensors too: pinned ones a GPU
     kernel can read, pageable ones Triton's launcher refuses with ``ValueError``. A plan key
     does not tell the two apart, so a plan recorded on pinned tensors would replay for
     pageable ones (an illegal address that poisons the CUDA context): pinned calls are not
     recorded."""
-    if device.type != "cuda":
-        pytest.skip("pinned host memory needs CUDA")
 
     def args(pinned: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         lse = torch.randn(64, 8)
