@@ -166,10 +166,25 @@ def _switches() -> dict[str, list[tuple[str, Callable[[], None]]]]:
     pack_plans = [a2a_mod._pack_plan]
     return {
         "unpack-evict": [
-            (label, _setter(a2a_mod, unpack_plans, _UNPACK_PAY_EVICT=policy))
-            for label, policy in (
-                ("shipped", a2a_mod._UNPACK_PAY_EVICT),
-                ("evict_first", "evict_first"),
+            (
+                label,
+                _setter(
+                    a2a_mod,
+                    unpack_plans,
+                    _UNPACK_PAY_EVICT=policy,
+                    _UNPACK_PAY_EVICT_MIN_N=min_n,
+                    _UNPACK_PAY_EVICT_MAX_D=max_d,
+                ),
+            )
+            for label, policy, min_n, max_d in (
+                (
+                    "shipped",
+                    a2a_mod._UNPACK_PAY_EVICT,
+                    a2a_mod._UNPACK_PAY_EVICT_MIN_N,
+                    a2a_mod._UNPACK_PAY_EVICT_MAX_D,
+                ),
+                ("none", "", 0, 0),
+                ("everywhere", "evict_first", 0, 1 << 30),
             )
         ],
         "unpack-onevec": [

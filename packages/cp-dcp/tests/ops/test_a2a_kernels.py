@@ -454,6 +454,40 @@ def test_unpack_large_grids_one_vector_per_thread(monkeypatch: pytest.MonkeyPatc
         a2a_mod._unpack_config.cache_clear()
 
 
+def test_unpack_payload_eviction_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``evict_first`` payload loads only on grids of _UNPACK_ONE_VECTOR_MIN_PROGRAMS programs
+    or more with N >= 4 and D <= 256 (the shapes where it measured faster); N=2, D=512,
+    decode grids and the knob off keep Triton's default."""
+    import cpattn_dcp.ops._common as common_mod
+    import cpattn_dcp.ops.a2a_combine as a2a_mod
+
+    monkeypatch.setattr(common_mod, "MIN_PROGRAMS", 264)  # the GPU value
+    monkeypatch.setattr(a2a_mod, "MIN_PROGRAMS", 264)
+
+    def evict(n: int, num_rows: int, d: int) -> object:
+        common_mod.tile_config.cache_clear()
+        a2a_mod._unpack_config.cache_clear()
+        a2a_mod._unpack_plan.cache_clear()
+        _, spec = a2a_mod._unpack_plan(n, num_rows, d, 2, False, True, False)
+        return spec.constexprs["PAY_EVICT"]
+
+    try:
+        # B=4096, bf16, H=64 (H_r = 64 / N) and H=128 D=512.
+        assert evict(8, 4096 * 8, 128) == "evict_first"
+        assert evict(4, 4096 * 16, 128) == "evict_first"
+        assert evict(8, 4096 * 8, 256) == "evict_first"
+        assert evict(2, 4096 * 32, 128) == ""
+        assert evict(8, 4096 * 16, 512) == ""
+        # B=64, H=64 D=128 N=8: 64 programs, a decode grid.
+        assert evict(8, 64 * 8, 128) == ""
+        monkeypatch.setattr(a2a_mod, "_UNPACK_PAY_EVICT", "")
+        assert evict(8, 4096 * 8, 128) == ""
+    finally:
+        common_mod.tile_config.cache_clear()
+        a2a_mod._unpack_config.cache_clear()
+        a2a_mod._unpack_plan.cache_clear()
+
+
 @pytest.mark.parametrize(
     ("b", "hr", "d", "dtype"),
     [

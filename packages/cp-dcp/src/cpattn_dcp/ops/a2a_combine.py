@@ -76,12 +76,17 @@ _UNPACK_ONE_VECTOR_MIN_PROGRAMS = 4096
 # Cache modifier of the unpack's output stores: "" (write-back). Streaming stores (".cs")
 # measured within the noise of it (+-0.03 of the copy bandwidth, same A/B).
 _UNPACK_OUT_CACHE = ""
-# Eviction policy of the unpack's payload loads ("": Triton's default). "evict_first", A/B
-# through the op against "" (H200, bf16, B=4096, one vector per thread at N=8, fraction of the
-# copy; results/h200-2026-12-01-s21/unpack_ab_evict-6c7da66.txt): H=64 D=128 N=8 / 4 / 2
+# Eviction policy of the unpack's payload loads ("" everywhere: Triton's default), used only
+# on grids of at least _UNPACK_ONE_VECTOR_MIN_PROGRAMS programs with N >= _UNPACK_PAY_EVICT_MIN_N
+# sources and D <= _UNPACK_PAY_EVICT_MAX_D. "evict_first" on every shape, A/B through the op
+# against "" (H200, bf16, B=4096, one vector per thread at N=8, fraction of the copy;
+# results/h200-2026-12-01-s21/unpack_ab_evict-6c7da66.txt): H=64 D=128 N=8 / 4 / 2
 # +0.009 / +0.010 / -0.005, D=256 +0.035 / +0.015 / -0.067, H=128 D=512 -0.007 / -0.030 /
 # -0.089; graph replay at B=64: D=512 N=8 2.98 against 2.64 us, D=256 N=4 2.00 against 1.77.
-_UNPACK_PAY_EVICT = ""
+# Hence the rule: the shapes that gained, decode grids left alone.
+_UNPACK_PAY_EVICT = "evict_first"
+_UNPACK_PAY_EVICT_MIN_N = 4
+_UNPACK_PAY_EVICT_MAX_D = 256
 # Pack: 16-byte vectors of the payload region one program copies, and its warps (the same
 # tile as the former record pack, H200, bf16, B=4096, fused mask: 256 vectors / 2 warps
 # 0.84-0.86 of the copy bandwidth at H=64 D=128, 0.96 at H=128 D=512; 512 / 4 and 1024 / 8
@@ -345,6 +350,13 @@ def _unpack_plan(
     """Grid and kernel specialization of the unpack-combine kernel (memoised per shape)."""
     grid0, block_r, block_d, num_warps = _unpack_config(n, num_rows, d, size)
     p = 4 // size
+    evict = (
+        _UNPACK_PAY_EVICT
+        if grid0 >= _UNPACK_ONE_VECTOR_MIN_PROGRAMS
+        and n >= _UNPACK_PAY_EVICT_MIN_N
+        and d <= _UNPACK_PAY_EVICT_MAX_D
+        else ""
+    )
     consts = (
         ("N", n),
         ("N_POW2", next_pow2(n)),
@@ -358,7 +370,7 @@ def _unpack_plan(
         ("IS_BASE_E", base_e),
         ("HAS_LSE_OUT", has_lse),
         ("OUT_CACHE", _UNPACK_OUT_CACHE),
-        ("PAY_EVICT", _UNPACK_PAY_EVICT),
+        ("PAY_EVICT", evict),
         ("num_warps", num_warps),
     )
     return (grid0,), _unpack_spec(consts)
