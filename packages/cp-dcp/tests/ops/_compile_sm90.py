@@ -40,8 +40,9 @@ _TYPES = {
 
 def _count(ptx: str) -> dict[str, dict[str, int]]:
     return {
-        "ld": dict(Counter(re.findall(r"ld\.global[\.\w]*", ptx))),
-        "st": dict(Counter(re.findall(r"st\.global[\.\w]*", ptx))),
+        # Whole mnemonics, eviction hints included (``ld.global.L1::evict_first.v4.b32``).
+        "ld": dict(Counter(re.findall(r"ld\.global[\.\w:]*", ptx))),
+        "st": dict(Counter(re.findall(r"st\.global[\.\w:]*", ptx))),
     }
 
 

@@ -47,10 +47,13 @@ def check_ptx_stats(stats: dict[str, dict[str, dict[str, dict[str, int]]]]) -> N
                 assert _vector(ld, "v2") + _vector(ld, "v4") > 0, where
                 assert _vector(st, "v2") + _vector(st, "v4") > 0, where
             elif case.startswith("unpack-"):
-                # 16-byte payload loads (16-byte blocks, D a multiple of 8), 16-byte output
-                # stores.
-                assert ld.get("ld.global.v4.b32", 0) > 0, where
+                # 16-byte payload loads (16-byte blocks, D a multiple of 8; evict_first on the
+                # large grids of ops.a2a_combine._UNPACK_PAY_EVICT), 16-byte output stores.
+                assert _vector(ld, "v4") > 0, where
                 assert st.get("st.global.v4.b32", 0) > 0, where
+                # evict_first only at N >= 4 and D <= 256 (of these cases: N=8, D=128).
+                evict = any("evict_first" in k for k in ld)
+                assert evict == case.startswith("unpack-4096-64-128-8-"), where
             elif case.startswith("packfallback-"):
                 # Input rows not 16-byte aligned (odd D, shifted pointer) or a strided head
                 # dim: payload loads (the .cg ones; the contiguous fp32 LSEs may be read as
