@@ -3,7 +3,8 @@
 # on (the default), the last page's tree (f4d7212; benchmarks/_ab_ref/s24ref = `git archive
 # f4d7212 packages/cp-common/src packages/cp-dcp/src`, carried) against this commit,
 # interleaved A B A B (runs 1-2 read the unpack's replay at 1.55-1.64x add_, the last page
-# 1.42-1.44x); then the GPU tests of cp-common, cp-pcp and cp-testing.
+# 1.42-1.44x); then the GPU tests of cp-common, cp-pcp and cp-testing, and the sm_90 compile
+# test (fixed after run 2).
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 unset CPATTN_LAUNCH_PLANS
 SECONDS=0
@@ -21,6 +22,7 @@ done
 grep -vi warning $OUT/host_ab-$1.txt | head -60
 timeout $((590 - SECONDS)) bash scripts/gpu_tests.sh -q -rsfE --durations=5 \
     packages/cp-common/tests packages/cp-pcp/tests packages/cp-testing/tests \
+    packages/cp-dcp/tests/ops/test_kernels_compile.py \
     > $OUT/gpu_tests-rest-$1.txt 2>&1
 echo "rest tests rc=$? at ${SECONDS}s"; tail -1 $OUT/gpu_tests-rest-$1.txt
 grep -hE '^(FAILED|ERROR)' $OUT/gpu_tests-rest-$1.txt | head
