@@ -83,7 +83,11 @@ _UNPACK_OUT_CACHE = ""
 # results/h200-2026-12-01-s21/unpack_ab_evict-6c7da66.txt): H=64 D=128 N=8 / 4 / 2
 # +0.009 / +0.010 / -0.005, D=256 +0.035 / +0.015 / -0.067, H=128 D=512 -0.007 / -0.030 /
 # -0.089; graph replay at B=64: D=512 N=8 2.98 against 2.64 us, D=256 N=4 2.00 against 1.77.
-# Hence the rule: the shapes that gained, decode grids left alone.
+# Hence the rule: the shapes that gained, decode grids left alone. The rule against "" and
+# against evict_first on every large grid, two interleaved rounds (variants.py --ab
+# unpack-evict, results/h200-2026-12-01-s24/ab_unpack_evict-8de9e21.txt): H=64 D=128 N=8
+# 0.863 / 0.842 against 0.831 / 0.855 (""), D=256 N=8 0.986 / 0.970 against 0.940 / 0.955,
+# D=256 N=2 1.007 / 0.992 against 0.935 / 0.922 (everywhere); decode replay within 0.04 us.
 _UNPACK_PAY_EVICT = "evict_first"
 _UNPACK_PAY_EVICT_MIN_N = 4
 _UNPACK_PAY_EVICT_MAX_D = 256
