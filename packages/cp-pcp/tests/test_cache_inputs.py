@@ -90,6 +90,44 @@ def test_single_rank_is_identity(
     assert torch.equal(s, slots[:5])
 
 
+@pytest.mark.parametrize("shard_decode_requests", [False, True])
+def test_single_rank_gathers_strided_inputs_into_contiguous_rows(
+    fake_group: MakeGroup, shard_decode_requests: bool
+) -> None:
+    """K and V split from a fused QKV projection are row-strided views: a group of one returns
+    its input, so the gathered rows must still come back contiguous (and not alias the
+    caller's tensor), as at N > 1."""
+    qkv = torch.randn(4, 24, generator=torch.Generator().manual_seed(3))
+    key, value = qkv[:, 8:16].view(4, 2, 4), qkv[:, 16:].view(4, 2, 4)
+    slots = torch.arange(4)
+    k, v, _ = maybe_gather_kv_cache_inputs(
+        key, value, slots, 0, True, shard_decode_requests, pcp_group=fake_group(1)
+    )
+    for got, want in ((k, key), (v, value)):
+        assert got.is_contiguous()
+        assert got.data_ptr() != want.data_ptr()
+        assert torch.equal(got, want)
+
+
+def test_non_tensor_inputs_are_type_errors(fake_group: MakeGroup) -> None:
+    x = _inputs(4, torch.device("cpu"))
+    slots = torch.arange(8)
+    g2 = fake_group(2)
+    with pytest.raises(TypeError, match=r"slot_mapping must be a torch\.Tensor, got list"):
+        maybe_gather_kv_cache_inputs(x["key"], x["value"], list(range(8)), 0, True, pcp_group=g2)
+    with pytest.raises(TypeError, match=r"value must be a torch\.Tensor, got NoneType"):
+        maybe_gather_kv_cache_inputs(x["key"], None, slots, 0, True, pcp_group=g2)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"k_pe must be a torch\.Tensor, got ndarray"):
+        maybe_gather_mla_latent_cache_inputs(
+            x["kv_c"],
+            x["k_pe"].numpy(),
+            slots,
+            0,
+            True,
+            pcp_group=g2,  # type: ignore[arg-type]
+        )
+
+
 def test_unexpanded_decode_slot_mapping_keeps_decode_rows(fake_group: MakeGroup) -> None:
     # Replicated draft decodes: 3 decode rows, 2 rows of DP padding, unexpanded mapping of 4.
     x = _inputs(5, torch.device("cpu"))

@@ -101,6 +101,8 @@ def test_maybe_all_gather_q_bad_input(fake_group: MakeGroup) -> None:
         maybe_all_gather_q_for_dcp(torch.zeros(3), 2, 2)
     with pytest.raises(ValueError, match="dtype"):
         maybe_all_gather_q_for_dcp((torch.zeros(3, 2, 4), torch.zeros(3, 2, 2).half()), 2, 2)
+    with pytest.raises(TypeError, match=r"q\[1\] \(pe\) must be a torch.Tensor, got NoneType"):
+        maybe_all_gather_q_for_dcp((torch.zeros(3, 2, 4), None), 2, 2)  # type: ignore[arg-type]
     # The layout is checked even when the query is already replicated.
     with pytest.raises(ValueError, match="dcp_world_size"):
         maybe_all_gather_q_for_dcp(torch.zeros(3, 2, 4), 2, 4, already_replicated=True)

@@ -124,3 +124,7 @@ def test_bad_input(device: torch.device) -> None:
     bad = dict(b, key=b["key"].to("meta"))
     with pytest.raises(ValueError, match="key is on meta"):
         build_mixed_decode_subset(**bad)
+    for name in ("query_start_loc", "is_prefilling", "query", "key", "block_table"):
+        bad = dict(b, **{name: b[name].tolist()})
+        with pytest.raises(TypeError, match=f"{name} must be a torch.Tensor, got list"):
+            build_mixed_decode_subset(**bad)

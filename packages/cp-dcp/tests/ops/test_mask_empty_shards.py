@@ -169,6 +169,11 @@ def test_none_is_noop(device: torch.device) -> None:
     before = lse.clone()
     mask_dcp_empty_shards_(lse, None, None)
     assert torch.equal(lse, before)
+    # The no-op still checks lse, as its docstring says.
+    with pytest.raises(ValueError, match="float64"):
+        mask_dcp_empty_shards_(lse.double(), None, None)
+    with pytest.raises(ValueError, match=r"expected lse \[B, H\]"):
+        mask_dcp_empty_shards_(lse[0], None, None)
 
 
 def test_bad_inputs(device: torch.device) -> None:

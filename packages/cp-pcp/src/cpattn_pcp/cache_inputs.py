@@ -38,6 +38,7 @@ import torch
 from cpattn_common.checks import check_bool, is_index_dtype
 from cpattn_common.dispatch import refuse_grad
 from cpattn_common.group import CPGroupLike
+from cpattn_pcp._checks import require_tensors
 from cpattn_pcp._group import GroupArg, resolve_group
 
 __all__ = [
@@ -54,7 +55,9 @@ def _all_gather_rows(group: CPGroupLike, x: torch.Tensor) -> torch.Tensor:
     for s in x.shape[1:]:
         width *= s
     gathered = group.all_gather(x.reshape(rows, width), dim=0)
-    return gathered.reshape(group.world_size * rows, *x.shape[1:])
+    # A group of one returns its input: a strided one (K split from a fused QKV projection)
+    # would come back strided and aliased. For N > 1 the gather's output is contiguous.
+    return gathered.reshape(group.world_size * rows, *x.shape[1:]).contiguous()
 
 
 def _validate(
@@ -62,6 +65,7 @@ def _validate(
     slot_mapping: torch.Tensor,
     num_decode_tokens: int,
 ) -> int:
+    require_tensors(**dict(tensors), slot_mapping=slot_mapping)
     rows = {name: (t.shape[0] if t.dim() > 0 else None) for name, t in tensors}
     first = tensors[0][1].shape[0] if tensors[0][1].dim() > 0 else None
     # Compared, not hashed (no set()): under symbolic tracing a size is an unhashable SymInt.
@@ -167,7 +171,8 @@ def maybe_gather_mla_latent_cache_inputs(
     Raises:
         ValueError: row counts differ, ``D`` out of range, slot mapping too short, inputs on
             several devices, or a gather is needed without ``pcp_group``.
-        TypeError: ``slot_mapping``'s dtype is not one of ``cpattn_common.checks.INDEX_DTYPES``
+        TypeError: a cache input or ``slot_mapping`` that is not a tensor; ``slot_mapping``'s
+            dtype is not one of ``cpattn_common.checks.INDEX_DTYPES``
             (bool, floating, complex, quantized and sub-byte dtypes are refused),
             ``num_decode_tokens`` is not an int, or ``use_pcp`` / ``shard_decode_requests`` is
             not a bool.
@@ -202,8 +207,9 @@ def maybe_gather_kv_cache_inputs(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gather GQA/MHA key and value cache inputs so every rank writes the full cache.
 
-    Key and value travel in separate gathers, so each result stays contiguous with the head
-    stride equal to the head size (what paged-cache writers expect).
+    Key and value travel in separate gathers, so each gathered result is contiguous with the
+    head stride equal to the head size (what paged-cache writers expect); rows that need no
+    gather (decode rows, an unexpanded mapping) are returned as views of the inputs.
 
     Args:
         key: ``[T, Hkv, Dk]``.

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from cpattn_common.checks import is_index_dtype
+from cpattn_pcp._checks import require_tensors
 
 __all__ = ["DecodeSubset", "build_mixed_decode_subset"]
 
@@ -90,12 +91,23 @@ def build_mixed_decode_subset(
             below row 0 or decreasing; key or value on another device than ``query``. (A
             ``query`` with fewer rows than ``query_start_loc[-1]`` is accepted, as vLLM does:
             the token mask is truncated to its rows, the per-request metadata is not.)
-        TypeError: ``query_start_loc`` not an integer tensor (int8/16/32/64 or
+        TypeError: a non-tensor argument (``key`` / ``value`` may be ``None``);
+            ``query_start_loc`` not an integer tensor (int8/16/32/64 or
             uint8/16/32/64: ``cpattn_common.checks.INDEX_DTYPES``), ``is_prefilling`` a
             floating tensor.
     """
     if is_prefilling is None:
         return None
+    require_tensors(
+        is_prefilling=is_prefilling,
+        query_start_loc=query_start_loc,
+        query=query,
+        dcp_context_kv_lens=dcp_context_kv_lens,
+        block_table=block_table,
+    )
+    for name, optional in (("key", key), ("value", value)):
+        if optional is not None:
+            require_tensors(**{name: optional})
     if not is_index_dtype(query_start_loc.dtype):
         raise TypeError(
             "query_start_loc must be an integer tensor (int8/16/32/64 or uint8/16/32/64), got "

@@ -266,15 +266,16 @@ def mask_dcp_empty_shards_(
     Returns:
         ``lse`` (the same tensor). Rows past ``query_start_loc[R]`` and rows of requests with
         ``seq_lens == 0`` hold -inf for every head; other rows are untouched. Both ``None``
-        is a no-op.
+        is a no-op (``lse`` is still checked: a 2-D tensor of a supported dtype).
 
     Raises:
-        ValueError: exactly one of ``seq_lens``/``query_start_loc`` is ``None``, they are
-            not 1-D, ``len(query_start_loc) != len(seq_lens) + 1``, devices differ, or
-            (masking on) ``lse`` has elements that share memory (an expanded view) or
-            torch's negative bit (``checks.check_no_neg_bit``).
-        TypeError: non-floating ``lse``; ``seq_lens``/``query_start_loc`` not tensors or not
-            of an integer dtype (bool, floating and complex are not).
+        ValueError: ``lse`` not 2-D or of a floating dtype other than fp32/fp16/bf16; exactly
+            one of ``seq_lens``/``query_start_loc`` is ``None``, they are not 1-D,
+            ``len(query_start_loc) != len(seq_lens) + 1``, devices differ, or (masking on)
+            ``lse`` has elements that share memory (an expanded view) or torch's negative bit
+            (``checks.check_no_neg_bit``).
+        TypeError: ``lse`` not a floating tensor; ``seq_lens``/``query_start_loc`` not
+            tensors or not of an integer dtype (bool, floating and complex are not).
         RuntimeError: (masking on) grad mode is on and ``lse`` requires grad: the op has no
             autograd formula, so the gradient would ignore the masking.
 
