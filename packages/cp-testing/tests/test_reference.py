@@ -80,6 +80,22 @@ def test_combine_empty_source_with_nan_output_is_ignored(bad: float) -> None:
 
 
 @pytest.mark.parametrize("base_e", [True, False])
+def test_a_source_whose_fp32_weight_underflows_adds_exactly_zero(base_e: bool) -> None:
+    """A finite LSE 110 (base e) below the row's largest has a float64 weight of about 1e-48
+    but 0 in fp32: its NaN partial adds nothing, in both references (the ops' convention).
+    """
+    gap = 110.0 if base_e else 110.0 / math.log(2)
+    out = _t([[[[3.0, -4.0]]], [[[NAN, NAN]]], [[[1.0, 2.0]]]])
+    lse = _t([[[0.5]], [[0.5 - gap]], [[-INF]]])
+    got_out, got_lse = lse_combine_ref(out, lse, is_lse_base_on_e=base_e)
+    assert torch.equal(got_out[0, 0], _t([3.0, -4.0]))
+    assert got_lse.item() == 0.5
+    for rank in range(3):
+        rescaled, _ = correct_attn_out_ref(out[rank], lse, rank, is_lse_base_on_e=base_e)
+        assert not rescaled.isnan().any()
+
+
+@pytest.mark.parametrize("base_e", [True, False])
 def test_combine_all_sources_empty_gives_zero_and_neginf(base_e: bool) -> None:
     out = torch.full((3, 2, 1, 4), NAN, dtype=torch.float64)
     lse = _t([[[-INF], [NAN]], [[INF], [-INF]], [[NAN], [INF]]])

@@ -204,6 +204,12 @@ def test_numerics_table(device: torch.device) -> None:
             torch.tensor([0.0, -100.0], device=device).view(2, 1, 1).expand(2, 1, 4).contiguous(),
         )
         torch.testing.assert_close(out, o[0], rtol=1e-5, atol=1e-6)
+        # a NaN partial 110 below: its fp32 weight underflows to 0, so it adds exactly 0
+        out, lse = fn(
+            torch.stack([o[0], torch.full_like(o[0], float("nan"))]),
+            torch.tensor([0.0, -110.0], device=device).view(2, 1, 1).expand(2, 1, 4).contiguous(),
+        )
+        torch.testing.assert_close(out, o[0], rtol=1e-5, atol=1e-6)
 
 
 def _paths(device: torch.device) -> list:

@@ -177,6 +177,20 @@ def test_empty_partition(device: torch.device, x: float, base_e: bool) -> None:
     assert torch.equal(lse, torch.zeros_like(lse))
 
 
+@pytest.mark.parametrize("base_e", [True, False])
+def test_a_weight_that_underflows_in_fp32_is_exactly_zero(
+    device: torch.device, base_e: bool
+) -> None:
+    """A finite LSE 110 (base e) below the row's largest: its fp32 weight is 0, so its NaN
+    partial becomes exactly 0 (docs/conventions.md, "Numerics")."""
+    gap = 110.0 if base_e else 110.0 / math.log(2)
+    lses = torch.tensor([[[0.0, 0.0]], [[-gap, -gap]]], device=device)
+    out = torch.full((1, 2, 8), math.nan, device=device)
+    out, lse = correct_attn_out(out, lses, 1, is_lse_base_on_e=base_e)
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(lse, torch.zeros_like(lse))
+
+
 def test_all_empty_row(device: torch.device) -> None:
     lses = torch.tensor([[[math.nan]], [[math.inf]], [[-math.inf]]], device=device)
     out = torch.full((1, 1, 8), math.nan, device=device)

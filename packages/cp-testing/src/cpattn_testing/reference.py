@@ -80,8 +80,15 @@ def lse_combine_ref(
     For each (row b, head h), with ``l_n`` the sanitised LSEs (NaN/+inf -> -inf) in base e::
 
         L   = ln(sum_n exp(l_n))                  (-inf when every l_n is -inf)
-        w_n = exp(l_n - L)                        (0 when l_n is -inf)
+        w_n = exp(l_n - L)                        (0 when l_n is -inf or w_n is 0 in fp32)
         out = sum_n (w_n * o_n  if w_n != 0 else 0)
+
+    A weight that underflows to 0 in fp32 (``l_n`` more than about 104 below ``L``) is 0, as
+    in the ops (``docs/conventions.md``, "Numerics"): such a source adds exactly 0 even when
+    its partial is NaN, where its float64 weight (about 1e-46 or less) would spread the NaN.
+    Between about 87 and 104 below, a GPU kernel's weight is already 0 (its ``exp2`` flushes
+    subnormals) while this one keeps the subnormal: a NaN partial there makes the reference
+    row NaN, which the tolerance checks skip rather than fail on either platform.
 
     Args:
         outs: partial outputs ``[N, B, H, D]`` (any float dtype).
@@ -119,6 +126,8 @@ def _combine_weights(
     shifted = torch.exp(lse - m)  # [N, B, H]; 0 for -inf sources
     total = shifted.sum(dim=0)  # [B, H]; 0 when every source is -inf
     weights = torch.where(total > 0, shifted / total.clamp_min(1e-300), 0.0)
+    # The ops accumulate in fp32: a weight below its smallest subnormal is 0 there.
+    weights = torch.where(weights.to(torch.float32) == 0, 0.0, weights)
     combined = torch.where(total > 0, m + torch.log(total.clamp_min(1e-300)), -math.inf)
     if not is_lse_base_on_e:
         combined = combined / LN2
