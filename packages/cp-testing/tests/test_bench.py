@@ -227,6 +227,17 @@ def test_a_host_target_with_an_errored_row_is_not_met() -> None:
     assert (r.measured, r.expected) == (1, 2)
 
 
+def test_an_ok_row_without_a_metric_value_still_counts_as_expected() -> None:
+    """A selected "ok" row whose metric is missing is unmeasured, with a wildcard selector
+    too (the host target selects by kernel only): the target reads "incomplete", not "met"."""
+    res = fake_results()
+    target = next(t for t in _targets() if t.name == "host/merge_attn_states")
+    res.host.append(dataclasses.replace(res.host[0], H=64, D=128, host_us=None))
+    r = hb.evaluate_target(target, res)
+    assert r.status == "incomplete"
+    assert (r.measured, r.expected) == (1, 2)
+
+
 def test_markdown_page() -> None:
     res = fake_results()
     md = hb.render_markdown(res, _targets(), png_name="performance.png", regenerate="Run `x`.",

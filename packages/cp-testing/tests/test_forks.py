@@ -36,3 +36,26 @@ def test_a_blocked_child_is_killed_and_reported() -> None:
             return True
 
     assert fork_while_held([lock], wait_forever, timeout_s=1.0) is None
+
+
+def test_locks_the_holder_cannot_take_raise_instead_of_forking() -> None:
+    """A fork without the locks held would test nothing: the child would find them free."""
+    import contextlib
+    from collections.abc import Iterator
+
+    @contextlib.contextmanager
+    def broken() -> Iterator[None]:
+        raise OSError("cannot take it")
+        yield
+
+    lock = threading.Lock()
+    with pytest.raises(RuntimeError, match="did not take the locks") as info:
+        fork_while_held([broken(), lock], lambda: lock.acquire(timeout=0.2), timeout_s=1.0)
+    assert isinstance(info.value.__cause__, OSError)
+    taken = threading.Lock()
+    taken.acquire()
+    try:
+        with pytest.raises(RuntimeError, match=r"within 0\.2 s"):
+            fork_while_held([taken], lambda: True, timeout_s=0.2)
+    finally:
+        taken.release()

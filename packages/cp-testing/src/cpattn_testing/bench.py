@@ -1000,9 +1000,9 @@ def evaluate_target(target: Target, results: Results) -> TargetResult:
     has_wildcard = not (target.dtypes and target.shapes and target.ns and target.bs)
 
     measured: dict[tuple[Any, ...], tuple[float, bool]] = {}
-    # Selected rows that were not measured (an error, a time budget, a refused replay): with a
-    # wildcard selector they still count as expected, so the target cannot read "met" on the
-    # rows that happened to work.
+    # Selected rows that were not measured (an error, a time budget, a refused replay, no finite
+    # metric value): with a wildcard selector they still count as expected, so the target
+    # cannot read "met" on the rows that happened to work.
     unmeasured: set[tuple[Any, ...]] = set()
     worst: float | None = None
     worst_where = ""
@@ -1013,7 +1013,8 @@ def evaluate_target(target: Target, results: Results) -> TargetResult:
             unmeasured.add((row.dtype, row.H, row.D, row.N, row.B))
             continue
         value = _row_value(row, target.metric)
-        if value is None:
+        if value is None:  # ok, yet no finite metric: expected all the same
+            unmeasured.add((row.dtype, row.H, row.D, row.N, row.B))
             continue
         ok = _passes(value, target.op, target.threshold)
         if not ok and target.alt_metric is not None:

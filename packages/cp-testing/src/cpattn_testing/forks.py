@@ -37,19 +37,37 @@ def fork_while_held(
         The child's exit code: 0 when ``in_child()`` returned ``True``, 1 when it returned
         ``False`` or raised. ``None`` when the child did not finish within ``timeout_s`` (it
         was killed): it blocked, typically on a lock held at the fork.
+
+    Raises:
+        RuntimeError: the other thread did not take every lock within ``timeout_s`` (entering
+            one raised, or it is held elsewhere); nothing was forked.
     """
     held, release = threading.Event(), threading.Event()
+    failure: list[BaseException] = []
 
     def hold() -> None:
-        with ExitStack() as stack:
-            for lock in locks:
-                stack.enter_context(lock)
-            held.set()
-            release.wait(timeout_s)
+        try:
+            with ExitStack() as stack:
+                for lock in locks:
+                    stack.enter_context(lock)
+                held.set()
+                release.wait(timeout_s)
+        except BaseException as exc:  # reported by the parent
+            failure.append(exc)
 
     holder = threading.Thread(target=hold)
     holder.start()
-    held.wait(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while not held.wait(0.01) and holder.is_alive() and time.monotonic() < deadline:
+        pass
+    if not held.is_set():
+        # A fork now would test nothing: the child would find the locks free.
+        release.set()
+        holder.join(timeout_s)
+        cause = failure[0] if failure else None
+        raise RuntimeError(
+            f"the holder thread did not take the locks within {timeout_s} s"
+        ) from cause
     try:
         with warnings.catch_warnings():  # forking a multi-threaded process: the point here
             warnings.simplefilter("ignore", DeprecationWarning)
