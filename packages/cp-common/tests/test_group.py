@@ -6,6 +6,7 @@ native and fallback collectives) and returns the list of failures.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -240,6 +241,88 @@ def test_collectives_write_into_lazily_negated_outputs(
             exchanged == gathered[2 * rank : 2 * rank + 2] + gathered[4 + 2 * rank : 6 + 2 * rank]
         )
         assert imag == [v + 1 for v in gathered]
+
+
+def lazy_view_input_ranks(rank: int, world_size: int, device_type: str) -> list[list[float]]:
+    """Runs on every rank: every collective with a conjugated complex input (``z.conj()``)
+    and a negated real one (``torch._neg_view``); returns the imaginary / real parts."""
+    group = CPGroup()
+    dev = _rank_device(device_type)
+    x = torch.arange(4.0, device=dev).view(2, 2) + 10 * rank
+    z = torch.complex(x, x + 1).conj()  # imaginary part -(x + 1)
+    results = [
+        group.all_gather(z, dim=0).imag.flatten().tolist(),
+        group.reduce_scatter(z, dim=0).imag.flatten().tolist(),
+        group.all_reduce(z).imag.flatten().tolist(),
+        group.all_gather(torch._neg_view(x), dim=0).flatten().tolist(),
+        group.reduce_scatter(torch._neg_view(x), dim=0).flatten().tolist(),
+    ]
+    for op in (group.all_gather_into_tensor, group.all_to_all_single):
+        rows = world_size * 2 if op == group.all_gather_into_tensor else 2
+        out = torch.zeros(rows, 2, dtype=torch.complex64, device=dev)
+        op(out, z)
+        results.append(out.imag.flatten().tolist())
+    return results
+
+
+def test_collectives_take_lazily_conjugated_and_negated_inputs(
+    run_ranks: Callable[..., list[Any]], device: torch.device
+) -> None:
+    """``contiguous()`` keeps torch's conjugate bit, and gloo refused such an input
+    (``view_as_real``) at world size 2 while world size 1 took it."""
+    results = run_ranks(lazy_view_input_ranks, 2, device.type)
+    x = [[0.0, 1.0, 2.0, 3.0], [10.0, 11.0, 12.0, 13.0]]
+    imag = [[-(v + 1) for v in rows] for rows in x]
+    summed = [a + b for a, b in zip(*x, strict=True)]
+    for rank, (
+        gathered,
+        scattered,
+        reduced,
+        neg_gathered,
+        neg_scattered,
+        gathered_into,
+        a2a,
+    ) in enumerate(results):
+        assert gathered == imag[0] + imag[1]
+        assert scattered == [-(v + 2) for v in summed][2 * rank : 2 * rank + 2]
+        assert reduced == [-(v + 2) for v in summed]
+        assert neg_gathered == [-v for v in x[0] + x[1]]
+        assert neg_scattered == [-v for v in summed][2 * rank : 2 * rank + 2]
+        assert gathered_into == imag[0] + imag[1]
+        assert a2a == imag[0][2 * rank : 2 * rank + 2] + imag[1][2 * rank : 2 * rank + 2]
+
+
+def non_tensor_ranks(rank: int, world_size: int, device_type: str) -> list[str]:
+    """Runs on every rank: each collective with a non-tensor argument; the errors raised."""
+    group = CPGroup()
+    t = torch.zeros(2 * world_size, 2, device=_rank_device(device_type))
+    calls: dict[str, Callable[[], object]] = {
+        "all_gather": lambda: group.all_gather([1.0]),  # type: ignore[arg-type]
+        "reduce_scatter": lambda: group.reduce_scatter(t.cpu().numpy()),  # type: ignore[arg-type]
+        "all_reduce": lambda: group.all_reduce(1.0),  # type: ignore[arg-type]
+        "all_gather_into_tensor": lambda: group.all_gather_into_tensor(t, None),  # type: ignore[arg-type]
+        "all_to_all_single": lambda: group.all_to_all_single(None, t),  # type: ignore[arg-type]
+    }
+    raised = []
+    for call in calls.values():
+        try:
+            call()
+            raised.append("no error")
+        except Exception as exc:  # what each raised, compared by the test
+            raised.append(f"{type(exc).__name__}: {exc}")
+    return raised
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_collectives_refuse_non_tensors_on_every_world_size(
+    run_ranks: Callable[..., list[Any]], device: torch.device, world_size: int
+) -> None:
+    """A non-tensor raised AttributeError from inside (or went through at world size 1)."""
+    names = ["all_gather", "reduce_scatter", "all_reduce", "all_gather_into_tensor"]
+    names.append("all_to_all_single")
+    for raised in run_ranks(non_tensor_ranks, world_size, device.type):
+        for name, got in zip(names, raised, strict=True):
+            assert re.fullmatch(rf"TypeError: CPGroup\.{name}: \w+ must be a torch\.Tensor.*", got)
 
 
 # What torch raises for a collective the backend lacks, by the dist function CPGroup calls:

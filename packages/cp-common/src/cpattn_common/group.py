@@ -205,6 +205,21 @@ def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a_lo < b_hi and b_lo < a_hi
 
 
+def _require_tensors(op: str, /, **tensors: object) -> None:
+    """``TypeError`` naming the first of ``tensors`` that is not a ``torch.Tensor`` (it would
+    otherwise fail on an attribute, or pass through unchanged at world size 1)."""
+    for name, value in tensors.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(value).__name__}")
+
+
+def _resolved_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous and without torch's conjugate or negative bit: the input of a
+    collective. ``contiguous()`` keeps either bit, and gloo refuses a conjugated input
+    (``view_as_real``); each ``resolve_*`` returns ``t`` itself when its bit is not set."""
+    return t.resolve_conj().resolve_neg().contiguous()
+
+
 def _contiguous_target(output: torch.Tensor) -> torch.Tensor:
     """``output`` itself when contiguous, else a contiguous scratch to copy back from.
 
@@ -233,7 +248,9 @@ class CPGroup:
     The collectives are inference only: with grad mode on, a tensor argument that requires
     grad raises ``RuntimeError`` (``cpattn_common.dispatch.refuse_grad``), on every world size.
     Without that, the all-gathers failed with an obscure view error, and the others returned
-    results without a gradient or with one that ignored the other ranks.
+    results without a gradient or with one that ignored the other ranks. A non-tensor argument
+    raises ``TypeError``, also at world size 1. Inputs may carry torch's conjugate or negative
+    bit (``z.conj()``, ``torch._neg_view``): a resolved copy is what travels.
 
     Attributes:
         world_size: N, the group size.
@@ -312,13 +329,14 @@ class CPGroup:
             output: ``[N*T, *rest]``, same dtype/device as ``input``; any strides.
             input: ``[T, *rest]``; any strides.
         """
+        _require_tensors("CPGroup.all_gather_into_tensor", output=output, input=input)
         refuse_grad("CPGroup.all_gather_into_tensor", output=output, input=input)
         n = self._world_size
         check_all_gather_into_tensor_args(output, input, n)
         if n == 1:
             output.copy_(input)
             return
-        inp = input.contiguous()
+        inp = _resolved_contiguous(input)
         out = _contiguous_target(output)
 
         def native() -> None:
@@ -338,13 +356,14 @@ class CPGroup:
             output: ``[N*C, *rest]``; chunk n (rows ``n*C:(n+1)*C``) is filled from rank n.
             input: ``[N*C, *rest]``, same shape/dtype/device as ``output``; any strides.
         """
+        _require_tensors("CPGroup.all_to_all_single", output=output, input=input)
         refuse_grad("CPGroup.all_to_all_single", output=output, input=input)
         n = self._world_size
         check_all_to_all_single_args(output, input, n)
         if n == 1:
             output.copy_(input)
             return
-        inp = input.contiguous()
+        inp = _resolved_contiguous(input)
         out = _contiguous_target(output)
 
         def native() -> None:
@@ -369,6 +388,7 @@ class CPGroup:
         Returns:
             A new contiguous tensor holding the sum (world size 1: ``tensor`` itself).
         """
+        _require_tensors("CPGroup.all_reduce", tensor=tensor)
         refuse_grad("CPGroup.all_reduce", tensor=tensor)
         if self._world_size == 1:
             return tensor
@@ -386,6 +406,7 @@ class CPGroup:
         Returns:
             ``[*pre, N*S, *post]`` (world size 1: ``tensor`` itself).
         """
+        _require_tensors("CPGroup.all_gather", tensor=tensor)
         refuse_grad("CPGroup.all_gather", tensor=tensor)
         d = normalize_dim(dim, tensor.dim())
         n = self._world_size
@@ -415,6 +436,7 @@ class CPGroup:
             ``[*pre, S/N, *post]``, contiguous: rows ``r*S/N:(r+1)*S/N`` of the sum
             (world size 1: ``tensor`` itself).
         """
+        _require_tensors("CPGroup.reduce_scatter", tensor=tensor)
         refuse_grad("CPGroup.reduce_scatter", tensor=tensor)
         d = normalize_dim(dim, tensor.dim())
         n = self._world_size
@@ -426,7 +448,7 @@ class CPGroup:
             )
         if n == 1:
             return tensor
-        moved = tensor.movedim(d, 0).contiguous()
+        moved = _resolved_contiguous(tensor.movedim(d, 0))
         out = torch.empty((size // n, *moved.shape[1:]), dtype=moved.dtype, device=moved.device)
 
         def native() -> None:
