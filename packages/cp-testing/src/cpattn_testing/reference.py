@@ -86,9 +86,9 @@ def lse_combine_ref(
     A weight that underflows to 0 in fp32 (``l_n`` more than about 104 below ``L``) is 0, as
     in the ops (``docs/conventions.md``, "Numerics"): such a source adds exactly 0 even when
     its partial is NaN, where its float64 weight (about 1e-46 or less) would spread the NaN.
-    Between about 87 and 104 below, a GPU kernel's weight is already 0 (its ``exp2`` flushes
-    subnormals) while this one keeps the subnormal: a NaN partial there makes the reference
-    row NaN, which the tolerance checks skip rather than fail on either platform.
+    Between about 88 and 104 below, the ``cpattn_dcp`` kernels' weight on an H200 is already 0
+    (their ``exp2`` flushes subnormals) while this one keeps the subnormal: a NaN partial there
+    makes the reference row NaN, which the tolerance checks skip rather than fail.
 
     Args:
         outs: partial outputs ``[N, B, H, D]`` (any float dtype).
