@@ -97,14 +97,13 @@ _AUTO = "a2a, or direct_a2a where the capability gate is on"
         (DCPConfig(use_pcp=True), "ag_ar", "none"),
         (DCPConfig(comm_backend="a2a", use_pcp=True), "ag_ar", "none"),
         (DCPConfig(comm_backend="a2a", use_pcp=True, pcp_world_size=2), _AUTO, "none"),
-        (DCPConfig(comm_backend="a2a", use_pcp=True, pcp_world_size=1), "ag_ar", "none"),
         (DCPConfig(comm_backend="auto", use_pcp=True, pcp_world_size=2), "ag_ar", "none"),
         (DCPConfig(use_pcp=True, pcp_world_size=2), "ag_ar", "none"),
         (DCPConfig(comm_backend="a2a", use_direct_a2a=True), "direct_a2a", "all_gather"),
     ],
     ids=[
         "default", "a2a", "auto", "a2a-direct-off", "pcp", "pcp-a2a", "pcp-a2a-dcp-is-pcp",
-        "pcp-a2a-dcp-spans-tp", "pcp-auto-dcp-is-pcp", "pcp-ag_rs-dcp-is-pcp", "a2a-direct-forced",
+        "pcp-auto-dcp-is-pcp", "pcp-ag_rs-dcp-is-pcp", "a2a-direct-forced",
     ],
 )  # fmt: skip
 def test_selection(device: torch.device, config: DCPConfig, combine: str, query: str) -> None:
@@ -128,8 +127,6 @@ def test_selection(device: torch.device, config: DCPConfig, combine: str, query:
         assert ("overrides" in sel.combine_reason) == (config.pcp_world_size != 2)
         if config.pcp_world_size is None:
             assert "pass pcp_world_size" in sel.combine_reason
-        elif config.pcp_world_size == 1:
-            assert "spans TP x PCP" in sel.combine_reason
     if combine == "a2a" and config.use_direct_a2a is False:
         assert "use_direct_a2a=False" in sel.combine_reason
     if auto and combine == "a2a":  # the gate's reason is in the selection
@@ -343,6 +340,27 @@ def test_pcp_a2a_when_the_dcp_group_is_the_pcp_group(device: torch.device) -> No
     assert_close_to_ref(
         torch.cat(results, dim=1), case.ref_out, dtype=torch.bfloat16, name="pcp a2a"
     )
+
+
+def test_a_dcp_group_spanning_tp_x_pcp_all_reduces(device: torch.device) -> None:
+    config = DCPConfig(comm_backend="a2a", use_pcp=True, pcp_world_size=2)
+    for m in _managers(SimulatedWorld(4, device), config):
+        assert m.combine_path == "ag_ar"
+        assert "the DCP group spans TP x PCP: 4 ranks, PCP 2" in m.selection.combine_reason
+
+
+def test_pcp_of_size_one_is_refused_and_a_dcp_group_of_one_communicates_nothing(
+    device: torch.device,
+) -> None:
+    """``pcp_world_size=1`` is no PCP (cpattn_pcp.resolve_dcp_combine reads it so): the
+    manager all-reduced every head there and named the group "TP x PCP". A DCP group of one
+    fits every PCP size, and its reason says it exchanges nothing."""
+    with pytest.raises(ValueError, match="pcp_world_size=1: a PCP group of one is no PCP"):
+        DCPConfig(comm_backend="a2a", use_pcp=True, pcp_world_size=1)
+    config = DCPConfig(comm_backend="a2a", use_pcp=True, pcp_world_size=2)
+    (m,) = _managers(SimulatedWorld(1, device), config)
+    assert m.combine_path == "ag_ar"
+    assert m.selection.combine_reason == "PCP is on; world size 1 (no communication)"
 
 
 def test_pcp_world_size_must_divide_the_dcp_size(device: torch.device) -> None:

@@ -184,7 +184,7 @@ class DCPConfig:
 
     Raises:
         ValueError: an unknown ``comm_backend``, a count < 1, ``pcp_world_size`` without
-            ``use_pcp``, ``use_direct_a2a=True`` with ``comm_backend="ag_rs"`` or with
+            ``use_pcp`` or equal to 1 (no PCP), ``use_direct_a2a=True`` with ``comm_backend="ag_rs"`` or with
             ``use_pcp=True`` but no ``pcp_world_size`` or with ``"auto"`` (PCP: AG+AR),
             ``use_direct_q_gather=True`` with ``use_pcp=True`` (a forced path the
             configuration never uses).
@@ -212,6 +212,12 @@ class DCPConfig:
                 raise ValueError(
                     f"pcp_world_size={self.pcp_world_size} is given but use_pcp is False; set "
                     "use_pcp=True, or leave pcp_world_size None"
+                )
+            if self.pcp_world_size == 1:
+                # cpattn_pcp's layouts read N_pcp = 1 as no PCP; the manager would all-reduce.
+                raise ValueError(
+                    "use_pcp=True with pcp_world_size=1: a PCP group of one is no PCP; set "
+                    "use_pcp=False (and leave pcp_world_size None)"
                 )
         _check_tristate("use_direct_a2a", self.use_direct_a2a)
         _check_tristate("use_direct_q_gather", self.use_direct_q_gather)
@@ -432,7 +438,9 @@ class DCPManager:
         cfg = self.config
         if cfg.use_pcp:
             pcp = cfg.pcp_world_size
-            if pcp is not None and self.world_size > 1 and self.world_size % pcp:
+            if self.world_size < 2:  # a DCP group of one fits every PCP layout
+                return "ag_ar", "PCP is on; world size 1 (no communication)"
+            if pcp is not None and self.world_size % pcp:
                 raise ValueError(
                     f"pcp_world_size={pcp} does not divide the DCP group's size "
                     f"{self.world_size}: with PCP the DCP group is the PCP group or spans "
