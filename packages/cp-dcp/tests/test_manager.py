@@ -512,6 +512,25 @@ def test_direct_combine_dispatch_and_row_fallback(
     assert ms[1].num_fallbacks == 1
 
 
+def test_a_call_that_raises_leaves_the_last_path(device: torch.device) -> None:
+    """``last_*_path`` names the path of the last call that returned: a combine whose op
+    raised (here on ``seq_lens`` without ``query_start_loc``) took no path."""
+    (m,) = _managers(SimulatedWorld(1, device), DCPConfig())
+    out = torch.randn(3, 1, 8, device=device, dtype=torch.bfloat16)
+    lse = torch.randn(3, 1, device=device)
+    with pytest.raises(ValueError, match="together"):
+        m.combine(out, lse, seq_lens=torch.ones(3, dtype=torch.int32, device=device))
+    assert m.last_combine_path is None
+    m.combine(out, lse)
+    assert m.last_combine_path == "ag_rs"
+    query = torch.randn(3, 1, 8, device=device, dtype=torch.bfloat16)
+    m.query_gather(query)
+    assert m.last_query_gather_path == "all_gather"
+    kv = torch.randn(3, 8, device=device, dtype=torch.bfloat16)
+    m.kv_gather(torch.empty(3, 8, device=device, dtype=torch.bfloat16), kv)
+    assert m.last_kv_gather_path == "all_gather_into_tensor"
+
+
 # --- real process groups ---------------------------------------------------------------------
 
 

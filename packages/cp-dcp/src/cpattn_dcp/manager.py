@@ -420,7 +420,8 @@ class DCPManager:
         q_path, q_reason = self._select_query_gather()
         kv_path, kv_reason = self._select_kv_gather()
         self.selection = DCPSelection(combine, combine_reason, q_path, q_reason, kv_path, kv_reason)
-        #: path taken by the most recent call of each collective (per-call fallbacks show here)
+        #: path taken by the most recent call of each collective that returned (per-call
+        #: fallbacks show here; a call that raised leaves the previous value)
         self.last_combine_path: CombinePath | None = None
         self.last_query_gather_path: QueryGatherPath | None = None
         self.last_kv_gather_path: KVGatherPath | None = None
@@ -719,7 +720,6 @@ class DCPManager:
                 partial_output = partial_output.resolve_neg()
             if partial_lse.is_neg():
                 partial_lse = partial_lse.resolve_neg()
-        self.last_combine_path = path
         op = {"a2a": dcp_a2a_lse_reduce, "ag_rs": cp_lse_ag_out_rs, "ag_ar": cp_lse_ag_out_ar}[path]
         result: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = op(
             partial_output,
@@ -730,6 +730,7 @@ class DCPManager:
             seq_lens=seq_lens,
             query_start_loc=query_start_loc,
         )
+        self.last_combine_path = path  # after the call: a call that raised took no path
         return result
 
     @property
@@ -774,13 +775,15 @@ class DCPManager:
                 if ws.unsupported_reason(query, layout=False) is None:
                     query, reason = _packed(query), None  # see _packed
             if reason is None:
+                gathered = ws.gather(query, checked=True)
                 self.last_query_gather_path = "direct"
-                return ws.gather(query, checked=True)
+                return gathered
             self._fallback("query gather", reason)
         else:
             self._check_query(query)
+        gathered = dcp_gather_query(query, self.group, self.padded_num_heads)
         self.last_query_gather_path = "all_gather"
-        return dcp_gather_query(query, self.group, self.padded_num_heads)
+        return gathered
 
     def kv_gather(self, gathered_kv: torch.Tensor, local_kv: torch.Tensor) -> torch.Tensor:
         """``gathered_kv[:N*T]`` = every rank's ``local_kv [T, D]`` rank-major; returns that view.
@@ -815,8 +818,8 @@ class DCPManager:
                 # T = 0 takes the checks below: an empty slice is contiguous whatever the
                 # buffer, which the NCCL path would refuse.
                 if local_kv.shape[0] and ws.unsupported_reason(target, local_kv) is None:
-                    self.last_kv_gather_path = "direct"
                     ws.gather(target, local_kv, checked=True)
+                    self.last_kv_gather_path = "direct"
                     return target
             self._check_kv(gathered_kv, local_kv)
             _check_device(ws.device, local_kv=local_kv)  # gathered_kv: same (_check_kv)
@@ -824,22 +827,24 @@ class DCPManager:
             target = gathered_kv[: self.world_size * local_kv.shape[0]]
             reason = ws.unsupported_reason(target, local_kv)
             if reason is None:  # T = 0 into a buffer the checks above accepted
-                self.last_kv_gather_path = "direct"
                 ws.gather(target, local_kv, checked=True)
+                self.last_kv_gather_path = "direct"
                 return target
             if ws.unsupported_reason(target, local_kv, layout=False) is None:
                 # Only this rank's layouts stand in the way (see _packed): mend what is off, a
                 # packed copy of the rows and / or a fresh buffer copied into the caller's.
-                self.last_kv_gather_path = "direct"
                 local = local_kv if ws.layout_ok(local_kv) else _packed(local_kv)
                 if ws.layout_ok(target):
                     ws.gather(target, local, checked=True)
+                    self.last_kv_gather_path = "direct"
                     return target
                 staged = torch.empty_like(target, memory_format=torch.contiguous_format)
                 ws.gather(staged, local, checked=True)
+                self.last_kv_gather_path = "direct"
                 return target.copy_(staged)
             self._fallback("kv gather", reason)
         else:
             self._check_kv(gathered_kv, local_kv)
+        written = dcp_gather_kv(gathered_kv, local_kv, self.group)
         self.last_kv_gather_path = "all_gather_into_tensor"
-        return dcp_gather_kv(gathered_kv, local_kv, self.group)
+        return written
