@@ -308,12 +308,34 @@ def test_a_raising_rendezvous_turns_the_direct_path_off(
     assert direct_cp_enabled(_Group(), torch.bfloat16, True) is True  # forced: as asked
 
 
-def test_a_group_without_a_process_group_is_on_without_a_rendezvous(
+def test_a_group_without_a_process_group_is_on_only_when_it_allocates_symmetric_buffers(
     no_multicast_env: None, fake_cuda: dict[str, Any]
 ) -> None:
-    """Simulated ranks in one process: nothing to rendezvous on, one host."""
-    assert direct_cp_enabled(_Group(with_pg=False), torch.bfloat16, None) is True
+    """Simulated ranks in one process (``allocate_symmetric``): nothing to rendezvous on, one
+    host, on. Any other group without a process group cannot allocate a workspace: it was on
+    too, and the direct path then raised RuntimeError instead of falling back."""
+    simulated = _Group(with_pg=False)
+    simulated.allocate_symmetric = lambda *args, **kwargs: None  # type: ignore[attr-defined]
+    assert direct_cp_enabled(simulated, torch.bfloat16, None) is True
+    plain = _Group(with_pg=False)
+    assert direct_cp_enabled(plain, torch.bfloat16, None) is False
+    reason = direct_cp_disabled_reason(plain, torch.bfloat16, None)
+    assert reason == "the group has no process group to rendezvous on and no allocate_symmetric"
     assert fake_cuda["rendezvous"] == []
+
+
+def test_supported_dtypes_may_be_any_iterable(
+    no_multicast_env: None, fake_cuda: dict[str, Any]
+) -> None:
+    """A generator was read up to three times: the later reads found it empty ("disabled",
+    and a message listing no dtype)."""
+    group = _Group()
+    assert direct_cp_enabled(group, torch.bfloat16, None, (d for d in [torch.bfloat16])) is True
+    assert direct_cp_multicast_enabled(
+        group, torch.bfloat16, None, (d for d in [torch.float16, torch.bfloat16])
+    )
+    reason = direct_cp_disabled_reason(group, torch.float32, None, (d for d in [torch.bfloat16]))
+    assert reason == "dtype torch.float32 not in the supported dtypes (torch.bfloat16,)"
 
 
 def test_a_cached_probe_goes_with_its_group(
@@ -479,6 +501,59 @@ def test_a_probe_allocation_failing_on_one_rank_fails_the_probe_on_every_rank(
         assert reason is not None
         assert "symmetric-memory probe failed: SymmetricAllocationError" in reason
         assert "failed on rank(s) [1] of 2" in reason
+
+
+def _probe_with_rank_1_unable_to_read_the_multicast_address(
+    rank: int, world_size: int
+) -> tuple[bool, bool, bool, str | None]:
+    """gloo ranks that pretend to have CUDA and multicast; the rendezvous works on both, but
+    reading the handle's multicast address raises on rank 1."""
+
+    class _Handle:
+        @property
+        def multicast_ptr(self) -> int:
+            if rank == 1:
+                raise RuntimeError("multicast address read failed (stubbed on rank 1)")
+            return 1
+
+    def rendezvous(buf: torch.Tensor, name: str) -> _Handle:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"rendezvous/{rank}", "handle")
+        for peer in range(world_size):
+            store.get(f"rendezvous/{peer}")
+        return _Handle()
+
+    torch.cuda.is_available = lambda: True  # type: ignore[assignment]
+    torch.cuda.current_device = lambda: 0  # type: ignore[assignment]
+    torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
+    for name in MULTICAST_ENV_VARS:
+        os.environ.pop(name, None)
+    capability._device_has_multicast = lambda device: True  # type: ignore[assignment]
+    capability._symm_mem.empty = lambda *a, **k: torch.zeros(8, dtype=torch.uint8)  # type: ignore[assignment]
+    capability._symm_mem.rendezvous = rendezvous  # type: ignore[assignment]
+    probe = group_probe(dist.group.WORLD)
+    return (
+        probe.symm_mem_reaches_group,
+        probe.rendezvous_failed,
+        probe.multicast,
+        probe.reason,
+    )
+
+
+def test_an_unreadable_multicast_address_costs_multicast_only(
+    run_ranks: Callable[..., list[Any]], device: torch.device
+) -> None:
+    """The rendezvous worked on both ranks; rank 1 could not read the multicast address. That
+    rank used to report "not reached", which turned the plain direct path off on every rank
+    with a false reason ("rendezvous failed ... on rank(s) [1]")."""
+    if device.type != "cpu":
+        pytest.skip("replaces torch.cuda in its rank processes: a CPU (gloo) test")
+    results = run_ranks(_probe_with_rank_1_unable_to_read_the_multicast_address, 2, timeout=60.0)
+    for rank, (reached, failed, multicast, reason) in enumerate(results):
+        assert (reached, failed, multicast) == (True, False, False)
+        assert reason is not None
+        if rank == 0:
+            assert "no multicast on rank(s) [1] of 2" in reason
 
 
 def _probe_with_a_rank_local_multicast_answer(

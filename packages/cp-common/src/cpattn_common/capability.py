@@ -235,7 +235,13 @@ def _rendezvous_probe(
     handle: Any = _symm_mem.rendezvous(buf, pg.group_name)
     if handle is None:
         return False, False
-    multicast = bool(want_multicast and int(handle.multicast_ptr) != 0)
+    if not want_multicast:
+        return True, False
+    try:
+        multicast = int(handle.multicast_ptr) != 0
+    except Exception as exc:  # the rendezvous worked: only multicast is lost (agreed below)
+        logger.debug("multicast address read failed: %r", exc)
+        multicast = False
     return True, multicast
 
 
@@ -253,8 +259,16 @@ def _probe_group(group: CPGroupLike) -> GroupProbe:
     if not torch.cuda.is_available():
         return GroupProbe(same_node, False, False, "CUDA is not available")
     if group.device_group is None:
+        # Simulated ranks in one process allocate their symmetric buffers themselves; any
+        # other group without a process group has no way to, so the direct paths stay off.
+        can_allocate = getattr(group, "allocate_symmetric", None) is not None
         return GroupProbe(
-            same_node, False, False, "the group has no process group to rendezvous on"
+            same_node,
+            False,
+            False,
+            "the group has no process group to rendezvous on"
+            + ("" if can_allocate else " and no allocate_symmetric"),
+            rendezvous_failed=not can_allocate,
         )
     device = torch.device("cuda", torch.cuda.current_device())
     env_off = multicast_env_reason()
@@ -345,6 +359,7 @@ def direct_cp_disabled_reason(
         TypeError: ``use_direct`` is not ``True``, ``False`` or ``None``.
     """
     _check_use_direct(use_direct)
+    supported = None if supported_dtypes is None else tuple(supported_dtypes)  # read once
     if multicast:
         env_off = multicast_env_reason()
         if env_off is not None:
@@ -356,8 +371,8 @@ def direct_cp_disabled_reason(
             return "torch.distributed._symmetric_memory is not importable"
         if not torch.cuda.is_available():
             return "CUDA is not available"
-        if supported_dtypes is not None and dtype not in tuple(supported_dtypes):
-            return f"dtype {dtype} not in the supported dtypes {tuple(supported_dtypes)}"
+        if supported is not None and dtype not in supported:
+            return f"dtype {dtype} not in the supported dtypes {supported}"
     if not multicast:
         if use_direct is True:
             return None
@@ -411,9 +426,7 @@ def direct_cp_multicast_enabled(
     _check_use_direct(use_direct)
     if multicast_disabled_by_env():
         return False
-    if not direct_cp_enabled(group, dtype, use_direct, supported_dtypes):
+    supported = None if supported_dtypes is None else tuple(supported_dtypes)  # read twice
+    if not direct_cp_enabled(group, dtype, use_direct, supported):
         return False
-    return (
-        direct_cp_disabled_reason(group, dtype, use_direct, supported_dtypes, multicast=True)
-        is None
-    )
+    return direct_cp_disabled_reason(group, dtype, use_direct, supported, multicast=True) is None
