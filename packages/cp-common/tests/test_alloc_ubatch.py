@@ -159,3 +159,20 @@ def test_a_child_forked_while_the_poison_lock_is_held_can_set_poison() -> None:
     finally:
         set_output_poison(previous)
     assert code == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_while_another_thread_poisons_does_not_poison() -> None:
+    """Another thread inside ``poison_outputs(7.0)`` at the fork: that thread does not live
+    on in the child, so its context would never exit and every output there was filled with
+    7.0. The forking thread's own setting (the plugin's, here) stays."""
+    expected = get_output_poison()
+
+    def same(value: float | None) -> bool:
+        if value is None or expected is None:
+            return value is expected
+        return value == expected or (value != value and expected != expected)  # NaN
+
+    code = fork_while_held([poison_outputs(7.0)], lambda: same(get_output_poison()))
+    assert code == 0
+    assert same(get_output_poison())

@@ -2,8 +2,8 @@
 
 Launch plans build their native module at the first op call of a process on a machine without
 a cached build (in the background, about 15 s). A container image or a deployment step can
-build it once instead, into ``$CPATTN_CACHE_DIR`` (else ``~/.cache/cpattn``), so that every
-later process loads it at once. Needs a C++ compiler and torch's headers; no GPU.
+build it once instead, into ``$CPATTN_CACHE_DIR`` (else ``$XDG_CACHE_HOME/cpattn``, else
+``~/.cache/cpattn``), so that every later process loads it at once. Needs a C++ compiler and torch's headers; no GPU.
 """
 
 from __future__ import annotations

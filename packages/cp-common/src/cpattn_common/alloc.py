@@ -49,8 +49,9 @@ def get_output_poison() -> float | None:
     return _poison
 
 
-# The open poison_outputs contexts as [token, value], in the order they were entered (any
-# thread), and the value outside them; _poison is the newest open context's value, else _base.
+# The open poison_outputs contexts as [token, value, thread ident], in the order they were
+# entered (any thread), and the value outside them; _poison is the newest open context's
+# value, else _base.
 # Contexts of several threads may exit in any order and still leave _poison as it was before
 # them all.
 _base: float | None = None
@@ -67,7 +68,7 @@ def poison_outputs(value: float = float("nan")) -> Iterator[None]:
     """Context manager: fill outputs allocated inside it with ``value`` (NaN by default)."""
     token = object()
     with _lock:
-        _open.append([token, float(value)])
+        _open.append([token, float(value), threading.get_ident()])
         _publish()
     try:
         yield
@@ -79,9 +80,14 @@ def poison_outputs(value: float = float("nan")) -> Iterator[None]:
 
 def _after_fork_in_child() -> None:
     # A child forked while another thread held the lock (inside set_output_poison or a
-    # poison_outputs entry or exit) would block on it at its first such call.
+    # poison_outputs entry or exit) would block on it at its first such call. Only the forking
+    # thread lives on in the child: the contexts other threads had open would never exit, and
+    # would poison every output there.
     global _lock
     _lock = threading.Lock()
+    me = threading.get_ident()
+    _open[:] = [entry for entry in _open if entry[2] == me]
+    _publish()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
