@@ -444,6 +444,60 @@ def test_validation_errors(sim_build: Build, device: torch.device) -> None:
     assert int(ws.epoch.sum()) == 0  # nothing was launched by a rejected call
 
 
+def test_non_tensor_arguments_are_type_errors(sim_build: Build, device: torch.device) -> None:
+    """They failed on ``.dim()`` / ``.shape`` with an AttributeError; the NCCL ops raise
+    TypeError for the same arguments."""
+    _, wss = sim_build(2, device, _a2a(device, 4, 1, 8, torch.bfloat16))
+    o = torch.randn(3, 2, 8, device=device).to(torch.bfloat16)
+    lse = torch.randn(3, 2, device=device)
+    with pytest.raises(TypeError, match=r"partial_output must be a torch\.Tensor, got list"):
+        wss[0].lse_reduce(o.tolist(), lse)
+    with pytest.raises(TypeError, match=r"partial_lse must be a torch\.Tensor, got NoneType"):
+        wss[0].unsupported_reason(o, None)
+    kw = {"require_multicast": False}
+    _, qs = sim_build(
+        2, device, lambda g: DirectDCPQGatherWorkspace(g, device, 4, 1, 8, torch.bfloat16, **kw)
+    )
+    with pytest.raises(TypeError, match=r"local_query must be a torch\.Tensor, got list"):
+        qs[0].gather([[1.0]])
+    _, kvs = sim_build(
+        2, device, lambda g: DirectDCPKVGatherWorkspace(g, device, 8, 8, torch.bfloat16, **kw)
+    )
+    with pytest.raises(TypeError, match=r"local_kv must be a torch\.Tensor, got list"):
+        kvs[0].gather(torch.zeros(4, 8, device=device, dtype=torch.bfloat16), [[1.0]])
+    assert int(wss[0].epoch.sum()) == 0
+
+
+def test_unsigned_32_and_64_bit_indices_keep_their_values(
+    sim_build: Build, device: torch.device
+) -> None:
+    """uint32 / uint64 ``seq_lens`` were narrowed to int32 for the publish kernel: a local
+    length of 2**32 became 0, so the shard counted as empty and its partial was dropped. The
+    NCCL path reads the values as they are; both paths now agree."""
+    n, h_r, d, t = 2, 1, 16, 2
+    gen = torch.Generator().manual_seed(5)
+    outs = [torch.randn(t, n * h_r, d, generator=gen).to(device, torch.float16) for _ in range(n)]
+    lses = [torch.randn(t, n * h_r, generator=gen).to(device) for _ in range(n)]
+    for index_dtype in (torch.uint64, torch.uint32):
+        qsl = torch.tensor([0, 1, 2], dtype=index_dtype, device=device)
+        big = 2**32 if index_dtype == torch.uint64 else 2**32 - 1
+        lens = [torch.tensor([big, 5], dtype=index_dtype, device=device)]
+        lens.append(torch.tensor([3, 5], dtype=index_dtype, device=device))
+        _, wss = sim_build(n, device, _a2a(device, t, h_r, d, torch.float16))
+        for r in range(n):
+            wss[r].publish(outs[r], lses[r], lens[r], qsl)
+        direct = [wss[r].wait_and_combine(t, return_lse=True) for r in range(n)]
+        sends = [
+            a2a_pack(outs[r], lses[r], n, seq_lens=lens[r], query_start_loc=qsl) for r in range(n)
+        ]
+        for r in range(n):
+            recv = torch.stack([sends[s][r] for s in range(n)])
+            n_out, n_lse = a2a_unpack_combine(recv, head_dim=d, return_lse=True)
+            out, lse = direct[r]
+            torch.testing.assert_close(lse, n_lse, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(out.float(), n_out.float(), rtol=2e-3, atol=1e-3)
+
+
 def test_closed_a2a_refuses_every_call(sim_build: Build, device: torch.device) -> None:
     """After ``close()`` every public call raises, ``wait_and_combine`` included (it launched
     the combine kernel, which reads the peers' released buffers)."""

@@ -27,6 +27,7 @@ from cpattn_dcp.direct._base import (
     DirectWorkspaceBase,
     check_16b_aligned,
     next_pow2,
+    require_tensors,
 )
 from cpattn_dcp.kernels.direct_a2a import _direct_a2a_combine_kernel, _direct_a2a_publish_kernel
 from cpattn_dcp.ops._common import NATIVE_INDEX_DTYPES, check_mask_args
@@ -36,6 +37,14 @@ __all__ = ["DIRECT_A2A_DTYPES", "DirectDCPA2AWorkspace"]
 #: Output dtypes the direct A2A supports.
 DIRECT_A2A_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
 _LSE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _widened(dtype: torch.dtype) -> torch.dtype:
+    """The index dtype the publish kernel reads for ``dtype`` (not int32 / int64): int64 for
+    the 32- and 64-bit unsigned ones, whose values int32 would wrap, else int32."""
+    return torch.int64 if dtype in (torch.uint32, torch.uint64) else torch.int32
+
+
 _MAX_PUBLISH_PROGRAMS = 32  # per destination; rows are strided over them
 _SMALL_BATCH_PROGRAMS = 64  # below this many (row, head-block) programs, split D as well
 
@@ -182,7 +191,11 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         ``layout=False`` leaves out the last three: those are properties of this rank's
         tensors, which packed copies mend, while the others are the same on every rank of a
         call.
+
+        Raises:
+            TypeError: an argument that is not a tensor.
         """
+        require_tensors(self.name, partial_output=partial_output, partial_lse=partial_lse)
         if partial_output.dim() != 3 or partial_lse.dim() != 2:
             return "expected partial_output [T, H, D] and partial_lse [T, H]"
         t, h, d = partial_output.shape
@@ -215,6 +228,7 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         seq_lens: torch.Tensor | None,
         query_start_loc: torch.Tensor | None,
     ) -> None:
+        require_tensors(self.name, partial_output=partial_output, partial_lse=partial_lse)
         if partial_output.dim() != 3 or partial_lse.dim() != 2:
             raise ValueError(
                 f"{self.name}: expected partial_output [T, H, D] and partial_lse [T, H], got "
@@ -265,9 +279,10 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         has_mask = seq_lens is not None and query_start_loc is not None
         if seq_lens is not None and query_start_loc is not None:
             # The kernel reads int32/int64 indices; other integer dtypes (accepted by the NCCL
-            # path too) are widened on the device, with no host sync.
+            # path too) are widened on the device, with no host sync: uint32 / uint64 to int64
+            # (int32 wrapped 2**32 to 0, an empty shard), the narrower ones to int32.
             seq_lens, query_start_loc = (
-                (x if x.dtype in NATIVE_INDEX_DTYPES else x.to(torch.int32)).contiguous()
+                (x if x.dtype in NATIVE_INDEX_DTYPES else x.to(_widened(x.dtype))).contiguous()
                 for x in (seq_lens, query_start_loc)
             )
         num_seqs = seq_lens.numel() if seq_lens is not None else 0

@@ -26,6 +26,7 @@ from cpattn_dcp.direct._base import (
     DirectWorkspaceBase,
     check_16b_aligned,
     next_pow2,
+    require_tensors,
 )
 from cpattn_dcp.direct.q_gather import _require_multicast
 from cpattn_dcp.kernels.direct_gather import (
@@ -185,8 +186,10 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         without torch's negative bit, of the workspace dtype, device and token dim, with
         ``N*T <= max_gathered_tokens``. ``layout=False`` leaves out contiguity, alignment and
         the negative bit: those are properties of this rank's tensors, which packed copies
-        mend, while the others are the same on every rank of a call.
+        mend, while the others are the same on every rank of a call. ``TypeError`` for an
+        argument that is not a tensor.
         """
+        require_tensors(self.name, gathered_kv=gathered_kv, local_kv=local_kv)
         # Accept in one expression first (the manager's hot path, each shape read once); the
         # per-tensor checks below only name what is wrong.
         local_shape, gathered_shape = local_kv.shape, gathered_kv.shape

@@ -45,6 +45,7 @@ from cpattn_dcp.direct._base import (
     DirectWorkspaceBase,
     check_16b_aligned,
     next_pow2,
+    require_tensors,
 )
 from cpattn_dcp.kernels.direct_gather import (
     _direct_gather_publish_kernel,
@@ -198,7 +199,8 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         ``layout=False`` leaves out the negative bit (a lazily negated view, whose memory holds
         the negated values), head packing and alignment checks: those are properties of this
         rank's tensor, which a packed copy mends, while the others are the same on every rank
-        of a call."""
+        of a call. ``TypeError`` for a ``local_query`` that is not a tensor."""
+        require_tensors(self.name, local_query=local_query)
         if local_query.dim() != 3:
             return f"expected local_query [T, H_r, D], got {tuple(local_query.shape)}"
         t, h, d = local_query.shape
