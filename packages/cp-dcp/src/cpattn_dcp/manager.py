@@ -184,10 +184,10 @@ class DCPConfig:
 
     Raises:
         ValueError: an unknown ``comm_backend``, a count < 1, ``pcp_world_size`` without
-            ``use_pcp`` or equal to 1 (no PCP), ``use_direct_a2a=True`` with ``comm_backend="ag_rs"`` or with
-            ``use_pcp=True`` but no ``pcp_world_size`` or with ``"auto"`` (PCP: AG+AR),
-            ``use_direct_q_gather=True`` with ``use_pcp=True`` (a forced path the
-            configuration never uses).
+            ``use_pcp`` or equal to 1 (no PCP), ``use_direct_a2a=True`` with
+            ``comm_backend="ag_rs"`` or with ``use_pcp=True`` but no ``pcp_world_size`` or
+            with ``"auto"`` (PCP: AG+AR), ``use_direct_q_gather=True`` with ``use_pcp=True``
+            (a forced path the configuration never uses).
         TypeError: a count that is not an int, a switch that is not a bool (or ``None``).
     """
 
