@@ -468,6 +468,30 @@ def test_non_tensor_arguments_are_type_errors(sim_build: Build, device: torch.de
     assert int(wss[0].epoch.sum()) == 0
 
 
+def test_sizes_and_token_counts_must_be_ints(sim_build: Build, device: torch.device) -> None:
+    """``int()`` turned 2.7 into 2 and True into 1 without a word: a workspace of another
+    geometry, or a combine of fewer rows than published. Integers of other types (numpy's)
+    are taken."""
+    import numpy as np
+
+    with pytest.raises(TypeError, match=r"max_num_tokens must be an int, got float"):
+        sim_build(2, device, _a2a(device, 4.7, 1, 8, torch.bfloat16))
+    with pytest.raises(TypeError, match=r"heads_per_rank must be an int, got a bool"):
+        sim_build(2, device, _a2a(device, 4, True, 8, torch.bfloat16))
+    kw = {"require_multicast": False}
+    with pytest.raises(TypeError, match=r"padded_num_heads must be an int, got float"):
+        sim_build(2, device, lambda g: DirectDCPQGatherWorkspace(g, device, 4, 1, 8, **kw, padded_num_heads=2.0))  # fmt: skip
+    with pytest.raises(TypeError, match=r"token_dim must be an int, got float"):
+        sim_build(2, device, lambda g: DirectDCPKVGatherWorkspace(g, device, 8, 8.0, **kw))
+    _, wss = sim_build(2, device, _a2a(device, np.int64(4), 1, 8, torch.bfloat16))
+    assert wss[0].max_num_tokens == 4
+    with pytest.raises(TypeError, match=r"num_tokens must be an int, got float"):
+        wss[0].wait_and_combine(2.7)
+    _, qs = sim_build(2, device, lambda g: DirectDCPQGatherWorkspace(g, device, 4, 1, 8, **kw))
+    with pytest.raises(TypeError, match=r"num_tokens must be an int, got float"):
+        qs[0].wait(2.7)
+
+
 def test_unsigned_32_and_64_bit_indices_keep_their_values(
     sim_build: Build, device: torch.device
 ) -> None:

@@ -27,6 +27,7 @@ check (use it where a timeout must be known at once).
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -134,6 +135,17 @@ def missing_ranks(mask_words: Sequence[int], world_size: int) -> list[int]:
 def next_pow2(x: int) -> int:
     """Smallest power of two >= max(x, 1)."""
     return 1 << max(int(x) - 1, 0).bit_length()
+
+
+def as_int(what: str, value: object) -> int:
+    """``value`` as an int (anything with ``__index__``, a numpy int say), else ``TypeError``:
+    ``int()`` turned 2.7 into 2 and ``True`` into 1 without a word."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, got a bool")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {type(value).__name__}") from None
 
 
 def require_tensors(op: str, /, **tensors: object) -> None:

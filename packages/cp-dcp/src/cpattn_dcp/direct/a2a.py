@@ -25,6 +25,7 @@ from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
     DEFAULT_MAX_SPINS,
     DirectWorkspaceBase,
+    as_int,
     check_16b_aligned,
     next_pow2,
     require_tensors,
@@ -91,6 +92,10 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         error_check_interval: int = DEFAULT_ERROR_CHECK_INTERVAL,
     ) -> None:
         name = "Direct DCP A2A"
+        max_num_tokens = as_int(f"{name}: max_num_tokens", max_num_tokens)
+        heads_per_rank = as_int(f"{name}: heads_per_rank", heads_per_rank)
+        head_dim = as_int(f"{name}: head_dim", head_dim)
+        num_ubatches = as_int(f"{name}: num_ubatches", num_ubatches)
         if dtype not in DIRECT_A2A_DTYPES:
             raise ValueError(f"{name} does not support {dtype}; supported: float16, bfloat16")
         if num_ubatches < 1:
@@ -333,7 +338,7 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         if self._closed:  # one attribute read: the kernel would read released peer memory
             raise RuntimeError(f"{self.name}: workspace is closed")
         u = self._resolve_ubatch(ubatch_id)
-        t = int(num_tokens)
+        t = as_int(f"{self.name}: num_tokens", num_tokens)
         if not 0 <= t <= self.max_num_tokens:
             raise ValueError(f"{self.name}: num_tokens {t} not in [0, {self.max_num_tokens}]")
         h_r, d = self.heads_per_rank, self.head_dim

@@ -24,6 +24,7 @@ from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
     DEFAULT_MAX_SPINS,
     DirectWorkspaceBase,
+    as_int,
     check_16b_aligned,
     next_pow2,
     require_tensors,
@@ -78,6 +79,9 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         error_check_interval: int = DEFAULT_ERROR_CHECK_INTERVAL,
     ) -> None:
         name = "Direct DCP kv-gather"
+        max_gathered_tokens = as_int(f"{name}: max_gathered_tokens", max_gathered_tokens)
+        token_dim = as_int(f"{name}: token_dim", token_dim)
+        num_ubatches = as_int(f"{name}: num_ubatches", num_ubatches)
         if dtype not in DIRECT_KV_GATHER_DTYPES:
             raise ValueError(f"{name} does not support {dtype}; supported: fp16, bf16, fp8_e4m3fn")
         if num_ubatches < 1:

@@ -43,6 +43,7 @@ from cpattn_dcp.direct._base import (
     DEFAULT_MAX_SPINS,
     DirectPathUnavailable,
     DirectWorkspaceBase,
+    as_int,
     check_16b_aligned,
     next_pow2,
     require_tensors,
@@ -137,6 +138,12 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         error_check_interval: int = DEFAULT_ERROR_CHECK_INTERVAL,
     ) -> None:
         name = "Direct DCP q-gather"
+        max_num_tokens = as_int(f"{name}: max_num_tokens", max_num_tokens)
+        heads_per_rank = as_int(f"{name}: heads_per_rank", heads_per_rank)
+        head_dim = as_int(f"{name}: head_dim", head_dim)
+        num_ubatches = as_int(f"{name}: num_ubatches", num_ubatches)
+        if padded_num_heads is not None:
+            padded_num_heads = as_int(f"{name}: padded_num_heads", padded_num_heads)
         try:
             # A failed wait marks the call's rows with this pattern (no NaN: not supported).
             self._nan_bits = nan_bits(dtype)
@@ -304,7 +311,7 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
                 reach into the next ubatch's slot or past the buffer), or the ubatch is out of
                 range.
         """
-        t = int(num_tokens)
+        t = as_int(f"{self.name}: num_tokens", num_tokens)
         if validate:
             self._before_call()
             if not 0 <= t <= self.max_num_tokens:
