@@ -15,6 +15,7 @@ from cpattn_common.checks import (
     check_dtype,
     check_nonnegative_int,
     check_positive_int,
+    check_tensors,
     is_bool_scalar,
     is_index_dtype,
 )
@@ -139,3 +140,13 @@ def test_exported() -> None:
     assert {"INDEX_DTYPES", "is_index_dtype", "check_positive_int"} <= set(checks.__all__)
     assert {"check_nonnegative_int", "check_dtype", "check_bool"} <= set(checks.__all__)
     assert "is_bool_scalar" in checks.__all__
+    assert "check_tensors" in checks.__all__
+
+
+def test_check_tensors_names_the_op_and_the_first_non_tensor() -> None:
+    t = torch.zeros(2)
+    check_tensors("op", a=t, b=t[0])
+    with pytest.raises(TypeError, match=re.escape("op: b must be a torch.Tensor, got list")):
+        check_tensors("op", a=t, b=[1.0], c=None)
+    with pytest.raises(TypeError, match=re.escape("op: a must be a torch.Tensor, got NoneType")):
+        check_tensors("op", a=None)

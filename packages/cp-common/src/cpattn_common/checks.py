@@ -19,6 +19,7 @@ __all__ = [
     "check_no_neg_bit",
     "check_nonnegative_int",
     "check_positive_int",
+    "check_tensors",
     "is_bool_scalar",
     "is_index_dtype",
 ]
@@ -131,6 +132,26 @@ def is_index_dtype(dtype: torch.dtype) -> bool:
     why). Callers raise their own ``TypeError`` naming the argument.
     """
     return dtype in INDEX_DTYPES
+
+
+def check_tensors(op: str, /, **tensors: object) -> None:
+    """Raise ``TypeError`` for an argument that is not a ``torch.Tensor``.
+
+    For functions whose next checks read tensor attributes (``.dim()``, ``.dtype``): without
+    it a list or ``None`` fails there with an ``AttributeError``, or passes through a
+    shortcut (a world size of 1) unchecked.
+
+    Args:
+        op: the public function's name, for the message.
+        **tensors: the arguments to test, keyed by name (optional ones the caller filters).
+
+    Raises:
+        TypeError: ``"<op>: <name> must be a torch.Tensor, got <type>"`` for the first
+            argument that is not a tensor.
+    """
+    for name, value in tensors.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(value).__name__}")
 
 
 def check_no_neg_bit(op: str, /, **tensors: object) -> None:

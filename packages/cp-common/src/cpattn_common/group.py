@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, SupportsIndex, TypeVar, cast, r
 import torch
 import torch.distributed as dist
 
-from cpattn_common.checks import is_bool_scalar
+from cpattn_common.checks import check_tensors, is_bool_scalar
 from cpattn_common.dispatch import refuse_grad
 from cpattn_common.identity_memo import IdentityMemo
 
@@ -205,14 +205,6 @@ def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a_lo < b_hi and b_lo < a_hi
 
 
-def _require_tensors(op: str, /, **tensors: object) -> None:
-    """``TypeError`` naming the first of ``tensors`` that is not a ``torch.Tensor`` (it would
-    otherwise fail on an attribute, or pass through unchanged at world size 1)."""
-    for name, value in tensors.items():
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(value).__name__}")
-
-
 def _resolved_contiguous(t: torch.Tensor) -> torch.Tensor:
     """``t`` contiguous and without torch's conjugate or negative bit: the input of a
     collective. ``contiguous()`` keeps either bit, and gloo refuses a conjugated input
@@ -329,7 +321,7 @@ class CPGroup:
             output: ``[N*T, *rest]``, same dtype/device as ``input``; any strides.
             input: ``[T, *rest]``; any strides.
         """
-        _require_tensors("CPGroup.all_gather_into_tensor", output=output, input=input)
+        check_tensors("CPGroup.all_gather_into_tensor", output=output, input=input)
         refuse_grad("CPGroup.all_gather_into_tensor", output=output, input=input)
         n = self._world_size
         check_all_gather_into_tensor_args(output, input, n)
@@ -356,7 +348,7 @@ class CPGroup:
             output: ``[N*C, *rest]``; chunk n (rows ``n*C:(n+1)*C``) is filled from rank n.
             input: ``[N*C, *rest]``, same shape/dtype/device as ``output``; any strides.
         """
-        _require_tensors("CPGroup.all_to_all_single", output=output, input=input)
+        check_tensors("CPGroup.all_to_all_single", output=output, input=input)
         refuse_grad("CPGroup.all_to_all_single", output=output, input=input)
         n = self._world_size
         check_all_to_all_single_args(output, input, n)
@@ -388,7 +380,7 @@ class CPGroup:
         Returns:
             A new contiguous tensor holding the sum (world size 1: ``tensor`` itself).
         """
-        _require_tensors("CPGroup.all_reduce", tensor=tensor)
+        check_tensors("CPGroup.all_reduce", tensor=tensor)
         refuse_grad("CPGroup.all_reduce", tensor=tensor)
         if self._world_size == 1:
             return tensor
@@ -406,7 +398,7 @@ class CPGroup:
         Returns:
             ``[*pre, N*S, *post]`` (world size 1: ``tensor`` itself).
         """
-        _require_tensors("CPGroup.all_gather", tensor=tensor)
+        check_tensors("CPGroup.all_gather", tensor=tensor)
         refuse_grad("CPGroup.all_gather", tensor=tensor)
         d = normalize_dim(dim, tensor.dim())
         n = self._world_size
@@ -436,7 +428,7 @@ class CPGroup:
             ``[*pre, S/N, *post]``, contiguous: rows ``r*S/N:(r+1)*S/N`` of the sum
             (world size 1: ``tensor`` itself).
         """
-        _require_tensors("CPGroup.reduce_scatter", tensor=tensor)
+        check_tensors("CPGroup.reduce_scatter", tensor=tensor)
         refuse_grad("CPGroup.reduce_scatter", tensor=tensor)
         d = normalize_dim(dim, tensor.dim())
         n = self._world_size

@@ -35,10 +35,9 @@ from collections.abc import Sequence
 
 import torch
 
-from cpattn_common.checks import check_bool, is_index_dtype
+from cpattn_common.checks import check_bool, check_tensors, is_index_dtype
 from cpattn_common.dispatch import refuse_grad
 from cpattn_common.group import CPGroupLike
-from cpattn_pcp._checks import require_tensors
 from cpattn_pcp._group import GroupArg, resolve_group
 
 __all__ = [
@@ -61,11 +60,12 @@ def _all_gather_rows(group: CPGroupLike, x: torch.Tensor) -> torch.Tensor:
 
 
 def _validate(
+    op: str,
     tensors: Sequence[tuple[str, torch.Tensor]],
     slot_mapping: torch.Tensor,
     num_decode_tokens: int,
 ) -> int:
-    require_tensors(**dict(tensors), slot_mapping=slot_mapping)
+    check_tensors(op, **dict(tensors), slot_mapping=slot_mapping)
     rows = {name: (t.shape[0] if t.dim() > 0 else None) for name, t in tensors}
     first = tensors[0][1].shape[0] if tensors[0][1].dim() > 0 else None
     # Compared, not hashed (no set()): under symbolic tracing a size is an unhashable SymInt.
@@ -96,15 +96,17 @@ def _validate(
 
 
 def _gather_prefill_cache_inputs(
+    op: str,
     tensors: Sequence[tuple[str, torch.Tensor]],
     slot_mapping: torch.Tensor,
     num_decode_tokens: int,
     shard_decode_requests: bool,
     group: CPGroupLike,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The shared rule behind the three public gathers (see the module docstring)."""
+    """The shared rule behind the three public gathers (see the module docstring); ``op``
+    names the public one in messages."""
     shard_decode_requests = check_bool("shard_decode_requests", shard_decode_requests)
-    num_rows = _validate(tensors, slot_mapping, num_decode_tokens)
+    num_rows = _validate(op, tensors, slot_mapping, num_decode_tokens)
     n = group.world_size
     num_dec = num_decode_tokens
     full = n * num_rows
@@ -186,6 +188,7 @@ def maybe_gather_mla_latent_cache_inputs(
     refuse_grad("maybe_gather_mla_latent_cache_inputs", kv_c_normed=kv_c_normed, k_pe=k_pe)
     group = resolve_group(pcp_group, "pcp_group", "when use_pcp=True")
     (kv_c, pe), slots = _gather_prefill_cache_inputs(
+        "maybe_gather_mla_latent_cache_inputs",
         [("kv_c_normed", kv_c_normed), ("k_pe", k_pe)],
         slot_mapping,
         num_decode_tokens,
@@ -235,6 +238,7 @@ def maybe_gather_kv_cache_inputs(
     refuse_grad("maybe_gather_kv_cache_inputs", key=key, value=value)  # see the MLA twin
     group = resolve_group(pcp_group, "pcp_group", "when use_pcp=True")
     (k, v), slots = _gather_prefill_cache_inputs(
+        "maybe_gather_kv_cache_inputs",
         [("key", key), ("value", value)],
         slot_mapping,
         num_decode_tokens,
@@ -276,6 +280,11 @@ def maybe_gather_indexer_k(
     refuse_grad("maybe_gather_indexer_k", k=k)  # see the MLA twin
     group = resolve_group(pcp_group, "pcp_group", "when use_pcp=True")
     (out,), slots = _gather_prefill_cache_inputs(
-        [("k", k)], slot_mapping, num_decode_tokens, shard_decode_requests, group
+        "maybe_gather_indexer_k",
+        [("k", k)],
+        slot_mapping,
+        num_decode_tokens,
+        shard_decode_requests,
+        group,
     )
     return out, slots

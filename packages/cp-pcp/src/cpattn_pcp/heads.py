@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import torch
 
-from cpattn_common.checks import check_bool
+from cpattn_common.checks import check_bool, check_tensors
 from cpattn_common.dispatch import refuse_grad
 from cpattn_common.group import CPGroupLike
-from cpattn_pcp._checks import require_tensors
 from cpattn_pcp._group import GroupArg, optional_group, resolve_group
 from cpattn_pcp._layout import check_size, gather_axis
 
@@ -159,7 +158,7 @@ def maybe_all_gather_q_for_dcp(
         if len(q) != 2:
             raise ValueError(f"a tuple query must be (nope, pe), got {len(q)} tensors")
         nope, pe = q
-        require_tensors(**{"q[0] (nope)": nope, "q[1] (pe)": pe})
+        check_tensors("maybe_all_gather_q_for_dcp", **{"q[0] (nope)": nope, "q[1] (pe)": pe})
         if nope.dim() != 3 or pe.dim() != 3 or nope.shape[:2] != pe.shape[:2]:
             raise ValueError(
                 f"(nope, pe) must be [T, H, D_nope] and [T, H, D_rope] with equal T and H, got "

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cpattn_common.checks import is_index_dtype
-from cpattn_pcp._checks import require_tensors
+from cpattn_common.checks import check_tensors, is_index_dtype
 
 __all__ = ["DecodeSubset", "build_mixed_decode_subset"]
 
@@ -98,16 +97,16 @@ def build_mixed_decode_subset(
     """
     if is_prefilling is None:
         return None
-    require_tensors(
+    optional = {name: t for name, t in (("key", key), ("value", value)) if t is not None}
+    check_tensors(
+        "build_mixed_decode_subset",
         is_prefilling=is_prefilling,
         query_start_loc=query_start_loc,
         query=query,
         dcp_context_kv_lens=dcp_context_kv_lens,
         block_table=block_table,
+        **optional,
     )
-    for name, optional in (("key", key), ("value", value)):
-        if optional is not None:
-            require_tensors(**{name: optional})
     if not is_index_dtype(query_start_loc.dtype):
         raise TypeError(
             "query_start_loc must be an integer tensor (int8/16/32/64 or uint8/16/32/64), got "

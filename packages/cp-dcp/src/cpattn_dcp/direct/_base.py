@@ -148,14 +148,6 @@ def as_int(what: str, value: object) -> int:
         raise TypeError(f"{what} must be an int, got {type(value).__name__}") from None
 
 
-def require_tensors(op: str, /, **tensors: object) -> None:
-    """``TypeError`` naming the first of ``tensors`` that is not a ``torch.Tensor`` (the
-    checks after it read tensor attributes: an ``AttributeError`` otherwise)."""
-    for name, value in tensors.items():
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(value).__name__}")
-
-
 def check_16b_aligned(t: torch.Tensor, what: str, row_strides: tuple[int, ...]) -> str | None:
     """Reason string when ``t``'s base pointer or any of ``row_strides`` (in elements) is not a
     multiple of 16 bytes, else ``None``."""

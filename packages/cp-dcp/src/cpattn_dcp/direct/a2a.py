@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from cpattn_common.alloc import empty_output
-from cpattn_common.checks import check_bool
+from cpattn_common.checks import check_bool, check_tensors
 from cpattn_common.dispatch import refuse_grad
 from cpattn_common.launch import launch_cached
 from cpattn_dcp.direct._base import (
@@ -28,7 +28,6 @@ from cpattn_dcp.direct._base import (
     as_int,
     check_16b_aligned,
     next_pow2,
-    require_tensors,
 )
 from cpattn_dcp.kernels.direct_a2a import _direct_a2a_combine_kernel, _direct_a2a_publish_kernel
 from cpattn_dcp.ops._common import NATIVE_INDEX_DTYPES, check_mask_args
@@ -200,7 +199,7 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         Raises:
             TypeError: an argument that is not a tensor.
         """
-        require_tensors(self.name, partial_output=partial_output, partial_lse=partial_lse)
+        check_tensors(self.name, partial_output=partial_output, partial_lse=partial_lse)
         if partial_output.dim() != 3 or partial_lse.dim() != 2:
             return "expected partial_output [T, H, D] and partial_lse [T, H]"
         t, h, d = partial_output.shape
@@ -233,7 +232,7 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         seq_lens: torch.Tensor | None,
         query_start_loc: torch.Tensor | None,
     ) -> None:
-        require_tensors(self.name, partial_output=partial_output, partial_lse=partial_lse)
+        check_tensors(self.name, partial_output=partial_output, partial_lse=partial_lse)
         if partial_output.dim() != 3 or partial_lse.dim() != 2:
             raise ValueError(
                 f"{self.name}: expected partial_output [T, H, D] and partial_lse [T, H], got "

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from cpattn_common.checks import check_tensors
 from cpattn_common.dispatch import mark_written_in_place, refuse_grad
 from cpattn_common.launch import launch_cached
 from cpattn_dcp.direct._base import (
@@ -27,7 +28,6 @@ from cpattn_dcp.direct._base import (
     as_int,
     check_16b_aligned,
     next_pow2,
-    require_tensors,
 )
 from cpattn_dcp.direct.q_gather import _require_multicast
 from cpattn_dcp.kernels.direct_gather import (
@@ -193,7 +193,7 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         mend, while the others are the same on every rank of a call. ``TypeError`` for an
         argument that is not a tensor.
         """
-        require_tensors(self.name, gathered_kv=gathered_kv, local_kv=local_kv)
+        check_tensors(self.name, gathered_kv=gathered_kv, local_kv=local_kv)
         # Accept in one expression first (the manager's hot path, each shape read once); the
         # per-tensor checks below only name what is wrong.
         local_shape, gathered_shape = local_kv.shape, gathered_kv.shape

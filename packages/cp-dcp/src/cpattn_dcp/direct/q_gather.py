@@ -36,6 +36,7 @@ import torch
 
 from cpattn_common.agreement import agreement_flag, gather_rank_values
 from cpattn_common.capability import multicast_disabled_by_env
+from cpattn_common.checks import check_tensors
 from cpattn_common.dispatch import refuse_grad
 from cpattn_common.launch import launch_cached
 from cpattn_dcp.direct._base import (
@@ -46,7 +47,6 @@ from cpattn_dcp.direct._base import (
     as_int,
     check_16b_aligned,
     next_pow2,
-    require_tensors,
 )
 from cpattn_dcp.kernels.direct_gather import (
     _direct_gather_publish_kernel,
@@ -207,7 +207,7 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         the negated values), head packing and alignment checks: those are properties of this
         rank's tensor, which a packed copy mends, while the others are the same on every rank
         of a call. ``TypeError`` for a ``local_query`` that is not a tensor."""
-        require_tensors(self.name, local_query=local_query)
+        check_tensors(self.name, local_query=local_query)
         if local_query.dim() != 3:
             return f"expected local_query [T, H_r, D], got {tuple(local_query.shape)}"
         t, h, d = local_query.shape
