@@ -37,16 +37,14 @@ __all__ = ["DIRECT_A2A_DTYPES", "DirectDCPA2AWorkspace"]
 #: Output dtypes the direct A2A supports.
 DIRECT_A2A_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
 _LSE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_MAX_PUBLISH_PROGRAMS = 32  # per destination; rows are strided over them
+_SMALL_BATCH_PROGRAMS = 64  # below this many (row, head-block) programs, split D as well
 
 
 def _widened(dtype: torch.dtype) -> torch.dtype:
     """The index dtype the publish kernel reads for ``dtype`` (not int32 / int64): int64 for
     the 32- and 64-bit unsigned ones, whose values int32 would wrap, else int32."""
     return torch.int64 if dtype in (torch.uint32, torch.uint64) else torch.int32
-
-
-_MAX_PUBLISH_PROGRAMS = 32  # per destination; rows are strided over them
-_SMALL_BATCH_PROGRAMS = 64  # below this many (row, head-block) programs, split D as well
 
 
 class DirectDCPA2AWorkspace(DirectWorkspaceBase):
@@ -122,9 +120,9 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
             raise ValueError(
                 f"{name} requires at least two ranks, got world size {self.world_size}"
             )
-        self.max_num_tokens = int(max_num_tokens)
-        self.heads_per_rank = int(heads_per_rank)
-        self.head_dim = int(head_dim)
+        self.max_num_tokens = max_num_tokens
+        self.heads_per_rank = heads_per_rank
+        self.head_dim = head_dim
         self.dtype = dtype
         n, t_max, h_r, d = self.world_size, self.max_num_tokens, self.heads_per_rank, self.head_dim
         self._init_buffers()

@@ -111,8 +111,8 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             raise ValueError(
                 f"{name} capacity must divide evenly across ranks: {max_gathered_tokens} % {n} != 0"
             )
-        self.max_gathered_tokens = int(max_gathered_tokens)
-        self.token_dim = int(token_dim)
+        self.max_gathered_tokens = max_gathered_tokens
+        self.token_dim = token_dim
         self.dtype = dtype
         self._init_buffers()
         self.received_kv, self._kv_ptrs = self._allocate(

@@ -167,7 +167,7 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         n = self.world_size
         elem = torch.empty((), dtype=dtype).element_size()
         gathered = n * heads_per_rank
-        storage_heads = gathered if padded_num_heads is None else int(padded_num_heads)
+        storage_heads = gathered if padded_num_heads is None else padded_num_heads
         if (heads_per_rank * head_dim * elem) % 16 != 0 or (
             storage_heads * head_dim * elem
         ) % 16 != 0:
@@ -182,9 +182,9 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
             raise ValueError(
                 f"{name} padded heads must cover gathered heads: {storage_heads} < {gathered}"
             )
-        self.max_num_tokens = int(max_num_tokens)
-        self.heads_per_rank = int(heads_per_rank)
-        self.head_dim = int(head_dim)
+        self.max_num_tokens = max_num_tokens
+        self.heads_per_rank = heads_per_rank
+        self.head_dim = head_dim
         self.dtype = dtype
         self.storage_heads = storage_heads
         self._init_buffers()
