@@ -51,7 +51,9 @@ resume), does not make a CUDA context current (a thread with none takes the Pyth
 whose launcher does), does not re-read module knobs, Triton settings, a kernel's
 ``pre_run_hooks`` or ``set_launch_cache_enabled`` (call ``clear_launch_plans()`` after
 changing them), and launches on the current device's current stream like the Python path
-(CUDA-graph capturable).
+(CUDA-graph capturable). A call with a CUDA tensor on another device than the current one has
+no key: it takes the Python path, which makes the tensors' device current before it launches
+(``cpattn_common.device``).
 """
 
 from __future__ import annotations

@@ -135,6 +135,59 @@ def test_direct_gathers_simulated_peers_on_one_gpu(sim_build: Build, device: tor
         ws.check_error()
 
 
+@pytest.mark.multigpu(2)
+def test_direct_workspaces_run_on_their_device(sim_build: Build) -> None:
+    """Workspaces on ``cuda:1`` called with ``cuda:0`` current (``on_workspace_device``):
+    the same results as with ``cuda:1`` current, and ``cuda:0`` stays current."""
+    other = torch.device("cuda", 1)
+    n, t, h_r, d = 2, 8, 2, 128
+    _, a2as = sim_build(
+        n, other, lambda g: DirectDCPA2AWorkspace(g, other, 16, h_r, d, torch.float16, 1)
+    )
+    _, qs = sim_build(n, other, lambda g: DirectDCPQGatherWorkspace(
+        g, other, 16, h_r, d, torch.bfloat16, 1, require_multicast=False))  # fmt: skip
+    _, kvs = sim_build(n, other, lambda g: DirectDCPKVGatherWorkspace(
+        g, other, 32, d, torch.bfloat16, 1, require_multicast=False))  # fmt: skip
+    gen = torch.Generator(device=other).manual_seed(7)
+    outs = torch.randn(n, t, n * h_r, d, generator=gen, device=other).half()
+    lses = torch.randn(n, t, n * h_r, generator=gen, device=other)
+    query = torch.randn(t, n * h_r, d, generator=gen, device=other).bfloat16()
+    kv = [torch.randn(t, d, generator=gen, device=other).bfloat16() for _ in range(n)]
+
+    def step() -> list[torch.Tensor]:
+        for r in range(n):
+            a2as[r].publish(outs[r], lses[r])
+            qs[r].publish(query[:, r * h_r : (r + 1) * h_r])
+            kvs[r].publish(kv[r])
+        res = [a2as[r].wait_and_combine(t, return_lse=True) for r in range(n)]
+        res += [qs[r].wait(t) for r in range(n)]
+        for r in range(n):
+            gathered = torch.empty(n * t, d, dtype=torch.bfloat16, device=other)
+            kvs[r].wait(gathered)
+            res.append(gathered)
+        return _flat_tensors(res)
+
+    with torch.cuda.device(other):
+        want = step()
+    with torch.cuda.device(0):
+        got = step()
+        assert torch.cuda.current_device() == 0
+    torch.cuda.synchronize(other)
+    for g, w in zip(got, want, strict=True):
+        assert g.device == other
+        assert torch.equal(g, w)
+    for ws in (*a2as, *qs, *kvs):
+        ws.check_error()
+        assert ws.epoch.tolist() == [2]
+
+
+def _flat_tensors(items: list[Any]) -> list[torch.Tensor]:
+    flat: list[torch.Tensor] = []
+    for item in items:
+        flat.extend(item if isinstance(item, tuple) else (item,))
+    return flat
+
+
 # --- real ranks ------------------------------------------------------------------------------
 
 

@@ -144,6 +144,9 @@ bool build_key(int64_t op, int64_t device, PyObject* const* args, Py_ssize_t nar
       const at::Tensor& t = THPVariable_Unpack(obj);
       if (!t.defined() || t.layout() != at::kStrided || !t.has_storage()) return false;
       const at::Device dev = t.device();
+      // A CUDA tensor off the current device: no key, so the call takes the Python path,
+      // which makes the tensor's device current (cpattn_common.device) before it launches.
+      if (dev.is_cuda() && dev.index() != device) return false;
       key.push_back(kTensor);
       key.push_back(static_cast<int64_t>(t.scalar_type()));
       key.push_back(static_cast<int64_t>(dev.type()));

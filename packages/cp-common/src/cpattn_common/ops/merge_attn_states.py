@@ -22,6 +22,7 @@ import triton
 
 from cpattn_common.alloc import new_output
 from cpattn_common.checks import check_bool
+from cpattn_common.device import foreign_cuda_device
 from cpattn_common.dispatch import must_dispatch
 from cpattn_common.kernels.merge_attn_states import _merge_attn_states_fwd_kernel
 from cpattn_common.launch import CachedKernel, Specialization
@@ -274,6 +275,9 @@ def _launch(
     po: torch.Tensor, pl: torch.Tensor, base_e: bool, eager: bool | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate the outputs and launch; inputs already validated."""
+    if (index := foreign_cuda_device(po)) >= 0:
+        with torch.cuda.device(index):
+            return _launch(po, pl, base_e, eager)
     n, b, h, d = po.shape
     out = new_output(po, (b, h, d))
     out_lse = new_output(pl, (b, h), torch.float32)

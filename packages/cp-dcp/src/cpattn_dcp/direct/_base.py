@@ -27,15 +27,17 @@ check (use it where a timeout must be known at once).
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 import triton
 
 from cpattn_common.checks import check_nonnegative_int, check_positive_int
+from cpattn_common.device import foreign_cuda_device
 from cpattn_common.group import CPGroupLike, as_cp_group
 from cpattn_common.ubatch import current_ubatch_id
 from cpattn_common.workspace import DirectCPWorkspace, SymmetricAllocationError
@@ -49,6 +51,7 @@ __all__ = [
     "DirectProtocolError",
     "DirectWorkspaceBase",
     "indexed_device",
+    "on_workspace_device",
 ]
 
 #: Bounded wait: polls of the signal words before a wait gives up (≈ seconds on a GPU).
@@ -158,6 +161,27 @@ def check_16b_aligned(t: torch.Tensor, what: str, row_strides: tuple[int, ...]) 
         if (s * elem) % 16 != 0:
             return f"{what} stride {s} elements * {elem} bytes is not a multiple of 16 bytes"
     return None
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def on_workspace_device(method: _Method) -> _Method:
+    """Run a workspace method with the workspace's CUDA device current.
+
+    Its launches (and ``torch.cuda.is_current_stream_capturing``) otherwise go to the calling
+    thread's current device and stream, which need not be the workspace's: see
+    ``cpattn_common.device``. Costs one check where the devices agree.
+    """
+
+    @functools.wraps(method)
+    def guarded(self: DirectWorkspaceBase, *args: Any, **kwargs: Any) -> Any:
+        if (index := foreign_cuda_device(self._wait_done)) >= 0:
+            with torch.cuda.device(index):
+                return method(self, *args, **kwargs)
+        return method(self, *args, **kwargs)
+
+    return guarded  # type: ignore[return-value]
 
 
 class DirectWorkspaceBase:

@@ -28,6 +28,7 @@ from cpattn_dcp.direct._base import (
     as_int,
     check_16b_aligned,
     next_pow2,
+    on_workspace_device,
 )
 from cpattn_dcp.kernels.direct_a2a import _direct_a2a_combine_kernel, _direct_a2a_publish_kernel
 from cpattn_dcp.ops._common import NATIVE_INDEX_DTYPES, check_mask_args
@@ -251,6 +252,7 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         # The check every op taking these arguments applies (same errors as the NCCL path).
         check_mask_args(seq_lens, query_start_loc, self.device)
 
+    @on_workspace_device
     def publish(
         self,
         partial_output: torch.Tensor,
@@ -309,6 +311,7 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
             NUM_SEQS_POW2=next_pow2(num_seqs),
         )
 
+    @on_workspace_device
     def wait_and_combine(
         self,
         num_tokens: int,
@@ -373,6 +376,7 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
             self._after_call()
         return (out, lse) if lse is not None else out
 
+    @on_workspace_device
     def lse_reduce(
         self,
         partial_output: torch.Tensor,

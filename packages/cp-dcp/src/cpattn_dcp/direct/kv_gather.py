@@ -28,6 +28,7 @@ from cpattn_dcp.direct._base import (
     as_int,
     check_16b_aligned,
     next_pow2,
+    on_workspace_device,
 )
 from cpattn_dcp.direct.q_gather import _require_multicast
 from cpattn_dcp.kernels.direct_gather import (
@@ -219,6 +220,7 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             return f"gathered_kv has {gathered_kv.shape[0]} rows, expected N*T = {n}*{t} = {n * t}"
         return None
 
+    @on_workspace_device
     def publish(
         self, local_kv: torch.Tensor, *, ubatch_id: int | None = None, validate: bool = True
     ) -> None:
@@ -275,6 +277,7 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             BLOCK_W=self._block_w,
         )
 
+    @on_workspace_device
     def wait(
         self, gathered_kv: torch.Tensor, *, ubatch_id: int | None = None, validate: bool = True
     ) -> None:
@@ -333,6 +336,7 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         mark_written_in_place(gathered_kv)
         self._after_call()
 
+    @on_workspace_device
     def gather(
         self,
         gathered_kv: torch.Tensor,

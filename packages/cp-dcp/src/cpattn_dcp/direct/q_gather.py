@@ -47,6 +47,7 @@ from cpattn_dcp.direct._base import (
     as_int,
     check_16b_aligned,
     next_pow2,
+    on_workspace_device,
 )
 from cpattn_dcp.kernels.direct_gather import (
     _direct_gather_publish_kernel,
@@ -229,6 +230,7 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
             return check_16b_aligned(local_query, "local_query", (local_query.stride(0),))
         return None
 
+    @on_workspace_device
     def publish(
         self, local_query: torch.Tensor, *, ubatch_id: int | None = None, validate: bool = True
     ) -> None:
@@ -286,6 +288,7 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
             BLOCK_W=self._block_w,
         )
 
+    @on_workspace_device
     def wait(
         self, num_tokens: int, *, ubatch_id: int | None = None, validate: bool = True
     ) -> torch.Tensor:
@@ -345,6 +348,7 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
             buf, (t, g, self.head_dim), (g * self.head_dim, self.head_dim, 1), buf.storage_offset()
         )
 
+    @on_workspace_device
     def gather(
         self, local_query: torch.Tensor, *, ubatch_id: int | None = None, checked: bool = False
     ) -> torch.Tensor:

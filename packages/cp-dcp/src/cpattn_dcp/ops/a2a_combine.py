@@ -19,6 +19,7 @@ import torch
 
 from cpattn_common.alloc import new_output
 from cpattn_common.checks import check_bool, check_no_neg_bit
+from cpattn_common.device import foreign_cuda_device
 from cpattn_common.dispatch import mark_written_in_place, must_dispatch, refuse_grad_in_place
 from cpattn_common.group import CPGroupLike
 from cpattn_common.launch import CachedKernel, Specialization
@@ -277,6 +278,9 @@ def _launch_pack(
     seq_lens: torch.Tensor | None,
     query_start_loc: torch.Tensor | None,
 ) -> None:
+    if (index := foreign_cuda_device(cp_attn_out)) >= 0:
+        with torch.cuda.device(index):
+            return _launch_pack(cp_attn_out, cp_attn_lse, send, n, seq_lens, query_start_loc)
     b, h, d = cp_attn_out.shape
     if b == 0 or h == 0:
         return
@@ -383,6 +387,9 @@ def _unpack_plan(
 def _launch_unpack(
     recv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None, is_lse_base_on_e: bool
 ) -> None:
+    if (index := foreign_cuda_device(recv)) >= 0:
+        with torch.cuda.device(index):
+            return _launch_unpack(recv, out, lse, is_lse_base_on_e)
     n, b, hr, _ = recv.shape
     num_rows = b * hr
     if num_rows == 0:

@@ -17,6 +17,7 @@ import torch
 
 from cpattn_common.alloc import new_output
 from cpattn_common.checks import check_bool, check_no_neg_bit
+from cpattn_common.device import foreign_cuda_device
 from cpattn_common.dispatch import mark_written_in_place, must_dispatch, refuse_grad_in_place
 from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_common.launch_plans import OpPlans
@@ -306,6 +307,10 @@ def launch_correct(
         cp_rank: which of the N LSEs belongs to ``src``.
         is_lse_base_on_e: LSE base e (True) or 2 (False).
     """
+    if (index := foreign_cuda_device(src)) >= 0:
+        with torch.cuda.device(index):
+            return launch_correct(src, dst, dst_strides, heads_per_group, lses, lse_out,
+                                  lse_h0, cp_rank, is_lse_base_on_e)  # fmt: skip
     n, b, h = lses.shape
     d = src.shape[2]
     if b * h == 0 or d == 0:
@@ -366,6 +371,9 @@ def correct_attn_out_fwd(
     out: torch.Tensor, lses: torch.Tensor, cp_rank: int, is_lse_base_on_e: bool
 ) -> torch.Tensor:
     """Rescale ``out [B, H, D]`` in place; return the global LSE ``[B, H]`` (lses' dtype)."""
+    if (index := foreign_cuda_device(out)) >= 0:
+        with torch.cuda.device(index):
+            return correct_attn_out_fwd(out, lses, cp_rank, is_lse_base_on_e)
     n, b, h = lses.shape
     lse = new_output(lses, (b, h))
     d = out.shape[2]

@@ -17,6 +17,7 @@ import torch
 
 from cpattn_common.alloc import new_output
 from cpattn_common.checks import check_no_neg_bit
+from cpattn_common.device import foreign_cuda_device
 from cpattn_common.dispatch import mark_written_in_place, must_dispatch, refuse_grad_in_place
 from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_common.launch_plans import OpPlans
@@ -153,6 +154,9 @@ def _launch_mask(
     *,
     is_copy: bool,
 ) -> None:
+    if (index := foreign_cuda_device(src)) >= 0:
+        with torch.cuda.device(index):
+            return _launch_mask(src, dst, seq_lens, query_start_loc, is_copy=is_copy)
     num_rows, num_heads = src.shape
     if num_rows == 0 or num_heads == 0:
         return
@@ -183,6 +187,9 @@ def mask_dcp_empty_shards_impl(
     lse: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor
 ) -> None:
     """Kernel launch of the in-place mask (arguments already validated)."""
+    if (index := foreign_cuda_device(lse)) >= 0:
+        with torch.cuda.device(index):
+            return mask_dcp_empty_shards_impl(lse, seq_lens, query_start_loc)
     num_rows, num_heads = lse.shape
     if num_rows == 0 or num_heads == 0:
         return

@@ -1,0 +1,41 @@
+"""Kernels run on their tensors' CUDA device, as torch's own ops do.
+
+A Triton launch (ours, Triton's JIT, and a launch plan's replay alike) goes to the calling
+thread's *current* CUDA device and that device's current stream. Given tensors on another GPU,
+it would run on the wrong device: a kernel reading another GPU's memory faults without peer
+access and is unordered with the stream that produced the tensors with it. torch's ops avoid
+this with a device guard; ours do the same where they launch:
+
+    if (index := foreign_cuda_device(t)) >= 0:
+        with torch.cuda.device(index):
+            return launcher(t, ...)
+
+``torch.cuda.device`` makes the tensors' device current for the call, which also selects
+that device's current stream (so a CUDA graph captured on that device's stream captures the
+launch). The check is two C calls on the Python path; launch plans never record or replay a
+call whose tensors are off the current device (``csrc/launch_plans.cpp``, ``build_key``), so
+such calls always take the guarded Python path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["foreign_cuda_device"]
+
+# torch.cuda.current_device without its Python wrapper (it only runs for a CUDA tensor, so
+# CUDA is initialised). CPU-only builds lack the binding and never reach the call.
+_current_device: Callable[[], int] = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+
+
+def foreign_cuda_device(t: torch.Tensor) -> int:
+    """The index of ``t``'s CUDA device when that is not the current device, else -1.
+
+    -1 also for a tensor that is not on a CUDA device (the CPU interpreter path).
+    """
+    if not t.is_cuda:
+        return -1
+    index = t.get_device()
+    return -1 if index == _current_device() else index
