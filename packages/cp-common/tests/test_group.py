@@ -292,6 +292,38 @@ def test_collectives_take_lazily_conjugated_and_negated_inputs(
         assert a2a == imag[0][2 * rank : 2 * rank + 2] + imag[1][2 * rank : 2 * rank + 2]
 
 
+def complex_reduce_scatter_ranks(rank: int, world_size: int, device_type: str) -> list[Any]:
+    """Runs on every rank: a complex ``reduce_scatter``, recording the dtypes the native
+    collective gets (nccl's reduce_scatter_tensor refuses complex ones)."""
+    from cpattn_common import group as group_module
+
+    seen: list[str] = []
+    native = group_module._reduce_scatter_single
+
+    def recording(output: torch.Tensor, input: torch.Tensor, **kwargs: Any) -> Any:
+        seen.append(f"{input.dtype}->{output.dtype}")
+        return native(output, input, **kwargs)
+
+    group_module._reduce_scatter_single = recording
+    x = torch.arange(8.0, device=_rank_device(device_type)).view(4, 2) + 10 * rank
+    scattered = CPGroup().reduce_scatter(torch.complex(x, -x), dim=0)
+    return [seen, scattered.real.flatten().tolist(), scattered.imag.flatten().tolist()]
+
+
+def test_complex_reduce_scatter_reduces_the_real_view(
+    run_ranks: Callable[..., list[Any]], device: torch.device
+) -> None:
+    """The H200 run found nccl refusing a complex reduce_scatter (``TypeError``) that gloo
+    took; the real view of the sum is the same sum on both."""
+    summed = [2 * v + 10 for v in range(8)]
+    for rank, (seen, real, imag) in enumerate(
+        run_ranks(complex_reduce_scatter_ranks, 2, device.type)
+    ):
+        assert seen == ["torch.float32->torch.float32"]
+        assert real == summed[4 * rank : 4 * rank + 4]
+        assert imag == [-v for v in summed[4 * rank : 4 * rank + 4]]
+
+
 def non_tensor_ranks(rank: int, world_size: int, device_type: str) -> list[str]:
     """Runs on every rank: each collective with a non-tensor argument; the errors raised."""
     group = CPGroup()

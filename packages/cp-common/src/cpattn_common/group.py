@@ -442,14 +442,22 @@ class CPGroup:
             return tensor
         moved = _resolved_contiguous(tensor.movedim(d, 0))
         out = torch.empty((size // n, *moved.shape[1:]), dtype=moved.dtype, device=moved.device)
+        # A complex sum is the sum of the real and imaginary parts: reduce the real view, as
+        # torch does for the other collectives (its reduce_scatter_tensor does not, and nccl
+        # refuses complex dtypes there).
+        send, recv = (
+            (torch.view_as_real(moved), torch.view_as_real(out))
+            if moved.is_complex()
+            else (moved, out)
+        )
 
         def native() -> None:
-            _reduce_scatter_single(out, moved, group=self._group)
+            _reduce_scatter_single(recv, send, group=self._group)
 
         def fallback() -> None:
-            summed = moved.clone()
+            summed = send.clone()
             dist.all_reduce(summed, group=self._group)
-            out.copy_(summed.chunk(n, dim=0)[self._rank_in_group])
+            recv.copy_(summed.chunk(n, dim=0)[self._rank_in_group])
 
         self._dispatch("reduce_scatter_tensor", native, fallback)
         return out.movedim(0, d).contiguous()
