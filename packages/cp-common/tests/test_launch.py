@@ -294,6 +294,40 @@ def test_triton_versions_without_the_known_launch_convention_go_plain(
         assert reason == f"triton {version} has an unverified launch convention"
 
 
+def test_rocm_goes_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton's HIP backend specializes a tensor on a storage of at most 2 GiB (buffer ops),
+    which the key does not hold (review: Triton's binder gave ``DS`` and ``D`` for two tensors
+    of one key)."""
+    monkeypatch.setattr(torch.version, "hip", "6.2", raising=False)
+    assert "ROCm" in str(launch_mod._Runtime().reason)
+
+
+def test_a_clear_while_a_kernel_binds_does_not_leave_it_plain(
+    fake_runtime: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another thread's ``clear_launch_cache()`` between ``_setup``'s read of the kernel's info
+    and its store of the state bound the kernel to a dropped info: every later launch went
+    plain (10 of 10 before the fix), until the next clear."""
+    ck = CachedKernel(fake_runtime["kernel"])
+    real = launch_mod._info_for
+    cleared: list[bool] = []
+
+    def info_for_then_another_thread_clears(kernel: Any) -> Any:
+        info = real(kernel)
+        if not cleared:
+            cleared.append(True)
+            clear_launch_cache()
+        return info
+
+    monkeypatch.setattr(launch_mod, "_info_for", info_for_then_another_thread_clears)
+    x, y = torch.empty(64), torch.empty(64)
+    for _ in range(10):
+        ck((1,), x, y, 64, 1, 2.0, BLOCK=64)
+    # The first call's binding was dropped; the second binds again and compiles once more.
+    assert len(fake_runtime["plain"]) == 2
+    assert len(fake_runtime["fast"]) == 8
+
+
 def test_non_jit_objects_go_plain() -> None:
     calls = []
 

@@ -175,6 +175,18 @@ def test_off_misses_cheaply() -> None:
     assert _plans.recorder(None, x, 8, 1.0) is None
 
 
+def test_info_has_every_counter_with_plans_off() -> None:
+    """``launch_plans_info()["hits"]`` raised ``KeyError`` while the native module was not
+    loaded (the docs index it so)."""
+    set_launch_plans_enabled(False)
+    info = launch_plans_info()
+    assert {k: info[k] for k in lp._NATIVE_COUNTERS} == dict.fromkeys(lp._NATIVE_COUNTERS, 0)
+
+
+def test_info_names_every_native_counter(plans_on: Any) -> None:
+    assert set(plans_on.info()) == set(lp._NATIVE_COUNTERS)
+
+
 def test_record_then_replay(fake_plan_runtime: dict[str, Any]) -> None:
     st = fake_plan_runtime
     spec = st["spec"]
@@ -749,6 +761,101 @@ def test_plans_cleared_during_a_replay(fake_plan_runtime: dict[str, Any]) -> Non
 
 
 # Auto mode (the default): decided at the first op call, built in the background.
+
+_inner_plans = OpPlans("tests.scale_in_place")
+_outer_plans = OpPlans("tests.scale_in_place_then_copy")
+
+
+def _scale_in_place(spec: Any, x: torch.Tensor) -> None:
+    """An opted-in in-place op (the shape of ``mask_dcp_empty_shards_``): ``x[:64] *= 2``."""
+    hit = _inner_plans.replay(x) if _inner_plans.on else None
+    if hit.__class__ is tuple:
+        return
+    rec = _inner_plans.recorder(hit, x) if _inner_plans.on else None
+    if rec is None:
+        spec((1,), x, x, 64, 1, 2.0)
+        return
+    with rec:
+        spec((1,), x, x, 64, 1, 2.0)
+        rec.returns()
+
+
+def _scale_in_place_then_copy(spec: Any, x: torch.Tensor) -> torch.Tensor:
+    """An opted-in op calling another one: ``_scale_in_place(x)``, then ``0.5 * x[:64]``."""
+    hit = _outer_plans.replay(x) if _outer_plans.on else None
+    if hit.__class__ is tuple:
+        return hit[0]  # type: ignore[no-any-return]
+
+    def body() -> torch.Tensor:
+        _scale_in_place(spec, x)
+        y = new_output(x, (64,))
+        spec((1,), x, y, 64, 1, 0.5)
+        return y
+
+    rec = _outer_plans.recorder(hit, x) if _outer_plans.on else None
+    if rec is None:
+        return body()
+    with rec:
+        y = body()
+        rec.returns(y)
+    return y
+
+
+def test_an_op_called_inside_a_recording_is_part_of_the_plan(
+    fake_plan_runtime: dict[str, Any],
+) -> None:
+    """The inner op's key already replays; inside the outer op's recording it used to replay
+    natively, unseen by the recorder, and the outer plan launched only its own kernel (1
+    launch per replay instead of 2: the in-place scaling was lost)."""
+    st = fake_plan_runtime
+    spec = st["spec"]
+    x = torch.randn(300)
+    for _ in range(3):  # the inner key: compile, record, replay
+        _scale_in_place(spec, x)
+    assert launch_plans_info()["hits"] == 1
+    launches = []
+    for _ in range(4):  # the outer key: Python path, recording, two replays
+        before = len(st["fast"]) + len(st["dry"])
+        _scale_in_place_then_copy(spec, x)
+        launches.append(len(st["fast"]) + len(st["dry"]) - before)
+    assert launches == [2, 2, 2, 2]
+    # The inner op replays in the outer op's first (unrecorded) call, not in its recording;
+    # then the outer plan replays twice.
+    assert launch_plans_info()["hits"] == 1 + 1 + 2
+
+
+def test_a_launch_cache_clear_during_a_recording_does_not_refuse_the_kernel_for_good(
+    fake_plan_runtime: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another thread's ``clear_launch_cache()`` between a recorded launch and the recording's
+    commit: the commit could not describe the kernel, and remembered that, so every later
+    key of the kernel was refused (0 plans) although Triton hands the same kernel back."""
+    st = fake_plan_runtime
+    spec = st["spec"]
+    fake_plain = launch_mod._plain
+    triton_cache: dict[str, Any] = {}
+
+    def plain_like_triton(k: Any, grid: Any, kwargs: dict[str, Any]) -> Any:
+        compiled = fake_plain(k, grid, kwargs)
+        return triton_cache.setdefault("compiled", compiled)  # Triton's JIT cache: same object
+
+    monkeypatch.setattr(launch_mod, "_plain", plain_like_triton)
+    x = torch.randn(300)
+    _scale_copy(spec, x, 200, 0.5)  # the key's first call (it compiles)
+    rec = _plans.recorder(None, x, 200, 0.5)
+    assert rec is not None
+    with rec:
+        y = new_output(x, (200,))
+        spec((4,), x, y, 200, 1, 0.5)
+        clear_launch_cache()  # another thread, between the launch and the commit
+        rec.returns(y)
+    assert launch_plans_info()["plans"] == 0  # this recording could not be described
+    for n in (100, 150, 250):
+        for _ in range(3):
+            _scale_copy(spec, torch.randn(300), n, 0.5)
+    info = launch_plans_info()
+    assert (info["plans"], info["refused"]) == (3, 0), info
+
 
 _WAITING = "auto: waiting for the first op call"
 

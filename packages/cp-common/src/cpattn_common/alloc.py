@@ -31,9 +31,13 @@ _recorder: Callable[[torch.Tensor], None] | None = None
 
 def set_output_poison(value: float | None) -> None:
     """Set the fill value of every later ``empty_output`` (``None`` turns poisoning off), at
-    once; inside ``poison_outputs`` contexts it lasts until the newest open one exits (as if
-    that context had been entered with it), so a save / set / restore inside a context and
-    nested contexts both leave the setting as they found it."""
+    once; while ``poison_outputs`` contexts are open it lasts until the newest open one exits
+    (as if that context had been entered with it), so a save / set / restore inside a context
+    and nested contexts both leave the setting as they found it.
+
+    The setting is process-wide and the contexts of all threads form one stack: a call from a
+    thread outside any context, while another thread's context is open, also ends when that
+    context exits."""
     global _base
     with _lock:
         v = None if value is None else float(value)

@@ -135,6 +135,12 @@ class _Runtime:
         self.knobs: Any = None
         self.driver: Any = None
         self.chain_type: type = _HookChainPlaceholder
+        if getattr(torch.version, "hip", None):
+            # Triton's HIP backend also specializes a tensor on whether its storage fits in
+            # 2 GiB (buffer ops), which the key does not hold: a binary compiled for a small
+            # tensor would be reused for a large one.
+            self.reason = "ROCm: Triton specializes tensors on their storage size there"
+            return
         try:
             import triton
             from triton.runtime import jit as triton_jit
@@ -854,6 +860,13 @@ def _launch_cached_slow(
         _store(info, info.entries, key, parts)
 
 
+def _stale(st: _BoundState, kernel: Any) -> bool:
+    """``st`` is bound to a ``_KernelInfo`` that ``clear_launch_cache()`` dropped after
+    ``_setup`` read it and before ``_setup`` stored the state (another thread's clear): such a
+    state would keep the kernel on the plain path until the next clear."""
+    return not st.info.live and _infos.get(id(kernel)) is not st.info
+
+
 class _BoundState:
     """What a ``CachedKernel`` needs per call, built on its first launch."""
 
@@ -1133,7 +1146,7 @@ class CachedKernel:
                     _launcher_rejected(st.entries, key, self.kernel, grid, kwargs)
                 return
         kwargs = self._kwargs(args, constexprs)
-        if st is None and self._reason is None and _enabled:
+        if (st is None or _stale(st, self.kernel)) and self._reason is None and _enabled:
             st = self._setup()
         tail = self._prepare(st, args, constexprs)
         if st is None or tail is None:
@@ -1215,7 +1228,7 @@ class Specialization:
             _plain(ck.kernel, grid, kwargs)
             return
         st = ck._state
-        if st is None and ck._reason is None and _enabled:
+        if (st is None or _stale(st, ck.kernel)) and ck._reason is None and _enabled:
             st = ck._setup()
         if st is not self._st:  # first call, or the cache was cleared: forget old entries
             self.entries.clear()

@@ -42,7 +42,10 @@ tensor arguments sharing storage, a compiled kernel needing more than a plain
 ``cuLaunchKernel`` (clusters, cooperative or PDL launches, scratch memory), a plan the native
 module rejects. After ``_MAX_FAILURES`` refusals a key is not recorded again. Allocations and
 launches of other threads during a recording are not part of the call and are ignored; one
-recording runs at a time. Nothing a recording does raises into the op call.
+recording runs at a time, and while it runs no call replays (in any thread), so an opted-in op
+called inside the recorded one takes its Python path, which the recording sees. A launch that
+bypasses ``cpattn_common.launch`` (a bare ``kernel[grid](...)``) is invisible to the recorder:
+a recorded branch must not contain one. Nothing a recording does raises into the op call.
 
 **What a replay does not do.** It does not call Triton's launch hooks (while any is installed,
 and while output poisoning is on, calls take the Python path and are not recorded, so
@@ -278,30 +281,34 @@ def _describe(function: int) -> _KernelDesc | None:
         return _describe_cache[function]
     desc = None
     compiled = _launch._compiled_kernels.get(function)
+    if compiled is None:
+        # Unknown now, not for good: a clear_launch_cache() in another thread between the
+        # recorded launch and this commit drops it, and Triton's JIT cache hands the same
+        # function back later. Remembered, the answer would refuse every later recording.
+        return None
     try:
-        if compiled is not None:
-            md = compiled.metadata
-            plain = (
-                # Triton launches a kernel of more shared memory with a launch attribute
-                # (oversized shared memory, Triton 3.9's launcher) a plain launch lacks.
-                int(md.shared) <= _MAX_PLAIN_SHARED_BYTES
-                and getattr(md, "num_ctas", 1) == 1
-                and all(d == 1 for d in getattr(md, "cluster_dims", (1, 1, 1)))
-                and not getattr(md, "launch_cooperative_grid", False)
-                and not getattr(md, "launch_pdl", False)
-                and not getattr(md, "global_scratch_size", 0)
-                and not getattr(md, "profile_scratch_size", 0)
-            )
-            types = tuple(str(t) for t in compiled.src.signature.values())
-            known = all(
-                t == "constexpr" or t.startswith("*") or t in _INT_TYPES or t in ("fp32", "fp64")
-                for t in types
-            )
-            n_ptx = _ptx_param_count(compiled.asm["ptx"])
-            n_runtime = sum(t != "constexpr" for t in types)
-            if plain and known and n_ptx is not None and 0 <= n_ptx - n_runtime <= 4:
-                block = 32 * int(md.num_warps)
-                desc = _KernelDesc(compiled, types, block, int(md.shared), n_ptx - n_runtime)
+        md = compiled.metadata
+        plain = (
+            # Triton launches a kernel of more shared memory with a launch attribute
+            # (oversized shared memory, Triton 3.9's launcher) a plain launch lacks.
+            int(md.shared) <= _MAX_PLAIN_SHARED_BYTES
+            and getattr(md, "num_ctas", 1) == 1
+            and all(d == 1 for d in getattr(md, "cluster_dims", (1, 1, 1)))
+            and not getattr(md, "launch_cooperative_grid", False)
+            and not getattr(md, "launch_pdl", False)
+            and not getattr(md, "global_scratch_size", 0)
+            and not getattr(md, "profile_scratch_size", 0)
+        )
+        types = tuple(str(t) for t in compiled.src.signature.values())
+        known = all(
+            t == "constexpr" or t.startswith("*") or t in _INT_TYPES or t in ("fp32", "fp64")
+            for t in types
+        )
+        n_ptx = _ptx_param_count(compiled.asm["ptx"])
+        n_runtime = sum(t != "constexpr" for t in types)
+        if plain and known and n_ptx is not None and 0 <= n_ptx - n_runtime <= 4:
+            block = 32 * int(md.num_warps)
+            desc = _KernelDesc(compiled, types, block, int(md.shared), n_ptx - n_runtime)
     except Exception:
         desc = None
     _describe_cache[function] = desc
@@ -641,14 +648,21 @@ def launch_plans_reason() -> str | None:
     return _reason
 
 
+#: The counters the native module's ``info()`` returns.
+_NATIVE_COUNTERS = ("plans", "refused", "seen_once", "hits", "misses", "evicted")
+
+
 def launch_plans_info() -> dict[str, Any]:
     """Counters: ``plans`` (recorded keys), ``refused`` (keys no longer recorded),
     ``seen_once`` (keys met once, to be recorded at their next call), ``hits``, ``misses``
     (native look-ups), ``evicted`` (plans and refused keys dropped to make room: the table
     holds 8192 keys; a full one drops its least recently used quarter), ``recorded`` /
     ``refusals`` (recordings this process), and
-    ``last_refusal`` (op name -> reason of its latest refused recording)."""
-    info: dict[str, Any] = dict(_ext.info()) if _ext is not None else {}
+    ``last_refusal`` (op name -> reason of its latest refused recording). Every key is there
+    also while the native module is not loaded (its counters then read 0)."""
+    info: dict[str, Any] = dict.fromkeys(_NATIVE_COUNTERS, 0)
+    if _ext is not None:
+        info.update(_ext.info())
     info.update(_stats)
     info["last_refusal"] = dict(_last_refusal)
     return info

@@ -245,17 +245,25 @@ bool context_current() {
 
 // What the Python path checks before a cached launch, here before a replay: output poisoning
 // is off (cpattn_common.alloc._poison is None) and no Triton launch hook is installed (each
-// hook None, or a HookChain with no calls). -1 with a Python error set on failure.
+// hook None, or a HookChain with no calls); also no recording is running
+// (cpattn_common.alloc._recorder is None). -1 with a Python error set on failure.
 int replay_allowed() {
   // Interned once: a look-up by a fresh string would cost more than the rest of the check.
   static PyObject* const poison_name = PyUnicode_InternFromString("_poison");
   static PyObject* const hook_names[] = {PyUnicode_InternFromString("launch_enter_hook"),
                                          PyUnicode_InternFromString("launch_exit_hook")};
   static PyObject* const calls_name = PyUnicode_InternFromString("calls");
+  static PyObject* const recorder_name = PyUnicode_InternFromString("_recorder");
   if (alloc_globals != nullptr) {
     PyObject* poison = PyDict_GetItemWithError(alloc_globals, poison_name);  // borrowed
     if (poison == nullptr && PyErr_Occurred()) return -1;
     if (poison != nullptr && poison != Py_None) return 0;
+    // A recording is running (in any thread): an op called inside the recorded one must take
+    // its Python path, whose launches the recorder sees; replayed natively, they would be
+    // missing from the plan being recorded.
+    PyObject* rec = PyDict_GetItemWithError(alloc_globals, recorder_name);  // borrowed
+    if (rec == nullptr && PyErr_Occurred()) return -1;
+    if (rec != nullptr && rec != Py_None) return 0;
   }
   if (hook_knobs == nullptr || hook_knobs == Py_None) return 1;
   for (PyObject* name : hook_names) {
