@@ -599,6 +599,12 @@ def test_bad_inputs(device: torch.device) -> None:
         a2a_buffer_views(torch.randn(2, 3, 1, 8, device=device).half(), 4)
     with pytest.raises(ValueError, match="Cannot pack"):
         a2a_unpack_combine(torch.randn(2, 3, 4, 5, device=device).double(), head_dim=3)
+    # A non-floating buffer: TypeError, as for every op (it was ValueError "Cannot pack").
+    for dtype in (torch.int16, torch.int32, torch.bool):
+        with pytest.raises(TypeError, match="recv must be a floating tensor"):
+            a2a_unpack_combine(torch.zeros(2, 3, 1, 6, device=device, dtype=dtype), head_dim=4)
+        with pytest.raises(TypeError, match="buf must be a floating tensor"):
+            a2a_buffer_views(torch.zeros(2, 3, 1, 6, device=device, dtype=dtype), 4)
     # These raised ZeroDivisionError, RuntimeError (negative dimension) or a late TypeError.
     for size, error in ((0, ValueError), (-1, ValueError), (True, TypeError), (2.0, TypeError)):
         with pytest.raises(error, match=re.escape("cp_world_size must be a")):

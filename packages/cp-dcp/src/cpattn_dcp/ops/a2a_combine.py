@@ -160,7 +160,9 @@ def a2a_buffer_views(buf: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, to
         and high halves and are not numbers).
 
     Raises:
-        ValueError: ``buf`` is not a contiguous 4-D buffer whose last dim is ``D + P``.
+        ValueError: ``buf`` is not a contiguous 4-D buffer whose last dim is ``D + P``, or
+            its dtype is a float other than fp16/bf16/fp32.
+        TypeError: ``buf`` is not a floating tensor, ``head_dim`` is not an int.
     """
     n, b, hr, width = _buffer_shape(buf, head_dim, "buf")
     p = width - head_dim
@@ -175,6 +177,8 @@ def _buffer_shape(
     """``buf``'s shape after checking it is a contiguous ``[N, B, H_r, D + P]`` buffer."""
     if not isinstance(buf, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(buf).__name__}")
+    if not buf.dtype.is_floating_point:  # as every op's check_out_dtype
+        raise TypeError(f"{name} must be a floating tensor (fp16/bf16/fp32), got {buf.dtype}")
     width = a2a_record_width(head_dim, buf.dtype)
     if buf.dim() != 4 or buf.shape[3] != width:
         raise ValueError(
@@ -619,9 +623,9 @@ def a2a_unpack_combine(
         ``(out [B, H_r, D]`` in ``recv.dtype``, ``lse [B, H_r]`` fp32 or ``None)``.
 
     Raises:
-        TypeError: ``recv`` is not a tensor, ``head_dim`` is not an int, an
+        TypeError: ``recv`` is not a floating tensor, ``head_dim`` is not an int, an
             ``is_lse_base_on_e`` that is not a bool.
-        ValueError: unsupported dtype, ``recv`` not 4-D or not contiguous, its last dim not
+        ValueError: a float dtype other than fp16/bf16/fp32, ``recv`` not 4-D or not contiguous, its last dim not
             ``D + P`` for ``head_dim``, or torch's negative bit on it.
 
     Inference only (no autograd formula): see ``cpattn_common.dispatch``. Registered as
