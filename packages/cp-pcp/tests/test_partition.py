@@ -245,9 +245,33 @@ def test_bad_input(seq_lens: object, pcp_size: object, error: type[Exception], m
 
 def test_plan_method_bad_input() -> None:
     plan = dual_chunk_swap([5, 3], 2)
-    with pytest.raises(ValueError, match=r"rank must be an int in \[0, 2\), got 2"):
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 2\), got 2"):
         plan.local_rows(torch.zeros(8), 2)
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 2\), got -1"):
+        plan.local_rows(torch.zeros(8), -1)
     with pytest.raises(ValueError, match="num_tokens = 8 rows"):
         plan.local_rows(torch.zeros(7), 0)
     with pytest.raises(ValueError, match="= 12 rows"):
         plan.restore(torch.zeros(15))
+
+
+@pytest.mark.parametrize(
+    ("rank", "type_name"),
+    [(1.0, "float"), (True, "bool"), (False, "bool"), ("0", "str"), (None, "NoneType")],
+    ids=["float", "true", "false", "str", "none"],
+)
+def test_local_rows_rank_not_an_int(rank: object, type_name: str) -> None:
+    """A rank that is not an int (a bool included) is a TypeError, as for every size and rank
+    of the package (``dual_chunk_swap``'s ``pcp_size``, ``check_size``); only an int out of
+    range is a ValueError."""
+    plan = dual_chunk_swap([5, 3], 2)
+    with pytest.raises(TypeError, match=f"rank must be an int, got {type_name}$"):
+        plan.local_rows(torch.zeros(8), rank)  # type: ignore[arg-type]
+
+
+def test_local_rows_rank_numpy_int() -> None:
+    """A numpy integer is not an int here, as in ``check_size``: TypeError, not ValueError."""
+    np = pytest.importorskip("numpy")
+    plan = dual_chunk_swap([5, 3], 2)
+    with pytest.raises(TypeError, match="rank must be an int, got int64"):
+        plan.local_rows(torch.zeros(8), np.int64(1))  # type: ignore[arg-type]

@@ -13,9 +13,10 @@ heads its group combines. Which group to all-gather the query over depends on th
   means that group.
 * ``N_dcp == N_pcp`` (DCP group = PCP group): every head is already present → no gather.
 
-After the DCP combine the output may hold fewer heads than this TP rank owns (a reduce-scatter
-over the PCP group split them) or more (an all-reduce kept all TP heads);
-``finalize_mla_pcp_decode`` reconciles both.
+After the DCP combine the output may hold fewer heads than this TP rank owns (the A2A,
+``dcp_a2a_lse_reduce``, over the PCP group split them; a reduce-scatter would split them the
+same way, but ``resolve_dcp_combine`` never picks one with PCP) or more (an all-reduce kept all
+TP heads); ``finalize_mla_pcp_decode`` reconciles both.
 
 The gathers are inference only: with grad mode on, a tensor that requires grad raises
 ``RuntimeError`` (``cpattn_common.dispatch.refuse_grad``) whenever the layout makes the call
@@ -199,8 +200,9 @@ def finalize_mla_pcp_decode(
 ) -> torch.Tensor:
     """Bring a combined decode output back to this TP rank's ``num_heads`` heads.
 
-    * ``H_out < num_heads``: the combine split the heads over the PCP group (reduce-scatter
-      with DCP group = PCP group) → all-gather over ``pcp_group`` along dim 1
+    * ``H_out < num_heads``: the combine split the heads over the PCP group (the A2A,
+      ``dcp_a2a_lse_reduce``, with DCP group = PCP group; a reduce-scatter there splits them
+      the same way) → all-gather over ``pcp_group`` along dim 1
       (needs ``H_out * N_pcp == num_heads``).
     * ``H_out > num_heads``: the combine kept every TP rank's heads (query gathered over TP)
       → keep heads ``[tp_rank * num_heads, (tp_rank + 1) * num_heads)``

@@ -133,8 +133,12 @@ class DualChunkSwapPlan:
         return replace(self, device=dev, **moved)
 
     def _check_rank(self, rank: int) -> None:
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.pcp_size:
-            raise ValueError(f"rank must be an int in [0, {self.pcp_size}), got {rank!r}")
+        # The package's rule for a size or rank (``check_size``): a bool or a non-int
+        # (numpy integers included) is a TypeError, an int out of range a ValueError.
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise TypeError(f"rank must be an int, got {type(rank).__name__}")
+        if not 0 <= rank < self.pcp_size:
+            raise ValueError(f"rank must be in [0, {self.pcp_size}), got {rank}")
 
     def local_rows(self, x_global: torch.Tensor, rank: int) -> torch.Tensor:
         """Rank ``rank``'s padded local rows of a tensor in global token order.
@@ -148,6 +152,11 @@ class DualChunkSwapPlan:
 
         Returns:
             ``[P, ...]``: ``x_global[gather_idx.view(N, P)[r]]``.
+
+        Raises:
+            TypeError: ``rank`` is not an int (a bool or a numpy integer included).
+            ValueError: ``rank`` is not in ``[0, N)``, or ``x_global`` does not have
+                ``T = num_tokens`` rows.
         """
         self._check_rank(rank)
         _check_rows(x_global, self.num_tokens, "x_global", "plan.num_tokens")
