@@ -15,6 +15,15 @@ if ! python3 -c 'import torch, triton'; then
         "python of the machine's CUDA torch (not from a virtual environment without it)" >&2
     exit 1
 fi
+# So is a CPU-only torch (a venv from the CPU setup): neither a CUDA nor a ROCm build, so no
+# GPU could ever be visible to it; only a GPU build without a visible device is a skip.
+if ! python3 -c 'import sys, torch; sys.exit(0 if torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None else 1)'; then
+    echo "gpu_tests: $(command -v python3) has a CPU-only torch" \
+        "($(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null || true): neither a CUDA" \
+        "nor a ROCm build); run this with the python of the machine's CUDA torch (not from a" \
+        "virtual environment with a CPU-only torch)" >&2
+    exit 1
+fi
 if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
     echo "SKIPPED gpu_tests: no CUDA device is visible to torch on this machine"
     exit 0
