@@ -12,7 +12,7 @@ CUDA_VISIBLE_DEVICES=0 timeout 420 bash scripts/gpu_tests.sh -q -rfE packages/cp
     > $OUT/gpu_tests-dcp-$1.txt 2>&1 &
 A=$!
 CUDA_VISIBLE_DEVICES=1 timeout 420 bash scripts/gpu_tests.sh -q -rfE packages/cp-common/tests \
-    packages/cp-pcp/tests packages/cp-testing/tests tests > $OUT/gpu_tests-rest-$1.txt 2>&1 &
+    packages/cp-pcp/tests packages/cp-testing/tests > $OUT/gpu_tests-rest-$1.txt 2>&1 &
 B=$!
 wait $A; echo "cp-dcp one-GPU rc=$? at ${SECONDS}s"; tail -n 1 $OUT/gpu_tests-dcp-$1.txt
 wait $B; echo "rest one-GPU rc=$? at ${SECONDS}s"; tail -n 1 $OUT/gpu_tests-rest-$1.txt
