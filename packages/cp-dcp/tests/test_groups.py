@@ -78,6 +78,37 @@ def test_destroyed_process_groups_leave_no_entries(run_ranks: RunRanks) -> None:
         }
 
 
+def _overriding_all_reduce_body(rank: int, world_size: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from cpattn_common.group import CPGroup
+    from cpattn_dcp import cp_lse_ag_out_ar
+    from cpattn_dcp.comm.collectives import all_reduce_
+
+    class CountingGroup(CPGroup):
+        """A custom all-reduce (a serving engine's own, say): counts its calls."""
+
+        calls = 0
+
+        def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+            CountingGroup.calls += 1
+            return super().all_reduce(tensor)
+
+    group = CountingGroup(dist.group.WORLD)
+    buf = torch.ones(2)
+    summed = all_reduce_(group, buf)
+    out = torch.randn(3, 4, 8, generator=torch.Generator().manual_seed(rank))
+    cp_lse_ag_out_ar(out, torch.zeros(3, 4), group)
+    return {"sum": summed.tolist(), "calls": CountingGroup.calls}
+
+
+def test_a_cp_group_overriding_all_reduce_gets_its_calls(run_ranks: RunRanks) -> None:
+    """The combines' in-place all-reduce took the ProcessGroup under any ``CPGroup``, so a
+    subclass's own ``all_reduce`` was never called (0 calls)."""
+    for res in run_ranks(_overriding_all_reduce_body, 2):
+        assert res == {"sum": [2.0, 2.0], "calls": 2}
+
+
 def test_wrapper_entries_die_with_the_wrapper(device: torch.device) -> None:
     """A ``CPGroupLike`` resolves to itself, memoised without a reference that keeps it."""
     world = SimulatedWorld(1, device)

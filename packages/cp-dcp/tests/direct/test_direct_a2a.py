@@ -543,7 +543,7 @@ def test_closed_a2a_refuses_every_call(sim_build: Build, device: torch.device) -
 
 
 @pytest.mark.parametrize("flag", [None, "False", 0])
-def test_is_lse_base_on_e_must_be_a_bool_before_anything_is_published(
+def test_flags_must_be_bools_before_anything_is_published(
     sim_build: Build, device: torch.device, flag: object
 ) -> None:
     """bool() made None base 2 and "False" base e. lse_reduce checks before its publish: a
@@ -560,6 +560,12 @@ def test_is_lse_base_on_e_must_be_a_bool_before_anything_is_published(
     assert int(wss[0].epoch[0]) == 0
     with pytest.raises(TypeError, match="is_lse_base_on_e must be a bool"):
         wss[0].wait_and_combine(t, is_lse_base_on_e=flag)  # type: ignore[arg-type]
+    # return_lse too (it was taken by truthiness: "no" returned the LSE)
+    with pytest.raises(TypeError, match="return_lse must be a bool"):
+        wss[0].lse_reduce(o, lse, return_lse=flag)  # type: ignore[arg-type]
+    assert torch.equal(wss[1].recv_signal, signals)
+    with pytest.raises(TypeError, match="return_lse must be a bool"):
+        wss[0].wait_and_combine(t, return_lse=flag)  # type: ignore[arg-type]
 
 
 def test_inputs_that_require_grad_are_refused_before_anything_is_published(

@@ -181,6 +181,8 @@ def _dispatch_check(rank: int, n: int, device: torch.device, group: Any) -> int:
         assert_dispatches(call, (out, lse, sl, qsl), f"cpattn_dcp.{fn.__name__}.default")
         with pytest.raises(TypeError, match="is_lse_base_on_e must be a bool, got None"):
             fn(out, lse, group, is_lse_base_on_e=None)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="return_lse must be a bool, got 'no'"):
+            fn(out, lse, group, return_lse="no")  # type: ignore[call-overload]
     return len(OPS)
 
 

@@ -6,6 +6,7 @@ import math
 import re
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -352,6 +353,11 @@ def test_unpack_base_flag_must_be_a_bool(device: torch.device) -> None:
     recv = a2a_pack(out, lse, 2)
     with pytest.raises(TypeError, match="is_lse_base_on_e must be a bool, got"):
         a2a_unpack_combine(recv, head_dim=16, is_lse_base_on_e=None)  # type: ignore[arg-type]
+    # return_lse was taken by truthiness ("no" returned the LSE); a numpy bool is a bool.
+    for flag in (1, "no", None):
+        with pytest.raises(TypeError, match="return_lse must be a bool, got"):
+            a2a_unpack_combine(recv, head_dim=16, return_lse=flag)  # type: ignore[arg-type]
+    assert a2a_unpack_combine(recv, head_dim=16, return_lse=np.bool_(False))[1] is None
 
 
 def test_pack_int64_indexing(device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -41,11 +41,16 @@ def all_reduce_(group: CPGroupLike, buf: torch.Tensor) -> torch.Tensor:
     group's out-of-place ``all_reduce``. Use the return value."""
     if group.world_size == 1:
         return buf
-    # isinstance: shared_cp_group wraps a ProcessGroup in a CPGroup subclass.
-    if isinstance(group, CPGroup) and buf.is_contiguous():
+    # The in-place shortcut only where the group's all_reduce is CPGroup's own (shared_cp_group
+    # wraps a ProcessGroup in a CPGroup subclass): a subclass overriding it (a custom
+    # all-reduce) gets its call.
+    if type(group).all_reduce is _CPGROUP_ALL_REDUCE and buf.is_contiguous():
         dist.all_reduce(buf, group=group.device_group)
         return buf
     return group.all_reduce(buf)
+
+
+_CPGROUP_ALL_REDUCE = CPGroup.all_reduce
 
 
 def all_to_all_records(group: CPGroupLike, recv: torch.Tensor, send: torch.Tensor) -> None:

@@ -332,9 +332,10 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
             RuntimeError: the workspace is closed (its peer pointers are released).
             ValueError: ``num_tokens`` outside ``[0, max_num_tokens]`` or the ubatch out of
                 range.
-            TypeError: an ``is_lse_base_on_e`` that is not a bool.
+            TypeError: an ``is_lse_base_on_e`` or ``return_lse`` that is not a bool.
         """
         is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
+        return_lse = check_bool("return_lse", return_lse)
         if self._closed:  # one attribute read: the kernel would read released peer memory
             raise RuntimeError(f"{self.name}: workspace is closed")
         u = self._resolve_ubatch(ubatch_id)
@@ -411,7 +412,7 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
             ValueError / TypeError: bad shapes, dtypes, alignment, ``T > max_num_tokens``,
                 ubatch out of range; bad ``seq_lens``/``query_start_loc`` raise exactly what
                 ``dcp_a2a_lse_reduce`` raises for them (one shared check); an
-                ``is_lse_base_on_e`` that is not a bool (``TypeError``).
+                ``is_lse_base_on_e`` or ``return_lse`` that is not a bool (``TypeError``).
             RuntimeError: grad mode is on and an input requires grad (no autograd formula:
                 ``cpattn_common.dispatch.refuse_grad``), or the workspace is closed.
             DirectProtocolError: an earlier call's bounded wait timed out.
@@ -419,6 +420,7 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         # Checked before the publish: a wait that raised after it would leave this rank's
         # call half made (the peers would wait for it).
         is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
+        return_lse = check_bool("return_lse", return_lse)
         refuse_grad(
             "DirectDCPA2AWorkspace.lse_reduce",
             partial_output=partial_output,

@@ -624,14 +624,16 @@ def a2a_unpack_combine(
 
     Raises:
         TypeError: ``recv`` is not a floating tensor, ``head_dim`` is not an int, an
-            ``is_lse_base_on_e`` that is not a bool.
-        ValueError: a float dtype other than fp16/bf16/fp32, ``recv`` not 4-D or not contiguous, its last dim not
-            ``D + P`` for ``head_dim``, or torch's negative bit on it.
+            ``is_lse_base_on_e`` or ``return_lse`` that is not a bool.
+        ValueError: a float dtype other than fp16/bf16/fp32, ``recv`` not 4-D or not
+            contiguous, its last dim not ``D + P`` for ``head_dim``, or torch's negative bit
+            on it.
 
     Inference only (no autograd formula): see ``cpattn_common.dispatch``. Registered as
     ``torch.ops.cpattn_dcp.a2a_unpack_combine`` (its LSE is empty without ``return_lse``).
     """
     is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
+    return_lse = check_bool("return_lse", return_lse)
     if must_dispatch(recv):  # tracing, a dispatch mode, autograd
         _buffer_shape(recv, head_dim)
         out: torch.Tensor
@@ -811,7 +813,7 @@ def dcp_a2a_lse_reduce(
             torch's negative bit (a lazily negated view, ``checks.check_no_neg_bit``).
         TypeError: non-floating tensors; ``seq_lens``/``query_start_loc`` not tensors or
             not of an integer dtype (as for ``mask_dcp_empty_shards_``); an
-            ``is_lse_base_on_e`` that is not a bool.
+            ``is_lse_base_on_e`` or ``return_lse`` that is not a bool.
 
     Inference only (no autograd formula): see ``cpattn_common.dispatch``.
 
@@ -821,6 +823,7 @@ def dcp_a2a_lse_reduce(
     """
     del ctx
     is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
+    return_lse = check_bool("return_lse", return_lse)
     if must_dispatch(cp_attn_out, cp_attn_lse):  # tracing, a dispatch mode, autograd
         return traced_combine(
             torch.ops.cpattn_dcp.dcp_a2a_lse_reduce, "dcp_a2a_lse_reduce", cp_attn_out,

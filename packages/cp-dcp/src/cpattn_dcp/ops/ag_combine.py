@@ -151,6 +151,7 @@ def _ag_entry(
     query_start_loc: torch.Tensor | None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
+    return_lse = check_bool("return_lse", return_lse)
     if must_dispatch(cp_attn_out, cp_attn_lse):  # tracing, a dispatch mode, autograd
         op = (
             torch.ops.cpattn_dcp.cp_lse_ag_out_rs
@@ -222,7 +223,7 @@ def cp_lse_ag_out_rs(
             an input with torch's negative bit (``cpattn_common.checks.check_no_neg_bit``).
         TypeError: non-floating tensors; ``seq_lens``/``query_start_loc`` not tensors or
             not of an integer dtype (as for ``mask_dcp_empty_shards_``); an
-            ``is_lse_base_on_e`` that is not a bool.
+            ``is_lse_base_on_e`` or ``return_lse`` that is not a bool.
 
     Inference only (no autograd formula): see ``cpattn_common.dispatch``.
 
