@@ -12,18 +12,13 @@ recorded home key does not replay for them either: the native hit count stays pu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
-from cpattn_common.launch_plans import (
-    clear_launch_plans,
-    launch_plans_info,
-    launch_plans_reason,
-    set_launch_plans_enabled,
-)
+from cpattn_common.launch_plans import launch_plans_info
 from cpattn_dcp import (
     a2a_pack,
     a2a_unpack_combine,
@@ -159,16 +154,6 @@ def test_collective_runs_on_its_tensors_device(op: Callable[..., Any]) -> None:
         got = foreign(*(_clone(a) for a in args))
         torch.cuda.synchronize(_OTHER)
         _same(got, want)
-
-
-@pytest.fixture
-def plans() -> Iterator[None]:
-    if not set_launch_plans_enabled(True):
-        pytest.skip(f"launch plans unavailable here: {launch_plans_reason()}")
-    clear_launch_plans()
-    yield
-    clear_launch_plans()
-    set_launch_plans_enabled(False)
 
 
 @pytest.mark.no_output_poison

@@ -9,7 +9,7 @@ Output poisoning is off here: a poison fill is a torch operation, which refuses 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,9 +17,7 @@ import pytest
 import torch
 
 from cpattn_common.launch_plans import (
-    clear_launch_plans,
     launch_plans_info,
-    launch_plans_reason,
     set_launch_plans_enabled,
 )
 from cpattn_dcp import (
@@ -33,16 +31,6 @@ from cpattn_dcp import (
 pytestmark = [pytest.mark.no_output_poison, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
 _CALLS = 5
-
-
-@pytest.fixture
-def plans() -> Iterator[None]:
-    if not set_launch_plans_enabled(True):
-        pytest.skip(f"launch plans unavailable here: {launch_plans_reason()}")
-    clear_launch_plans()
-    yield
-    clear_launch_plans()
-    set_launch_plans_enabled(False)
 
 
 def _clone(x: Any) -> Any:
@@ -150,17 +138,24 @@ def test_correct_attn_out_errors_still_raise(device: torch.device, plans: None) 
         correct_attn_out(out[:1], lses, 1)
 
 
-def test_flags_plans_cannot_key_take_the_python_path(device: torch.device, plans: None) -> None:
-    """numpy bools as flags (accepted by the ops) are not keyed: every call takes the Python
-    path, none is recorded (registration failed and raised into the call). The base flag
-    of the public ops is no such flag: they turn a numpy bool into a bool first."""
+def test_numpy_bool_flags_share_the_bool_key(device: torch.device, plans: None) -> None:
+    """numpy bools as flags (accepted by the ops) are turned into bools before the call key is
+    built, so their calls share the key and the results of the Python bool's. (The unpack's
+    ``return_lse`` used to be keyed as given: a numpy bool was no key, and was never
+    recorded.)"""
     out = torch.randn(2, 4, 8, device=device)
     lses = torch.randn(3, 2, 4, device=device)
     recv = torch.randn(2, 2, 2, a2a_record_width(8, torch.float32), device=device)
-    for _ in range(3):
-        a2a_unpack_combine(recv, head_dim=8, return_lse=np.True_)
-    info = launch_plans_info()
-    assert (info["recorded"], info["refusals"], info["hits"]) == (0, 0, 0), info
+    want = a2a_unpack_combine(recv, head_dim=8, return_lse=True)
+    for flag in (np.True_, True, np.True_, np.True_):
+        got = a2a_unpack_combine(recv, head_dim=8, return_lse=flag)
+        for g, w in zip(got, want, strict=True):
+            assert g is not None
+            assert w is not None
+            assert torch.equal(g, w)
+    if device.type == "cuda":  # the second call recorded, the last three replayed
+        info = launch_plans_info()
+        assert (info["refusals"], info["hits"]) == (0, 3), info
     for _ in range(3):
         got = correct_attn_out(out.clone(), lses, 1, is_lse_base_on_e=np.False_)
         want = correct_attn_out(out.clone(), lses, 1, is_lse_base_on_e=False)
