@@ -37,8 +37,9 @@ def reduce_scatter_heads(group: CPGroupLike, buf: torch.Tensor) -> torch.Tensor:
 
 
 def all_reduce_(group: CPGroupLike, buf: torch.Tensor) -> torch.Tensor:
-    """Sum ``buf`` over ranks; in place on a ``CPGroup`` (a fresh buffer we own), else the
-    group's out-of-place ``all_reduce``. Use the return value."""
+    """Sum ``buf`` over ranks; in place (a fresh buffer we own) on a ``CPGroup`` whose
+    ``all_reduce`` is ``CPGroup``'s own, else the group's out-of-place ``all_reduce``. Use the
+    return value."""
     if group.world_size == 1:
         return buf
     # The in-place shortcut only where the group's all_reduce is CPGroup's own (shared_cp_group
