@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+import triton.language as tl
 
 from cpattn_common.ubatch import ubatch_context
 from cpattn_dcp.direct import (
@@ -22,6 +24,7 @@ from cpattn_dcp.direct import (
     DirectProtocolError,
 )
 from cpattn_dcp.direct import a2a as a2a_module
+from cpattn_dcp.kernels.direct_a2a import _direct_a2a_publish_kernel
 from cpattn_dcp.ops.a2a_combine import a2a_pack, a2a_unpack_combine
 from cpattn_testing.cases import make_dcp_decode_case
 from cpattn_testing.reference import lse_combine_ref
@@ -592,3 +595,33 @@ def test_inputs_that_require_grad_are_refused_before_anything_is_published(
             ws.publish(o, lse)
         outs = [ws.wait_and_combine(t) for ws in wss]
     assert all(not out.requires_grad and bool(torch.isfinite(out).all()) for out in outs)
+
+
+def test_publish_head_offsets_past_int32(watch_interpreted_accesses: Any) -> None:
+    """The publish reads head j of its destination slice at ``j * stride_out_h``: a head-major
+    partial output (a ``[T, H, D]`` view of ``[H, T_cap, D]`` storage, here ``stride_h =
+    2**29``) passes 2**31 elements, where the int32 product wrapped (32 of 128 loads landed
+    2 GiB before the tensor). Interpreter, both destinations' publish programs, their loads
+    from ``partial_output`` recorded instead of made."""
+    n, h_r, d, t_max = 2, 8, 8, 1
+    stride_t, stride_h = d, 2**29
+    src = torch.zeros(64, dtype=torch.bfloat16)  # stands in for the head-major view
+    lse = torch.zeros(1, n * h_r)
+    recv_out = [torch.zeros(2 * n * t_max * h_r * d, dtype=torch.bfloat16) for _ in range(n)]
+    recv_lse = [torch.zeros(2 * n * t_max * h_r) for _ in range(n)]
+    sig = [torch.zeros(2, n, dtype=torch.int64) for _ in range(n)]
+    loads = watch_interpreted_accesses("load", tl.bfloat16, src.data_ptr(), 2)
+    _direct_a2a_publish_kernel[(n, 1)](
+        src, stride_t, stride_h, 1, lse, n * h_r, 1, lse, lse, 0,
+        torch.tensor([x.data_ptr() for x in recv_out]),
+        torch.tensor([x.data_ptr() for x in recv_lse]),
+        torch.tensor([x.data_ptr() for x in sig]),
+        torch.zeros(n, dtype=torch.int32), torch.zeros(1, dtype=torch.int64),
+        torch.zeros(3, dtype=torch.int64), torch.zeros(1, dtype=torch.int64),
+        1, t_max, 0, 1,
+        N=n, H_R=h_r, D=d, BLOCK_HD=64, BLOCK_H=8, HAS_MASK=False, NUM_SEQS_POW2=1,
+    )  # fmt: skip
+    want = [
+        (dst * h_r + j) * stride_h + e for dst in range(n) for j in range(h_r) for e in range(d)
+    ]
+    np.testing.assert_array_equal(np.sort(np.concatenate(loads)), np.array(want, dtype=np.int64))

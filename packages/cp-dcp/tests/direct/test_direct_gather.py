@@ -23,8 +23,13 @@ from cpattn_dcp.direct import (
 )
 from cpattn_dcp.direct import q_gather as q_gather_module
 from cpattn_dcp.direct._base import error_record_width, missing_ranks
+from cpattn_dcp.direct.kv_gather import _COPY_BLOCK
 from cpattn_dcp.gather import reserve_query_head_storage
-from cpattn_dcp.kernels.direct_gather import _direct_gather_publish_kernel
+from cpattn_dcp.kernels.direct_gather import (
+    _direct_gather_publish_kernel,
+    _direct_gather_wait_kernel,
+    nan_bits,
+)
 
 Build = Callable[..., tuple[Any, list[Any]]]
 
@@ -581,6 +586,31 @@ def test_kv_publish_rank_offset_past_int32(watch_interpreted_accesses: Any) -> N
     got = np.concatenate(stores)
     np.testing.assert_array_equal(got, 1 * cap * d + rank * t * d + np.arange(d))
     assert sig[1, rank] == 1  # the signal of call 1 was raised
+
+
+@pytest.mark.parametrize("num_elems", [10 * _COPY_BLOCK, 2**31 + 4096])
+def test_timed_out_kv_wait_fills_nan_past_int32(
+    watch_interpreted_accesses: Any, num_elems: int
+) -> None:
+    """A failed KV wait writes the NaN pattern over its output with a grid-stride loop whose
+    step, ``num_programs * BLOCK``, passes 2**31 for a gathered KV of that many elements: in
+    int32 it wrapped negative and the loop wrote nothing (the output kept the previous call's
+    finite data; on a GPU a negative step does not end). Interpreter, program 0 of the wait
+    launch with its error record set, its NaN stores recorded instead of made."""
+    n = 2
+    dst = torch.zeros(64, dtype=torch.bfloat16)  # stands in for gathered_kv
+    stores = watch_interpreted_accesses("store", tl.int16, dst.data_ptr(), 2)
+    _direct_gather_wait_kernel[(1,)](
+        torch.zeros(2, n, dtype=torch.int64),  # signals
+        torch.zeros(1, dtype=torch.int64),  # epoch
+        torch.zeros(1, dtype=torch.int32),  # done counter
+        torch.tensor([1, 1, 0], dtype=torch.int64),  # error record set: fails at once
+        torch.zeros(1, dtype=torch.int64),  # group failure word
+        torch.zeros(64, dtype=torch.bfloat16), dst, num_elems, 64, 10,
+        -(-num_elems // _COPY_BLOCK),  # num_programs, as DirectDCPKVGatherWorkspace.wait
+        N=n, N_POW2=2, HAS_COPY=True, BLOCK=_COPY_BLOCK, NAN_BITS=nan_bits(torch.bfloat16),
+    )  # fmt: skip
+    np.testing.assert_array_equal(np.concatenate(stores), np.arange(_COPY_BLOCK))
 
 
 def test_gathers_refuse_inputs_that_require_grad(sim_build: Build, device: torch.device) -> None:

@@ -119,7 +119,12 @@ def _direct_a2a_publish_kernel(
         for c in range(0, H_R * D, BLOCK_HD):
             idx = c + o_hd
             m = idx < row_lim
-            x = tl.load(src_row + (idx // D) * stride_out_h + (idx % D) * stride_out_d, mask=m)
+            # The head offset in int64: the workspace takes any head stride (a head-major
+            # [T, H, D] view has stride_out_h = T_cap * D), so it can pass 2**31 elements.
+            x = tl.load(
+                src_row + (idx // D).to(tl.int64) * stride_out_h + (idx % D) * stride_out_d,
+                mask=m,
+            )
             tl.store(dst_row + idx, x, mask=m)
         lse = tl.load(
             lse_ptr + t * stride_lse_t + (i_d * H_R + o_h) * stride_lse_h, mask=m_h, other=0.0

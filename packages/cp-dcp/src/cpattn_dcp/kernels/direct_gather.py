@@ -178,7 +178,9 @@ def _direct_gather_wait_kernel(
     if ok == 0:
         # Mark the output instead of leaving the previous call's finite data in it: the host
         # learns of the failure only later. Only here does a lone program (query gather) loop.
-        for start in range(pid * BLOCK, num_elems, num_programs * BLOCK):
+        # The step in int64: num_programs * BLOCK passes 2**31 for a slot of that many
+        # elements, and a wrapped (negative) step would end the loop at once (or never).
+        for start in range(pid * BLOCK, num_elems, tl.cast(num_programs, tl.int64) * BLOCK):
             offs = start + tl.arange(0, BLOCK)
             _store_nan_bits(dst_ptr, offs, offs < num_elems, NAN_BITS)
     _wait_done(done_ptr, epoch_ptr, e, num_programs)
