@@ -113,7 +113,11 @@ def _disables(name: str, value: str) -> bool:
 
 
 def multicast_disabled_by_env() -> bool:
-    """Whether the environment disables NVLink multicast (see ``MULTICAST_ENV_VARS``)."""
+    """Whether the environment disables NVLink multicast (see ``MULTICAST_ENV_VARS``).
+
+    Read on each rank: set the variables the same way on every rank of a group. A rank whose
+    environment disables multicast answers the direct gathers' gate without the collective
+    probe its peers then make."""
     return multicast_env_reason() is not None
 
 
@@ -189,7 +193,10 @@ _probes: IdentityMemo[GroupProbe] = IdentityMemo()
 
 
 def clear_capability_cache() -> None:
-    """Forget every cached group probe (tests; a rebuilt group gets probed again)."""
+    """Forget every cached group probe (tests; a rebuilt group gets probed again).
+
+    Collective in effect: call it on every rank at the same point, or on none. A rank that
+    forgot its probe probes again (collectively) where its peers answer from their cache."""
     _probes.clear()
 
 

@@ -307,7 +307,12 @@ class DCPManager:
     """Selects and owns the query gather, output combine and KV gather of one DCP layer.
 
     Construction is collective over ``group`` when a direct path is probed or built: every rank
-    must construct its managers with the same arguments in the same order.
+    must construct its managers with the same arguments in the same order (and the same
+    multicast environment variables, ``cpattn_common.capability.MULTICAST_ENV_VARS``). A
+    per-call error raised on one rank only (an input on another device than the direct path's,
+    a non-contiguous ``gathered_kv``, bad mask arguments) leaves its peers waiting: in a direct
+    path until its bounded wait times out (``DirectProtocolError``), in an NCCL path until the
+    process group's timeout.
 
     Args:
         config: the ``DCPConfig``.

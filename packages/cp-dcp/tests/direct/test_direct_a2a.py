@@ -21,6 +21,7 @@ from cpattn_dcp.direct import (
     DirectDCPA2AWorkspace,
     DirectDCPKVGatherWorkspace,
     DirectDCPQGatherWorkspace,
+    DirectPathUnavailable,
     DirectProtocolError,
 )
 from cpattn_dcp.direct import a2a as a2a_module
@@ -28,6 +29,7 @@ from cpattn_dcp.kernels.direct_a2a import _direct_a2a_publish_kernel
 from cpattn_dcp.ops.a2a_combine import a2a_pack, a2a_unpack_combine
 from cpattn_testing.cases import make_dcp_decode_case
 from cpattn_testing.reference import lse_combine_ref
+from cpattn_testing.simulated import SimulatedWorld
 from cpattn_testing.tolerances import assert_close_to_ref, coarsest
 
 Build = Callable[..., tuple[Any, list[Any]]]
@@ -625,3 +627,34 @@ def test_publish_head_offsets_past_int32(watch_interpreted_accesses: Any) -> Non
         (dst * h_r + j) * stride_h + e for dst in range(n) for j in range(h_r) for e in range(d)
     ]
     np.testing.assert_array_equal(np.sort(np.concatenate(loads)), np.array(want, dtype=np.int64))
+
+
+def test_a_local_allocation_failing_on_one_rank_fails_every_rank(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workspace's local tensors (counters, error records, the group's failure word) are
+    agreed on before its symmetric buffers: out of memory on one rank there raises
+    ``DirectPathUnavailable`` on every rank, so every manager falls back together. The failing
+    rank used to raise alone while its peers went on into the first symmetric allocation's
+    agreement (a collective mismatch)."""
+    from cpattn_dcp.direct import _base
+
+    real = _base.group_failure_word
+
+    def failing_on_rank_1(group: Any, dev: torch.device) -> torch.Tensor:
+        if group.rank_in_group == 1:
+            raise torch.OutOfMemoryError("injected: 8 bytes on rank 1")
+        return real(group, dev)
+
+    monkeypatch.setattr(_base, "group_failure_word", failing_on_rank_1)
+    world = SimulatedWorld(2, device, timeout=10.0)
+
+    def build(group: Any) -> str:
+        try:
+            DirectDCPA2AWorkspace(group, device, 4, 1, 8, torch.bfloat16)
+        except DirectPathUnavailable as exc:
+            return str(exc)
+        return "built"
+
+    for message in world.run(build):
+        assert "local buffers failed on rank(s) [1] of 2" in message, message

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 import torch
 import triton
 
+from cpattn_common.agreement import agree_on_local_step, agreement_flag
 from cpattn_common.checks import check_nonnegative_int, check_positive_int
 from cpattn_common.device import foreign_cuda_device
 from cpattn_common.group import CPGroupLike, as_cp_group
@@ -237,20 +238,35 @@ class DirectWorkspaceBase:
 
     # -- allocation ---------------------------------------------------------------------------
     def _init_buffers(self) -> None:
-        """Create the symmetric workspace and the local counters (collective)."""
+        """Create the symmetric workspace and the local counters (collective).
+
+        The local tensors come first, and the ranks agree on them before any symmetric
+        allocation: one that fails on some rank only (out of device or pinned host memory)
+        raises ``DirectPathUnavailable`` on every rank together, as a failed symmetric
+        allocation does, instead of leaving the peers waiting in the next collective.
+        """
         u, n = self.num_ubatches, self.world_size
-        self._symm = DirectCPWorkspace(self.group, self.device, u)
-        self._pub_counter = torch.zeros((u, n), dtype=torch.int32, device=self.device)
-        self._wait_done = torch.zeros((u,), dtype=torch.int32, device=self.device)
-        width = error_record_width(n)
-        self._error = torch.zeros((u, width), dtype=torch.int64, device=self.device)
-        self._group_failure = group_failure_word(self.group, self.device)
-        self._error_host: torch.Tensor | None = None
-        if self.device.type == "cuda":
-            self._error_host = torch.zeros((u, width), dtype=torch.int64, pin_memory=True)
-            self._error_view = self._error_host.numpy()
-        else:
-            self._error_view = self._error.numpy()  # shares memory: no copy, no sync
+        flag = agreement_flag(self.cp_group, self.device)
+        failure: BaseException | None = None
+        try:
+            self._symm = DirectCPWorkspace(self.group, self.device, u)
+            self._pub_counter = torch.zeros((u, n), dtype=torch.int32, device=self.device)
+            self._wait_done = torch.zeros((u,), dtype=torch.int32, device=self.device)
+            width = error_record_width(n)
+            self._error = torch.zeros((u, width), dtype=torch.int64, device=self.device)
+            self._group_failure = group_failure_word(self.group, self.device)
+            self._error_host: torch.Tensor | None = None
+            if self.device.type == "cuda":
+                self._error_host = torch.zeros((u, width), dtype=torch.int64, pin_memory=True)
+                self._error_view = self._error_host.numpy()
+            else:
+                self._error_view = self._error.numpy()  # shares memory: no copy, no sync
+        except RuntimeError as exc:  # torch.OutOfMemoryError and CUDA errors among them
+            failure = exc
+        try:
+            agree_on_local_step(self.cp_group, flag, failure, f"{self.name}: local buffers")
+        except SymmetricAllocationError as exc:
+            raise DirectPathUnavailable(f"{self.name}: {exc}") from exc
 
     def _allocate(
         self, shape: tuple[int, ...], dtype: torch.dtype

@@ -260,7 +260,12 @@ def get_direct_dcp_kv_gather_workspace(
 
 
 def clear_direct_workspace_cache(*, close: bool = False) -> None:
-    """Forget the memoized workspaces (``close=True`` also closes them; collective)."""
+    """Forget the memoized workspaces (``close=True`` also closes them).
+
+    Collective either way: call it on every rank of the groups at the same point of their
+    call sequences, or on none. A rank that forgot its workspaces builds the next one
+    (collectively) where its peers find theirs in the memo, and the ranks' collectives no longer
+    match."""
     with _lock:
         items = list(_cache.values())
         _cache.clear()

@@ -111,10 +111,8 @@ def _a2a_pack_kernel(
     rows = n_tok * HEADS_PER_RANK
     o_blk = i_n * (rows * (HEAD_DIM + PACK))  # first lane of destination n's block
     if pid < num_pay_programs:
-        if IDX64:  # the program id widened first: pid * BLOCK_V passes 2**31 there
-            v0 = pid.to(tl.int64) * BLOCK_V
-        else:
-            v0 = pid * BLOCK_V
+        # In int64 mode the program id is widened first: pid * BLOCK_V passes 2**31 there.
+        v0 = pid.to(tl.int64) * BLOCK_V if IDX64 else pid * BLOCK_V
         i_v = v0 + tl.arange(0, BLOCK_V)
         i_e = tl.arange(0, VEC)
         n_pay = rows * HEAD_DIM
