@@ -91,6 +91,13 @@ def hang_on(rank: int, world_size: int, bad_rank: int, pid_dir: str) -> int:
     return rank
 
 
+def barrier_skipped_on(rank: int, world_size: int, bad_rank: int) -> int:
+    """Every rank but ``bad_rank`` enters a barrier (a rank-dependent branch's bug)."""
+    if rank != bad_rank:
+        dist.barrier()
+    return rank
+
+
 def die_on(rank: int, world_size: int, bad_rank: int) -> int:
     """Rank ``bad_rank`` exits abruptly (no exception, no result)."""
     if rank == bad_rank:
@@ -258,6 +265,16 @@ def test_hanging_rank_times_out_with_stacks(tmp_path: pathlib.Path) -> None:
     assert "hang_on" in err.tracebacks[1]
     assert elapsed < timeout + 8, f"hang took {elapsed:.1f} s to end (timeout {timeout})"
     _assert_all_gone(_read_pids(tmp_path, 2))
+
+
+def test_a_barrier_one_rank_skips_is_caught() -> None:
+    """The workers' exit handshake was a barrier of the process group under test: it completed
+    the barrier rank 1 was waiting in, and the run passed. The handshake is a file-store
+    counter now, so rank 1 waits until the deadline."""
+    with pytest.raises(DistributedError) as info:
+        run_distributed(barrier_skipped_on, 2, "gloo", args=(0,), timeout=4.0)
+    assert info.value.timed_out
+    assert info.value.rank == 1
 
 
 def test_rank_that_dies_without_exception() -> None:

@@ -341,12 +341,28 @@ def _worker(
     with contextlib.suppress(Exception):
         # Leave only once every rank is done, so no rank closes its connections while a peer
         # still reads from them. The launcher kills ranks still here once it has all results.
-        dist.barrier()
+        _exit_handshake(init_method, world_size, pg_timeout_s)
         dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown (slow with torch loaded, and it can block on backend threads).
     os._exit(0)
+
+
+def _exit_handshake(init_method: str, world_size: int, timeout_s: float) -> None:
+    """Wait until every rank has sent its result (or ``timeout_s`` passed).
+
+    A counter in a file store of its own, not a barrier of the process group: a collective of
+    the group under test would complete a barrier a peer is still waiting in because its own
+    rank skipped one (the bug the test should catch), and the run would pass.
+    """
+    import torch.distributed as dist
+
+    store = dist.FileStore(init_method.removeprefix("file://") + ".exit", world_size)
+    store.add("done", 1)
+    deadline = time.monotonic() + timeout_s
+    while store.add("done", 0) < world_size and time.monotonic() < deadline:
+        time.sleep(0.002)
 
 
 def _stop(procs: Sequence[BaseProcess]) -> None:
