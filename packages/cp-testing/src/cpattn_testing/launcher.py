@@ -356,9 +356,9 @@ def _exit_handshake(init_method: str, world_size: int, timeout_s: float) -> None
     the group under test would complete a barrier a peer is still waiting in because its own
     rank skipped one (the bug the test should catch), and the run would pass.
     """
-    import torch.distributed as dist
+    from torch._C._distributed_c10d import FileStore  # torch.distributed re-exports it
 
-    store = dist.FileStore(init_method.removeprefix("file://") + ".exit", world_size)
+    store = FileStore(init_method.removeprefix("file://") + ".exit", world_size)
     store.add("done", 1)
     deadline = time.monotonic() + timeout_s
     while store.add("done", 0) < world_size and time.monotonic() < deadline:
