@@ -550,11 +550,33 @@ def _collect(
     exited_at: dict[int, float] = {}
     open_readers = {r: readers[r] for r in range(world_size)}
 
+    def died(rank: int, noticed: float) -> None:
+        procs[rank].join(0.1)
+        code = procs[rank].exitcode
+        how = (
+            "an exit status not known yet"
+            if code is None
+            else f"signal {-code}"
+            if code < 0
+            else f"exit code {code}"
+        )
+        failures[rank] = (
+            f"rank {rank} (pid {pids[rank]}) exited with {how} without reporting a result"
+        )
+        # Noticed after the fact (the pipe's end, or the process sentinel, which the fork server
+        # signals only once it reaped the rank): its peers' errors caused by the death often
+        # carry earlier times. A death counts as that much earlier, so the dead rank is named.
+        failed_at[rank] = noticed - _EXIT_WITHOUT_RESULT_GRACE_S
+
     def read(rank: int) -> None:
         try:
             raw = open_readers[rank].recv_bytes()
         except (EOFError, OSError):
+            # The pipe ends without a message only when the rank's process is gone (a rank
+            # sends its result or its error first): a death, known here before its sentinel.
             del open_readers[rank]
+            if rank not in results and rank not in failures:
+                died(rank, time.monotonic())
             return
         del open_readers[rank]
         kind, body, *when = pickle.loads(raw)
@@ -621,11 +643,5 @@ def _collect(
                 read(r)
                 continue
             if r not in open_readers or time.monotonic() - t >= _EXIT_WITHOUT_RESULT_GRACE_S:
-                procs[r].join(0.1)
-                code = procs[r].exitcode
-                how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                failures[r] = (
-                    f"rank {r} (pid {pids[r]}) exited with {how} without reporting a result"
-                )
-                failed_at[r] = t
+                died(r, t)
     return [results[r] for r in range(world_size)]
