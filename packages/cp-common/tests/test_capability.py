@@ -461,6 +461,14 @@ def test_multicast_off_reaches_torch_symm_mem(
     assert "NVSHMEM_DISABLE_NVLS" not in os.environ
 
 
+def _pretend_cuda() -> None:
+    """In a gloo rank process: torch reports CUDA device 0 and ``synchronize`` does nothing,
+    so the probe takes its CUDA path over stubbed symmetric memory."""
+    torch.cuda.is_available = lambda: True  # type: ignore[assignment]
+    torch.cuda.current_device = lambda: 0  # type: ignore[assignment]
+    torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
+
+
 def _probe_with_rank_1_out_of_memory(rank: int, world_size: int) -> str | None:
     """gloo ranks that pretend to have CUDA: the probe's symmetric allocation fails on rank 1
     only; the stubbed rendezvous is collective like torch's (store keys of every rank)."""
@@ -480,9 +488,7 @@ def _probe_with_rank_1_out_of_memory(rank: int, world_size: int) -> str | None:
             store.get(f"rendezvous/{peer}")  # waits for the peer (the store's timeout)
         return _Handle()
 
-    torch.cuda.is_available = lambda: True  # type: ignore[assignment]
-    torch.cuda.current_device = lambda: 0  # type: ignore[assignment]
-    torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
+    _pretend_cuda()
     capability._device_has_multicast = lambda device: False  # type: ignore[assignment]
     capability._symm_mem.empty = empty  # type: ignore[assignment]
     capability._symm_mem.rendezvous = rendezvous  # type: ignore[assignment]
@@ -523,9 +529,7 @@ def _probe_with_rank_1_unable_to_read_the_multicast_address(
             store.get(f"rendezvous/{peer}")
         return _Handle()
 
-    torch.cuda.is_available = lambda: True  # type: ignore[assignment]
-    torch.cuda.current_device = lambda: 0  # type: ignore[assignment]
-    torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
+    _pretend_cuda()
     for name in MULTICAST_ENV_VARS:
         os.environ.pop(name, None)
     capability._device_has_multicast = lambda device: True  # type: ignore[assignment]
@@ -573,8 +577,7 @@ def _probe_with_a_rank_local_multicast_answer(
             return False, False
         return True, want_multicast and not (case == "handle" and rank == 1)
 
-    torch.cuda.is_available = lambda: True  # type: ignore[assignment]
-    torch.cuda.current_device = lambda: 0  # type: ignore[assignment]
+    _pretend_cuda()
     for name in MULTICAST_ENV_VARS:
         os.environ.pop(name, None)
     capability._device_has_multicast = has_multicast  # type: ignore[assignment]
