@@ -88,7 +88,9 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         calls["multicast_support"] += 1
         return True
 
-    def rendezvous(group: Any, device: torch.device, want_multicast: bool) -> tuple[bool, bool]:
+    def rendezvous(
+        group: Any, device: torch.device, want_multicast: bool, flag: torch.Tensor
+    ) -> tuple[bool, bool]:
         calls["rendezvous"].append(want_multicast)
         return calls.get("reached", True), want_multicast
 
@@ -134,7 +136,9 @@ def test_env_disables_multicast_without_any_probe(
     monkeypatch.setattr(capability, "_device_has_multicast", forbidden)
     rendezvous_calls: list[bool] = []
 
-    def rendezvous(group: Any, device: torch.device, want_multicast: bool) -> tuple[bool, bool]:
+    def rendezvous(
+        group: Any, device: torch.device, want_multicast: bool, flag: torch.Tensor
+    ) -> tuple[bool, bool]:
         if want_multicast:
             forbidden()
         rendezvous_calls.append(want_multicast)
@@ -407,6 +411,62 @@ def test_probe_never_raises(
     assert group_probe(object()).reason is not None  # not a group: reported, not raised
 
 
+def test_a_probe_that_cannot_allocate_its_flag_raises_before_any_collective(
+    monkeypatch: pytest.MonkeyPatch, no_multicast_env: None, fake_cuda: dict[str, Any]
+) -> None:
+    """The flag the probe's agreements gather is its one step outside them. Where it cannot be
+    allocated, the rank raises before its first collective instead of answering "off" and
+    pairing its next collective with its peers' probe (the flag used to be allocated after
+    the same-node all-gather, and a second one inside the rendezvous step, whose failure the
+    probe turned into an answer)."""
+
+    def oom(*args: Any) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory (stubbed flag)")
+
+    monkeypatch.setattr(capability, "agreement_flag", oom)
+    with pytest.raises(torch.OutOfMemoryError, match="stubbed flag"):
+        group_probe(_Group())
+    assert (fake_cuda["same_node"], fake_cuda["rendezvous"]) == (0, [])
+    with pytest.raises(torch.OutOfMemoryError):
+        direct_cp_enabled(_Group(), torch.bfloat16, None)
+    monkeypatch.undo()
+
+
+def test_the_probe_rendezvous_gathers_the_probe_flag(
+    monkeypatch: pytest.MonkeyPatch, no_multicast_env: None
+) -> None:
+    """The probe allocates one flag; its symmetric allocation's agreement gathers that flag
+    and allocates none of its own."""
+    from cpattn_common import agreement
+
+    class _Handle:
+        multicast_ptr = 0
+
+    monkeypatch.setattr(capability, "symm_mem_available", True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)
+    monkeypatch.setattr(capability, "_all_same_node", lambda group: True)
+    monkeypatch.setattr(
+        capability._symm_mem, "empty", lambda *a, **k: torch.zeros(8, dtype=torch.uint8)
+    )
+    monkeypatch.setattr(capability._symm_mem, "rendezvous", lambda buf, name: _Handle())
+    flags: list[torch.Tensor] = []
+
+    def counted_flag(group: Any, device: torch.device) -> torch.Tensor:
+        flags.append(torch.empty(1, dtype=torch.int32))
+        return flags[-1]
+
+    def no_flag(*args: Any) -> torch.Tensor:
+        raise AssertionError("the rendezvous step allocated a flag of its own")
+
+    monkeypatch.setattr(capability, "agreement_flag", counted_flag)
+    monkeypatch.setattr(agreement, "agreement_flag", no_flag)
+    probe = group_probe(_Group())
+    assert (probe.symm_mem_reaches_group, probe.rendezvous_failed) == (True, False)
+    assert len(flags) == 1
+
+
 def test_a_failing_multicast_query_is_not_a_failed_rendezvous(
     monkeypatch: pytest.MonkeyPatch, no_multicast_env: None, fake_cuda: dict[str, Any]
 ) -> None:
@@ -572,7 +632,9 @@ def _probe_with_a_rank_local_multicast_answer(
             raise RuntimeError("multicast query failed (stubbed on rank 1)")
         return True
 
-    def rendezvous(group: Any, device: torch.device, want_multicast: bool) -> tuple[bool, bool]:
+    def rendezvous(
+        group: Any, device: torch.device, want_multicast: bool, flag: torch.Tensor
+    ) -> tuple[bool, bool]:
         if case == "unreached" and rank == 1:
             return False, False
         return True, want_multicast and not (case == "handle" and rank == 1)

@@ -267,3 +267,74 @@ def oversized_symm_mem_rank(rank: int, world_size: int) -> list[str]:
         except SymmetricAllocationError as exc:
             return [] if exc.failed_ranks == [0] and exc.__cause__ is not None else [str(exc)]
     return ["no error"]
+
+
+def _after_rendezvous_failing_ranks(rank: int, world_size: int, case: str) -> dict[str, Any]:
+    """gloo ranks over stubbed symmetric memory (host buffers, a store-backed rendezvous and
+    barrier that wait for every rank, like torch's): rank 1 fails a rank-local step after the
+    rendezvous (``case="no_handle"``: its rendezvous returns None; ``"table"``: building its
+    peer table raises). One more collective then shows whether the group is still in step."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    store = dist.distributed_c10d._get_default_store()
+    store.set_timeout(__import__("datetime").timedelta(seconds=10))
+
+    class _Handle:
+        def __init__(self, buf: torch.Tensor) -> None:
+            self.buf = buf
+
+        def get_buffer(
+            self, peer: int, shape: tuple[int, ...], dtype: torch.dtype, offset: int
+        ) -> torch.Tensor:
+            return self.buf  # host stand-in: every peer's view is the local buffer
+
+        def barrier(self) -> None:
+            store.set(f"barrier/{rank}", "in")
+            for peer in range(world_size):
+                store.get(f"barrier/{peer}")  # a rank that skipped it times the others out
+
+    def rendezvous(buf: torch.Tensor, name: str) -> _Handle | None:
+        store.set(f"rendezvous/{rank}", "in")
+        for peer in range(world_size):
+            store.get(f"rendezvous/{peer}")
+        return None if case == "no_handle" and rank == 1 else _Handle(buf)
+
+    torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
+    symm_mem.empty = lambda shape, dtype, device: torch.zeros(shape, dtype=dtype)  # type: ignore[assignment]
+    symm_mem.rendezvous = rendezvous  # type: ignore[assignment]
+    ws = DirectCPWorkspace(dist.group.WORLD, "cpu", 1)
+    ws.device = torch.device("cuda", 0)  # past the CUDA check; the buffers stay on the host
+    host_table = ws._peer_table
+
+    def peer_table(views: list[torch.Tensor]) -> torch.Tensor:
+        if case == "table" and rank == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (stubbed on rank 1)")
+        ws.device = torch.device("cpu")
+        try:
+            return host_table(views)
+        finally:
+            ws.device = torch.device("cuda", 0)
+
+    ws._peer_table = peer_table  # type: ignore[method-assign]
+    report: dict[str, Any] = {"raised": None}
+    try:
+        ws.allocate((1, 4), torch.float32)
+    except SymmetricAllocationError as exc:
+        report.update(raised=str(exc), failed_ranks=exc.failed_ranks)
+    report["after"] = float(as_cp_group(dist.group.WORLD).all_reduce(torch.ones(1)).item())
+    return report
+
+
+@pytest.mark.parametrize("case", ["no_handle", "table"])
+def test_a_rank_local_failure_after_the_rendezvous_raises_on_every_rank(
+    run_ranks: Callable[..., list[Any]], device: torch.device, case: str
+) -> None:
+    """Rank 1's rendezvous gave no handle, or its peer table could not be built: it used to
+    raise alone while rank 0 waited in the handle's barrier (until the store's timeout, then
+    out of step). Now the ranks agree before the barrier and raise together."""
+    if device.type != "cpu":
+        pytest.skip("stubs symmetric memory in its rank processes: a CPU (gloo) test")
+    for report in run_ranks(_after_rendezvous_failing_ranks, 2, case, timeout=60.0):
+        assert report["after"] == 2
+        assert report["failed_ranks"] == [1]
+        assert report["raised"].startswith("rendezvous of the symmetric allocation of 16 bytes")

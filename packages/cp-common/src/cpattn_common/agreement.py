@@ -30,8 +30,9 @@ __all__ = [
 
 class SymmetricAllocationError(RuntimeError):
     """A symmetric allocation failed on at least one rank of the group; raised on every rank
-    (``failed_ranks`` names them, in group ranks), none of which rendezvoused. On a rank that
-    failed, ``__cause__`` is its own error."""
+    (``failed_ranks`` names them, in group ranks). Raised before the rendezvous when the local
+    allocation failed, after it when a rank-local step following it did (no handle, the peer
+    table). On a rank that failed, ``__cause__`` is its own error."""
 
     def __init__(self, message: str, failed_ranks: list[int]):
         super().__init__(message)
@@ -90,6 +91,7 @@ def agreed_symmetric_empty(
     dtype: torch.dtype,
     device: torch.device,
     what: str,
+    flag: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A zero-filled ``symm_mem.empty(shape)`` on ``device``, synchronized so that no peer can
     see it uninitialised, on every rank, or ``SymmetricAllocationError`` on every rank
@@ -100,8 +102,13 @@ def agreed_symmetric_empty(
         group: the group that will rendezvous on the buffer.
         shape / dtype / device: of the buffer.
         what: the allocation, named in the error.
+        flag: the scratch tensor of ``agreement_flag``, allocated by the caller before its
+            first collective step. ``None`` allocates one here; that allocation is the only
+            step that can fail outside the agreement (the rank then raises without taking
+            part, and its peers wait in the all-gather until the group's timeout).
     """
-    flag = agreement_flag(group, device)
+    if flag is None:
+        flag = agreement_flag(group, device)
     buf: torch.Tensor | None = None
     failure: Exception | None = None
     try:  # rank-local: may fail on some ranks only (out of memory)

@@ -12,9 +12,12 @@ Multicast is **never probed** (no ``has_multicast_support``, no multicast rendez
 ``NCCL_NVLS_ENABLE=0`` or ``NVSHMEM_DISABLE_NVLS=1``.
 
 Probes are collective over the group (every rank must ask the same questions in the same
-order: every guarding condition here is rank-invariant), cached per group, and never raise.
-What a rank finds on its own (its multicast support, its handle's multicast address) is agreed
-over the group before the probe answers, so every rank gets the same answer.
+order: every guarding condition here is rank-invariant), cached per group, and report a failing
+step as "off" with a reason. What a rank finds on its own (its multicast support, its symmetric
+allocation, its handle and the handle's multicast address) is agreed over the group before the
+probe answers, so every rank gets the same answer. The one step outside the agreement is the
+allocation of the 4-byte flag it gathers, made before the probe's first collective: a rank that
+cannot make it raises (``group_probe``, "Raises").
 """
 
 from __future__ import annotations
@@ -223,11 +226,13 @@ def _device_has_multicast(device: torch.device) -> bool:
 
 
 def _rendezvous_probe(
-    group: CPGroupLike, device: torch.device, want_multicast: bool
+    group: CPGroupLike, device: torch.device, want_multicast: bool, flag: torch.Tensor
 ) -> tuple[bool, bool]:
     """Rendezvous an 8-byte symmetric buffer over ``group``: ``(reached, multicast)``.
 
-    ``multicast`` is read from the handle only when ``want_multicast`` is True.
+    ``multicast`` is read from the handle only when ``want_multicast`` is True. ``flag`` is the
+    probe's agreement scratch (``agreement_flag``), allocated before the probe's first
+    collective: nothing here allocates outside the allocation's agreement.
     """
     assert _symm_mem is not None
     pg = group.device_group
@@ -237,7 +242,7 @@ def _rendezvous_probe(
     # Every rank raises together if any failed to allocate (the probe then fails on every
     # rank), instead of the failing rank moving on while its peers wait in the rendezvous.
     buf = agreed_symmetric_empty(
-        _symm_mem, group, (8,), torch.uint8, device, "the probe's symmetric allocation"
+        _symm_mem, group, (8,), torch.uint8, device, "the probe's symmetric allocation", flag
     )
     handle: Any = _symm_mem.rendezvous(buf, pg.group_name)
     if handle is None:
@@ -252,7 +257,15 @@ def _rendezvous_probe(
     return True, multicast
 
 
-def _probe_group(group: CPGroupLike) -> GroupProbe:
+def _probe_flag(group: CPGroupLike) -> torch.Tensor | None:
+    """The probe's agreement scratch, or ``None`` where the probe makes no agreement (no
+    process group, no symmetric memory, no CUDA: ``_probe_group`` answers before it)."""
+    if group.device_group is None or not symm_mem_available or not torch.cuda.is_available():
+        return None
+    return agreement_flag(group, torch.device("cuda", torch.cuda.current_device()))
+
+
+def _probe_group(group: CPGroupLike, flag: torch.Tensor | None) -> GroupProbe:
     reason: str | None = None
     try:
         same_node = _all_same_node(group)
@@ -277,6 +290,7 @@ def _probe_group(group: CPGroupLike) -> GroupProbe:
             + ("" if can_allocate else " and no allocate_symmetric"),
             rendezvous_failed=not can_allocate,
         )
+    assert flag is not None  # _probe_flag allocates it exactly where this point is reached
     device = torch.device("cuda", torch.cuda.current_device())
     env_off = multicast_env_reason()
     want_multicast = env_off is None
@@ -289,10 +303,9 @@ def _probe_group(group: CPGroupLike) -> GroupProbe:
             logger.debug("multicast support query failed: %r", exc)
             want_multicast = False
             reason = f"multicast support query failed: {type(exc).__name__}: {exc}"
-    flag = agreement_flag(group, device)
     failed: str | None = None
     try:
-        reached, multicast = _rendezvous_probe(group, device, want_multicast)
+        reached, multicast = _rendezvous_probe(group, device, want_multicast, flag)
     except Exception as exc:
         logger.debug("symmetric-memory probe failed: %r", exc)
         reached, multicast = False, False
@@ -322,7 +335,15 @@ def _probe_group(group: CPGroupLike) -> GroupProbe:
 def group_probe(group: Any) -> GroupProbe:
     """The cached probe of ``group`` (a ``ProcessGroup``, mesh or ``CPGroupLike``); collective.
 
-    Never raises: a failing probe reports False with a reason.
+    A failing probe step reports False with a reason, the same on every rank (what fails on
+    one rank only is agreed before the probe answers).
+
+    Raises:
+        Whatever allocating the probe's 4-byte agreement flag on the current CUDA device
+        raises (``torch.OutOfMemoryError``, a CUDA error). It is allocated before the probe's
+        first collective; a rank without it could not take part in the agreements, and an
+        answer from it would pair its next collective with its peers' probe (a mismatch, or
+        silent garbage on NCCL). Its peers wait in that collective until the group's timeout.
     """
     try:
         cp_group = shared_cp_group(group)
@@ -332,9 +353,10 @@ def group_probe(group: Any) -> GroupProbe:
     hit = _probes.get(owner, None)
     if hit is not None:
         return hit
+    flag = _probe_flag(cp_group)  # outside the try below: see Raises
     try:
-        probe = _probe_group(cp_group)
-    except Exception as exc:  # belt and braces: the probe never raises
+        probe = _probe_group(cp_group, flag)
+    except Exception as exc:  # belt and braces: a probe step that escaped its own catch
         probe = GroupProbe(False, False, False, f"probe failed: {type(exc).__name__}: {exc}")
     return _probes.setdefault(owner, probe)
 

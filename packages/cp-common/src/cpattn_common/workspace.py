@@ -14,13 +14,15 @@ Allocation backends:
 - otherwise ``torch.distributed._symmetric_memory``: ``empty`` + zero-fill + device sync (so a
   peer never observes uninitialised signal memory; epoch 0 is never a published epoch), then
   the ranks agree that every one of them allocated (one all-gather of a flag), then
-  ``rendezvous`` on the group's name, ``barrier``, and ``get_buffer`` per peer.
+  ``rendezvous`` on the group's name, ``get_buffer`` per peer and the peer table, a second
+  agreement that every rank got a handle and built its table, then ``barrier``.
 
 The agreement is what keeps a rank-local failure (out of memory on one rank, typically after a
 KV cache took the rest) from splitting the group: without it, the failing rank raised while its
 peers waited in the rendezvous for good. With it, every rank raises
 ``SymmetricAllocationError`` naming the ranks that failed, so callers that fall back (the
-direct paths of cp-dcp) fall back together.
+direct paths of cp-dcp) fall back together. The flag both agreements gather is allocated with
+the workspace (``agreement_flag``), so no allocation falls outside an agreement.
 
 ``close()`` (or leaving the ``with`` block) drops every buffer so a workspace can be rebuilt.
 """
@@ -36,7 +38,12 @@ from typing import Any
 
 import torch
 
-from cpattn_common.agreement import SymmetricAllocationError, agreed_symmetric_empty
+from cpattn_common.agreement import (
+    SymmetricAllocationError,
+    agree_on_local_step,
+    agreed_symmetric_empty,
+    agreement_flag,
+)
 from cpattn_common.capability import multicast_disabled_by_env, propagate_multicast_off
 from cpattn_common.checks import check_dtype
 from cpattn_common.group import CPGroupLike, as_cp_group
@@ -64,7 +71,10 @@ class DirectCPWorkspace:
 
     Attributes:
         group, world_size (N), rank, device, num_ubatches (U);
-        epoch: int64 ``[U]`` zeros on ``device`` (one signal epoch per ubatch slot).
+        epoch: int64 ``[U]`` zeros on ``device`` (one signal epoch per ubatch slot);
+        agreement_flag: the int32 ``[1]`` scratch of the ranks' agreements
+            (``cpattn_common.agreement``), allocated here so that the collective steps of
+            ``allocate`` allocate nothing outside an agreement.
     """
 
     def __init__(self, group: Any, device: torch.device | str, num_ubatches: int = 1):
@@ -81,6 +91,7 @@ class DirectCPWorkspace:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.num_ubatches = num_ubatches
         self.epoch = torch.zeros(num_ubatches, dtype=torch.int64, device=self.device)
+        self.agreement_flag = agreement_flag(self.group, self.device)
         self._allocations: list[_Allocation] = []
         self._closed = False
 
@@ -152,8 +163,14 @@ class DirectCPWorkspace:
         if allocate_symmetric is not None:
             storage, views = allocate_symmetric(shape, dtype, self.device)
             views = list(views)
+            peer_ptrs = self._peer_table(views)
         else:
-            storage, views, handle = self._allocate_symm_mem(shape, dtype)
+            storage, views, peer_ptrs, handle = self._allocate_symm_mem(shape, dtype)
+        self._allocations.append(_Allocation(storage, views, peer_ptrs, handle))
+        return storage, peer_ptrs
+
+    def _peer_table(self, views: list[torch.Tensor]) -> torch.Tensor:
+        """The int64 ``[U, N]`` table of the peers' slot addresses, on ``device``."""
         if len(views) != self.world_size:
             raise RuntimeError(
                 f"symmetric allocation returned {len(views)} peer views for world_size "
@@ -163,13 +180,11 @@ class DirectCPWorkspace:
             [views[p][u].data_ptr() for p in range(self.world_size)]
             for u in range(self.num_ubatches)
         ]
-        peer_ptrs = torch.tensor(table, dtype=torch.int64).to(self.device)
-        self._allocations.append(_Allocation(storage, views, peer_ptrs, handle))
-        return storage, peer_ptrs
+        return torch.tensor(table, dtype=torch.int64).to(self.device)
 
     def _allocate_symm_mem(
         self, shape: tuple[int, ...], dtype: torch.dtype
-    ) -> tuple[torch.Tensor, list[torch.Tensor], Any]:
+    ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor, Any]:
         try:
             import torch.distributed._symmetric_memory as symm_mem
         except ImportError as exc:
@@ -184,15 +199,27 @@ class DirectCPWorkspace:
         propagate_multicast_off()
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         what = f"symmetric allocation of {nbytes} bytes ({tuple(shape)}, {dtype})"
-        storage = agreed_symmetric_empty(symm_mem, self.group, shape, dtype, self.device, what)
+        flag = self.agreement_flag
+        storage = agreed_symmetric_empty(
+            symm_mem, self.group, shape, dtype, self.device, what, flag
+        )
         handle: Any = symm_mem.rendezvous(storage, pg.group_name)
-        if handle is None:
-            raise RuntimeError("CP symmetric memory rendezvous returned None")
+        # What follows the rendezvous is rank-local again (a missing handle, mapping the peers'
+        # buffers, the peer table's copy to the device): agreed before the barrier, so a rank
+        # that failed there does not leave its peers waiting in it.
+        failure: Exception | None = None
+        try:
+            if handle is None:
+                raise RuntimeError("the symmetric-memory rendezvous returned no handle")
+            views = [handle.get_buffer(p, shape, dtype, 0) for p in range(self.world_size)]
+            peer_ptrs = self._peer_table(views)
+        except Exception as exc:
+            failure = exc
+        agree_on_local_step(self.group, flag, failure, f"rendezvous of the {what}")
         barrier = getattr(handle, "barrier", None)
         if barrier is not None:
             barrier()
-        views = [handle.get_buffer(p, shape, dtype, 0) for p in range(self.world_size)]
-        return storage, views, handle
+        return storage, views, peer_ptrs, handle
 
     # -- multicast ----------------------------------------------------------------------------
     def multicast_ptrs(self, storage: torch.Tensor) -> list[int]:

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from cpattn_common.agreement import agreement_flag, gather_rank_values
+from cpattn_common.agreement import gather_rank_values
 from cpattn_common.capability import multicast_disabled_by_env
 from cpattn_common.checks import check_tensors
 from cpattn_common.dispatch import refuse_grad
@@ -86,7 +86,7 @@ def _require_multicast(workspace: DirectWorkspaceBase, storages: list[torch.Tens
         (ptrs := symm.multicast_ptrs(storage)) and all(int(p) != 0 for p in ptrs)
         for storage in storages
     )
-    flags = gather_rank_values(symm.group, agreement_flag(symm.group, symm.device), int(ok))
+    flags = gather_rank_values(symm.group, symm.agreement_flag, int(ok))
     missing = [r for r, flag in enumerate(flags) if not flag]
     if not missing:
         return
