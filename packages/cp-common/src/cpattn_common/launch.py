@@ -83,6 +83,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from cpattn_common.interpret import triton_interpreting
+
 __all__ = [
     "CachedKernel",
     "Specialization",
@@ -230,7 +232,7 @@ def launch_fast_path_reason(kernel: Any = None) -> str | None:
         kernel = kernel.kernel
     if kernel is not None:
         if type(kernel) is not rt.jit_type:
-            if os.environ.get("TRITON_INTERPRET", "0") == "1":
+            if triton_interpreting():
                 return "TRITON_INTERPRET=1: the interpreter launches kernels itself"
             return f"{type(kernel).__name__} is not a plain triton JITFunction"
         info = _infos.get(id(kernel))

@@ -80,6 +80,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from cpattn_common import alloc as _alloc
 from cpattn_common import launch as _launch
 from cpattn_common import native_build as _native_build
+from cpattn_common.interpret import triton_interpreting
 
 __all__ = [
     "OpPlans",
@@ -160,7 +161,7 @@ def _auto_blocker() -> str | None:
     """Why plans cannot work in this process (``None`` when they can)."""
     if not sys.platform.startswith("linux"):
         return f"launch plans need Linux (this is {sys.platform})"
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if triton_interpreting():
         return "TRITON_INTERPRET=1 (the interpreter launches kernels itself)"
     if getattr(torch.version, "hip", None):
         return "this torch is built for ROCm (plans launch through the CUDA driver)"

@@ -262,7 +262,9 @@ def _same_result(a: object, b: object) -> bool:
 
 
 def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    from cpattn_common.interpret import triton_interpreting
+
+    return triton_interpreting()
 
 
 def _rank_device(backend: str) -> torch.device:

@@ -15,7 +15,6 @@ kernel with a bf16 output were biased toward zero by up to one bf16 ulp.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -26,9 +25,12 @@ _installed: set[str] = set()
 
 def apply_interpreter_fixes() -> None:
     """Every correction of this module, when this process runs Triton's interpreter
-    (``TRITON_INTERPRET=1``); nothing otherwise. The pytest plugin and the rank launcher's
-    workers call it."""
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    (``TRITON_INTERPRET`` on, as the installed Triton reads it); nothing otherwise. The pytest
+    plugin and the rank launcher's workers call it."""
+    # Imported when called: importing this module imports neither torch nor triton.
+    from cpattn_common.interpret import triton_interpreting
+
+    if triton_interpreting():
         exact_bf16_widening()
         rtne_bf16_narrowing()
 

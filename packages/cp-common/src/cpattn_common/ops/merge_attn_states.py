@@ -15,7 +15,6 @@ specialization's cached launch (key: the four tensors' dtypes and alignments).
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -24,6 +23,7 @@ from cpattn_common.alloc import new_output
 from cpattn_common.checks import check_bool
 from cpattn_common.device import foreign_cuda_device
 from cpattn_common.dispatch import must_dispatch
+from cpattn_common.interpret import triton_interpreting
 from cpattn_common.kernels.merge_attn_states import _merge_attn_states_fwd_kernel
 from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_common.launch_plans import OpPlans
@@ -88,7 +88,7 @@ def triton_usable(device: torch.device) -> bool:
     """Whether the Triton kernels can run for tensors on ``device`` (CUDA, or the interpreter)."""
     if device.type == "cuda":
         return True
-    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return device.type == "cpu" and triton_interpreting()
 
 
 @functools.lru_cache(maxsize=256)

@@ -7,7 +7,6 @@ Everything here is host-side and cheap: shape/dtype/device checks read tensor me
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
@@ -16,6 +15,7 @@ import torch
 # kernels can index with). Defined once in cpattn_common for every package; re-exported here so
 # that existing imports from this module keep working.
 from cpattn_common.checks import INDEX_DTYPES, is_index_dtype
+from cpattn_common.interpret import triton_interpreting
 
 __all__ = [
     "INDEX_DTYPES",
@@ -46,7 +46,7 @@ _TARGET_BYTES = 16384
 # over the SMs (an H200 has 132); each program then moves at least one head row.
 # Under TRITON_INTERPRET=1 (CPU tests) every program is interpreted one by one: use the
 # largest tile instead so that tests stay fast.
-MIN_PROGRAMS = 1 if os.environ.get("TRITON_INTERPRET", "0") == "1" else 264
+MIN_PROGRAMS = 1 if triton_interpreting() else 264
 _MAX_BLOCK_R = 64
 
 
