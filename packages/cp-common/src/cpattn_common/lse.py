@@ -47,7 +47,7 @@ def merge_attn_states_torch(
 
     Raises:
         ValueError: shapes other than ``[N, B, H, D]`` / ``[N, B, H]`` or that disagree,
-            ``N == 0``, tensors on different devices.
+            ``N == 0``, ``D == 0``, tensors on different devices.
         TypeError: non-tensor or non-floating arguments; an ``is_lse_base_on_e`` that is not
             a bool (``None`` or ``"False"`` would select a base silently).
     """

@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from cpattn_common.lse import merge_attn_states_torch
 from cpattn_common.ops.merge_attn_states import (
@@ -264,6 +265,26 @@ def test_bad_shapes(outs_shape: tuple[int, ...], lses_shape: tuple[int, ...], ma
         merge_attn_states(torch.randn(outs_shape), torch.randn(lses_shape))
     with pytest.raises(ValueError, match=match):  # the twin checks the same (no broadcasting)
         merge_attn_states_torch(torch.randn(outs_shape), torch.randn(lses_shape))
+
+
+@pytest.mark.parametrize("batch", [3, 0])
+def test_head_dim_zero_raises(device: torch.device, batch: int) -> None:
+    """D = 0 raises as in the cp-dcp ops (``correct_attn_out``), naming the shape, on every
+    path: the functional, the typed launcher, the registered op, its fake impl (what
+    ``torch.compile`` traces) and the torch twin."""
+    outs = torch.randn(2, batch, 4, 0, device=device)
+    lses = torch.randn(2, batch, 4, device=device)
+    match = rf"partial_outs \(2, {batch}, 4, 0\) has head_dim 0; D must be >= 1"
+    for call in (
+        lambda: merge_attn_states(outs, lses),
+        lambda: merge_attn_states_fwd(outs, lses),
+        lambda: torch.ops.cpattn_common.merge_attn_states(outs, lses, True),
+        lambda: merge_attn_states_torch(outs, lses),
+    ):
+        with pytest.raises(ValueError, match=match):
+            call()
+    with FakeTensorMode() as mode, pytest.raises(ValueError, match=match):
+        merge_attn_states(mode.from_tensor(outs), mode.from_tensor(lses))
 
 
 def test_torch_twin_bad_input() -> None:

@@ -169,6 +169,8 @@ def _validate(
         )
     if partial_outs.shape[0] < 1:
         raise ValueError("merge_attn_states needs N >= 1 partial states, got N = 0")
+    if partial_outs.shape[3] == 0:  # as the cp-dcp ops: an empty head dim is a caller's bug
+        raise ValueError(f"partial_outs {tuple(partial_outs.shape)} has head_dim 0; D must be >= 1")
     if any_float:
         for name, t in (("partial_outs", partial_outs), ("partial_lses", partial_lses)):
             if not t.dtype.is_floating_point:
@@ -198,6 +200,7 @@ def _valid_cuda(partial_outs: torch.Tensor, partial_lses: torch.Tensor) -> bool:
         and len(shape) == 4
         and partial_lses.shape == shape[:3]
         and shape[0] >= 1
+        and shape[3] >= 1
         and partial_outs.dtype in _OUT_SET
         and partial_lses.dtype in _LSE_SET
         and partial_lses.get_device() == partial_outs.get_device()
@@ -371,7 +374,8 @@ def merge_attn_states(
     row whose LSEs are all -inf gets output 0 and LSE -inf. Math in fp32.
 
     Args:
-        partial_outs: ``[N, B, H, D]`` partial outputs, fp16/bf16/fp32, any strides, N >= 1.
+        partial_outs: ``[N, B, H, D]`` partial outputs, fp16/bf16/fp32, any strides, N >= 1,
+            D >= 1.
         partial_lses: ``[N, B, H]`` LSEs of the partials, fp32/fp16/bf16, any strides.
         is_lse_base_on_e: True for natural-log LSEs, False for base-2 LSEs.
         return_lse: also return the merged LSE.
@@ -384,7 +388,7 @@ def merge_attn_states(
         TypeError: non-tensor inputs, dtypes other than the ones above, an
             ``is_lse_base_on_e`` that is not a bool.
         ValueError: shapes that are not ``[N, B, H, D]`` / ``[N, B, H]`` or disagree, N = 0,
-            tensors on different devices.
+            D = 0 (the message names the shape), tensors on different devices.
 
     Inference only: no autograd formula. With grad on and an input that requires grad, the
     call goes through the registered op, so the output requires grad and ``backward`` raises
