@@ -219,7 +219,9 @@ def set_launch_cache_enabled(enabled: bool) -> None:
 def launch_fast_path_reason(kernel: Any = None) -> str | None:
     """Why the fast path is off (``None`` when it is on) for ``kernel`` (or in general).
 
-    ``kernel`` may be a ``@triton.jit`` kernel or a ``CachedKernel``.
+    ``kernel`` may be a ``@triton.jit`` kernel or a ``CachedKernel``. Before the kernel's first
+    launch through this module, ``None`` means "no reason known yet": its signature and its
+    compiled kernel are checked at that launch, which may still turn the fast path off for it.
     """
     if not _enabled:
         return "disabled (CPATTN_LAUNCH_CACHE=0 or set_launch_cache_enabled(False))"
@@ -256,7 +258,12 @@ def clear_launch_cache() -> None:
 
 
 def launch_cache_info() -> dict[str, int]:
-    """Counters: ``fast`` (cached launches), ``plain`` (JIT launches), ``compiled`` (entries)."""
+    """Counters since the last ``clear_launch_cache()``: ``fast`` (cached launches), ``plain``
+    (JIT launches), ``compiled`` (compiled kernels stored into the cache). ``compiled`` is
+    never decremented, so it is not the number of live entries: entries dropped when their
+    table fills up still count, two threads missing on one key count twice, and one binary
+    stored by ``launch_cached``, a ``CachedKernel`` and a ``Specialization`` (each keeps its
+    own entries) counts once per store."""
     info = dict(_stats)
     with _lock:
         infos = list(_infos.values())
