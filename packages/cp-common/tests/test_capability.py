@@ -53,7 +53,7 @@ class _Group:
         raise NotImplementedError
 
     def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
-        raise NotImplementedError
+        output.copy_(torch.cat([input] * self.world_size))
 
     def barrier(self) -> None:
         pass
@@ -80,7 +80,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 
-    def same_node(group: Any) -> bool:
+    def same_node(group: Any, flag: torch.Tensor | None) -> bool:
         calls["same_node"] += 1
         return calls.get("same_node_value", True)
 
@@ -145,7 +145,7 @@ def test_env_disables_multicast_without_any_probe(
         return True, False
 
     monkeypatch.setattr(capability, "_rendezvous_probe", rendezvous)
-    monkeypatch.setattr(capability, "_all_same_node", lambda g: False)
+    monkeypatch.setattr(capability, "_all_same_node", lambda g, flag: False)
     group = _Group()
     for use_direct in (None, True, False):
         assert direct_cp_multicast_enabled(group, torch.bfloat16, use_direct) is False
@@ -446,15 +446,16 @@ def test_the_probe_rendezvous_gathers_the_probe_flag(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)
-    monkeypatch.setattr(capability, "_all_same_node", lambda group: True)
+    monkeypatch.setattr(capability, "_all_same_node", lambda group, flag: True)
     monkeypatch.setattr(
         capability._symm_mem, "empty", lambda *a, **k: torch.zeros(8, dtype=torch.uint8)
     )
     monkeypatch.setattr(capability._symm_mem, "rendezvous", lambda buf, name: _Handle())
     flags: list[torch.Tensor] = []
+    real_flag = agreement.agreement_flag
 
     def counted_flag(group: Any, device: torch.device) -> torch.Tensor:
-        flags.append(torch.empty(1, dtype=torch.int32))
+        flags.append(real_flag(group, torch.device("cpu")))
         return flags[-1]
 
     def no_flag(*args: Any) -> torch.Tensor:

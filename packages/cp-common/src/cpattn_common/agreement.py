@@ -9,6 +9,11 @@ all of them succeeded, and all raise ``SymmetricAllocationError`` together if no
 ``DirectCPWorkspace.allocate`` and the capability probe's rendezvous. ``gather_rank_values``
 is the all-gather itself, for decisions that must come out the same on every rank (the probe's
 multicast answer, a workspace's multicast addresses).
+
+An agreement allocates nothing: its all-gather sends from and receives into the scratch of
+``agreement_flag``, allocated by the caller before its first collective step. An allocation
+inside the agreement could itself fail on one rank only, and that rank would then leave the
+all-gather its peers are in.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 from cpattn_common.group import CPGroupLike
 
 __all__ = [
+    "AgreementError",
     "SymmetricAllocationError",
     "agree_on_local_step",
     "agreed_symmetric_empty",
@@ -39,22 +45,50 @@ class SymmetricAllocationError(RuntimeError):
         self.failed_ranks = failed_ranks
 
 
+class AgreementError(RuntimeError):
+    """The all-gather of an agreement failed on this rank (``__cause__``: the collective's
+    error). Unlike a failed local step, this cannot be agreed: the ranks may be out of step,
+    so it propagates (the group is broken) instead of being answered as an agreed failure."""
+
+
 def agreement_flag(group: CPGroupLike, device: torch.device) -> torch.Tensor:
-    """The int32 ``[1]`` scratch flag ``agree_on_local_step`` gathers: on ``device``, except
-    for a gloo group (host tensors). Allocate it before the local step: an out-of-memory device
-    may refuse even 4 bytes after it."""
+    """The int64 ``[1 + N]`` scratch that ``gather_rank_values`` and ``agree_on_local_step``
+    gather through (element 0: this rank's value; elements 1..N: every rank's): on ``device``,
+    except for a gloo group (host tensors). Allocate it before the local step and before the
+    first collective it is meant to agree: an out-of-memory device may refuse even a few bytes
+    after it, and an agreement allocates nothing of its own."""
     on_host = getattr(group, "backend", None) == "gloo"
-    return torch.empty(1, dtype=torch.int32, device="cpu" if on_host else device)
+    return torch.empty(
+        1 + group.world_size, dtype=torch.int64, device="cpu" if on_host else device
+    )
 
 
 def gather_rank_values(group: CPGroupLike, flag: torch.Tensor, value: int) -> list[int]:
-    """Collective: every rank's ``value`` (an int32), in group rank order.
+    """Collective: every rank's ``value`` (an int64), in group rank order.
 
-    One all-gather of ``flag`` (the scratch tensor of ``agreement_flag``) over ``group``: a
-    decision taken from the result is the same on every rank.
+    One all-gather over ``group`` from ``flag[:1]`` into ``flag[1:]`` (``flag`` is the scratch
+    of ``agreement_flag``), so nothing is allocated on the device: a decision taken from the
+    result is the same on every rank.
+
+    Raises:
+        ValueError: ``flag`` is not such a scratch for this group.
+        AgreementError: the all-gather failed on this rank.
     """
-    flag.fill_(value)
-    return [int(v) for v in group.all_gather(flag, dim=0).tolist()]
+    n = group.world_size
+    if flag.dtype != torch.int64 or tuple(flag.shape) != (1 + n,):
+        raise ValueError(
+            f"flag must be agreement_flag's int64 [1 + N] = [{1 + n}] scratch, got "
+            f"{flag.dtype} {tuple(flag.shape)}"
+        )
+    flag[:1].fill_(value)
+    try:
+        group.all_gather_into_tensor(flag[1:], flag[:1])
+        return [int(v) for v in flag[1:].tolist()]
+    except Exception as exc:
+        raise AgreementError(
+            f"the ranks' agreement all-gather failed on rank {group.rank_in_group} of {n}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def agree_on_local_step(
@@ -70,6 +104,10 @@ def agree_on_local_step(
         flag: the scratch tensor of ``agreement_flag``.
         failure: this rank's error of the local step, or ``None``.
         what: the step, named in the message.
+
+    Raises:
+        SymmetricAllocationError: on every rank, when the step failed on any.
+        AgreementError: the all-gather itself failed on this rank.
     """
     flags = gather_rank_values(group, flag, 0 if failure is not None else 1)
     failed_ranks = [r for r, ok in enumerate(flags) if not ok]
@@ -106,6 +144,10 @@ def agreed_symmetric_empty(
             first collective step. ``None`` allocates one here; that allocation is the only
             step that can fail outside the agreement (the rank then raises without taking
             part, and its peers wait in the all-gather until the group's timeout).
+
+    Raises:
+        SymmetricAllocationError: on every rank, when the allocation failed on any.
+        AgreementError: the agreement's all-gather failed on this rank.
     """
     if flag is None:
         flag = agreement_flag(group, device)
@@ -117,6 +159,10 @@ def agreed_symmetric_empty(
         torch.cuda.synchronize(device)
     except Exception as exc:
         failure = exc
-    agree_on_local_step(group, flag, failure, what)
+    try:
+        agree_on_local_step(group, flag, failure, what)
+    except SymmetricAllocationError:
+        buf = None  # freed now on the ranks that allocated, not with the traceback's frames
+        raise
     assert buf is not None
     return buf

@@ -15,13 +15,15 @@ Probes are collective over the group (every rank must ask the same questions in 
 order: every guarding condition here is rank-invariant), cached per group, and report a failing
 step as "off" with a reason. What a rank finds on its own (its multicast support, its symmetric
 allocation, its handle and the handle's multicast address) is agreed over the group before the
-probe answers, so every rank gets the same answer. The one step outside the agreement is the
-allocation of the 4-byte flag it gathers, made before the probe's first collective: a rank that
-cannot make it raises (``group_probe``, "Raises").
+probe answers, so every rank gets the same answer. The probe's own collectives (torch's
+rendezvous aside) are all-gathers through one scratch tensor allocated before the first of them (the same-node check gathers a
+hash of each host's name), so none allocates; the scratch's allocation is the one step outside
+the agreement, and a rank that cannot make it raises (``group_probe``, "Raises").
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -29,9 +31,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from cpattn_common.agreement import agreed_symmetric_empty, agreement_flag, gather_rank_values
+from cpattn_common.agreement import (
+    AgreementError,
+    agreed_symmetric_empty,
+    agreement_flag,
+    gather_rank_values,
+)
 from cpattn_common.group import CPGroupLike, cache_owner, shared_cp_group
 from cpattn_common.identity_memo import IdentityMemo
 
@@ -206,14 +212,25 @@ def clear_capability_cache() -> None:
 # ---- individual probes (module-level so tests can replace them) -----------------------------
 
 
-def _all_same_node(group: CPGroupLike) -> bool:
-    """Whether every rank of ``group`` runs on this host (collective over the group)."""
-    pg = group.device_group
-    if group.world_size == 1 or pg is None:  # simulated groups live in one process
-        return True
-    names: list[Any] = [None] * group.world_size
-    dist.all_gather_object(names, socket.gethostname(), group=pg)
-    return len(set(names)) == 1
+def _host_key() -> int:
+    """A nonzero int64 of this host's name (an 8-byte BLAKE2b digest; 0: the name is unknown)."""
+    try:
+        digest = hashlib.blake2b(socket.gethostname().encode(), digest_size=8).digest()
+    except Exception as exc:  # answered as "not on one node" through the gather, not raised
+        logger.debug("host name unavailable: %r", exc)
+        return 0
+    return int.from_bytes(digest, "little", signed=True) or 1
+
+
+def _all_same_node(group: CPGroupLike, flag: torch.Tensor | None) -> bool:
+    """Whether every rank of ``group`` runs on this host: one all-gather of a hash of the host
+    name through the probe's scratch ``flag`` (collective; allocates nothing, so it fails on
+    every rank or raises ``AgreementError``). A rank whose host name is unknown makes the
+    answer False on every rank."""
+    if group.world_size == 1 or group.device_group is None or flag is None:
+        return True  # one rank, or simulated ranks in one process
+    keys = gather_rank_values(group, flag, _host_key())
+    return 0 not in keys and len(set(keys)) == 1
 
 
 def _device_has_multicast(device: torch.device) -> bool:
@@ -258,17 +275,22 @@ def _rendezvous_probe(
 
 
 def _probe_flag(group: CPGroupLike) -> torch.Tensor | None:
-    """The probe's agreement scratch, or ``None`` where the probe makes no agreement (no
-    process group, no symmetric memory, no CUDA: ``_probe_group`` answers before it)."""
-    if group.device_group is None or not symm_mem_available or not torch.cuda.is_available():
+    """The probe's agreement scratch (on the current CUDA device where CUDA is available), or
+    ``None`` for a group without a process group (simulated ranks: no collective to agree)."""
+    if group.device_group is None:
         return None
-    return agreement_flag(group, torch.device("cuda", torch.cuda.current_device()))
+    cuda = torch.cuda.is_available()
+    return agreement_flag(
+        group, torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    )
 
 
 def _probe_group(group: CPGroupLike, flag: torch.Tensor | None) -> GroupProbe:
     reason: str | None = None
     try:
-        same_node = _all_same_node(group)
+        same_node = _all_same_node(group, flag)
+    except AgreementError:
+        raise  # the group's collectives failed: no answer can be agreed
     except Exception as exc:
         logger.debug("same-node probe failed: %r", exc)
         same_node, reason = False, f"same-node probe failed: {type(exc).__name__}: {exc}"
@@ -290,7 +312,7 @@ def _probe_group(group: CPGroupLike, flag: torch.Tensor | None) -> GroupProbe:
             + ("" if can_allocate else " and no allocate_symmetric"),
             rendezvous_failed=not can_allocate,
         )
-    assert flag is not None  # _probe_flag allocates it exactly where this point is reached
+    assert flag is not None  # _probe_flag allocates it for every group with a process group
     device = torch.device("cuda", torch.cuda.current_device())
     env_off = multicast_env_reason()
     want_multicast = env_off is None
@@ -306,6 +328,8 @@ def _probe_group(group: CPGroupLike, flag: torch.Tensor | None) -> GroupProbe:
     failed: str | None = None
     try:
         reached, multicast = _rendezvous_probe(group, device, want_multicast, flag)
+    except AgreementError:
+        raise
     except Exception as exc:
         logger.debug("symmetric-memory probe failed: %r", exc)
         reached, multicast = False, False
@@ -339,11 +363,13 @@ def group_probe(group: Any) -> GroupProbe:
     one rank only is agreed before the probe answers).
 
     Raises:
-        Whatever allocating the probe's 4-byte agreement flag on the current CUDA device
-        raises (``torch.OutOfMemoryError``, a CUDA error). It is allocated before the probe's
-        first collective; a rank without it could not take part in the agreements, and an
-        answer from it would pair its next collective with its peers' probe (a mismatch, or
-        silent garbage on NCCL). Its peers wait in that collective until the group's timeout.
+        Whatever allocating the probe's agreement scratch (``agreement_flag``: 8 (N + 1) bytes
+        on the current CUDA device) raises (``torch.OutOfMemoryError``, a CUDA error). It is
+        allocated before the probe's first collective; a rank without it could not take part
+        in the agreements, and an answer from it would pair its next collective with its
+        peers' probe (a mismatch, or silent garbage on NCCL). Its peers wait in that
+        collective until the group's timeout.
+        AgreementError: one of the probe's all-gathers failed on this rank (a broken group).
     """
     try:
         cp_group = shared_cp_group(group)
@@ -356,6 +382,8 @@ def group_probe(group: Any) -> GroupProbe:
     flag = _probe_flag(cp_group)  # outside the try below: see Raises
     try:
         probe = _probe_group(cp_group, flag)
+    except AgreementError:
+        raise
     except Exception as exc:  # belt and braces: a probe step that escaped its own catch
         probe = GroupProbe(False, False, False, f"probe failed: {type(exc).__name__}: {exc}")
     return _probes.setdefault(owner, probe)

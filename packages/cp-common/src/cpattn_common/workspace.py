@@ -72,9 +72,9 @@ class DirectCPWorkspace:
     Attributes:
         group, world_size (N), rank, device, num_ubatches (U);
         epoch: int64 ``[U]`` zeros on ``device`` (one signal epoch per ubatch slot);
-        agreement_flag: the int32 ``[1]`` scratch of the ranks' agreements
-            (``cpattn_common.agreement``), allocated here so that the collective steps of
-            ``allocate`` allocate nothing outside an agreement.
+        agreement_flag: the int64 ``[1 + N]`` scratch of the ranks' agreements
+            (``cpattn_common.agreement``), allocated here so that the agreements of
+            ``allocate`` allocate nothing.
     """
 
     def __init__(self, group: Any, device: torch.device | str, num_ubatches: int = 1):
@@ -204,10 +204,13 @@ class DirectCPWorkspace:
             symm_mem, self.group, shape, dtype, self.device, what, flag
         )
         handle: Any = symm_mem.rendezvous(storage, pg.group_name)
-        # What follows the rendezvous is rank-local again (a missing handle, mapping the peers'
-        # buffers, the peer table's copy to the device): agreed before the barrier, so a rank
-        # that failed there does not leave its peers waiting in it.
+        # What follows the rendezvous is rank-local again (mapping the peers' buffers, the peer
+        # table's copy to the device): agreed before the barrier, so a rank that failed there
+        # does not leave its peers waiting in it. (A missing handle is agreed the same way;
+        # torch's CUDA backend returns None only for a buffer it did not allocate, before its
+        # exchange, so it cannot follow the symm_mem.empty above.)
         failure: Exception | None = None
+        views: list[torch.Tensor] = []  # bound on every rank for the del below
         try:
             if handle is None:
                 raise RuntimeError("the symmetric-memory rendezvous returned no handle")
@@ -215,7 +218,13 @@ class DirectCPWorkspace:
             peer_ptrs = self._peer_table(views)
         except Exception as exc:
             failure = exc
-        agree_on_local_step(self.group, flag, failure, f"rendezvous of the {what}")
+        try:
+            agree_on_local_step(self.group, flag, failure, f"rendezvous of the {what}")
+        except SymmetricAllocationError:
+            # Freed now on every rank, not with the frames of the traceback (which a caller
+            # may keep for a different time on each rank).
+            del storage, handle, views
+            raise
         barrier = getattr(handle, "barrier", None)
         if barrier is not None:
             barrier()
