@@ -332,6 +332,40 @@ def test_spawn_start_method() -> None:
     assert [r["rank"] for r in results] == [0, 1]
 
 
+def interpreter_as_decorated(rank: int, world_size: int) -> dict[str, Any]:
+    """What this rank's environment asks for, and what cp-common's kernel was decorated as."""
+    from cpattn_common.interpret import triton_interpreting
+    from cpattn_common.kernels.merge_attn_states import _merge_attn_states_fwd_kernel
+
+    return {
+        "env": os.environ.get("TRITON_INTERPRET"),
+        "interpreting": triton_interpreting(),
+        "kernel": type(_merge_attn_states_fwd_kernel).__name__,
+    }
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_a_rank_decorates_the_kernels_under_its_own_environment(start_method: str) -> None:
+    """``env={"TRITON_INTERPRET": ...}`` is applied before cp-common's kernels are decorated:
+    importing the rank's entry point (``cpattn_testing.launcher``) used to import the
+    ``cpattn_testing`` package and, through it, cp-common, so the kernels followed the launching
+    process's setting while ``triton_interpreting()`` read the rank's."""
+    from cpattn_common.interpret import triton_interpreting
+
+    flipped = "0" if triton_interpreting() else "1"
+    (result,) = run_distributed(
+        interpreter_as_decorated,
+        1,
+        "gloo",
+        env={"TRITON_INTERPRET": flipped},
+        start_method=start_method,
+        timeout=90,
+    )
+    assert result["env"] == flipped
+    assert result["interpreting"] is (flipped == "1")
+    assert result["kernel"] == ("InterpretedFunction" if flipped == "1" else "JITFunction")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

@@ -47,7 +47,9 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from cpattn_common.checks import check_positive_int
+# Nothing of cpattn_common at import: a rank imports this module (its entry point, _worker)
+# before it applies its environment, and cpattn_common's kernels read TRITON_INTERPRET when
+# they are decorated. cpattn_testing.interpreter imports it only when called.
 from cpattn_testing.interpreter import apply_interpreter_fixes
 
 if TYPE_CHECKING:
@@ -463,6 +465,8 @@ def run_distributed(
         >>> run_distributed(fn, 4)  # doctest: +SKIP
         [6, 6, 6, 6]
     """
+    from cpattn_common.checks import check_positive_int
+
     check_positive_int("world_size", world_size)
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
