@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 
 import pytest
@@ -10,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from cpattn_common.interpret import triton_interpreting
 from cpattn_common.launch import launch_cached
 
 
@@ -23,7 +23,7 @@ def _affine_kernel(x_ptr, y_ptr, n, alpha, BLOCK: tl.constexpr):
 
 def test_concurrent_launches_from_threads(device: torch.device) -> None:
     if device.type == "cpu":
-        if os.environ.get("TRITON_INTERPRET", "0") != "1":
+        if not triton_interpreting():
             pytest.skip("CPU tensors need Triton's interpreter (TRITON_INTERPRET=1)")
         pytest.importorskip("numpy")  # the interpreter needs it
     errors: list[BaseException] = []

@@ -329,9 +329,11 @@ def _after_rendezvous_failing_ranks(rank: int, world_size: int, case: str) -> di
 def test_a_rank_local_failure_after_the_rendezvous_raises_on_every_rank(
     run_ranks: Callable[..., list[Any]], device: torch.device, case: str
 ) -> None:
-    """Rank 1's rendezvous gave no handle, or its peer table could not be built: it used to
-    raise alone while rank 0 waited in the handle's barrier (until the store's timeout, then
-    out of step). Now the ranks agree before the barrier and raise together."""
+    """A rank-local step after the rendezvous failed on rank 1 (its peer table could not be
+    built; or a handle was missing, which the stub returns after its exchange: torch's CUDA
+    backend returns None only before its exchange, for a buffer it did not allocate). Rank 1
+    used to raise alone while rank 0 waited in the handle's barrier (until the store's
+    timeout, then out of step). Now the ranks agree before the barrier and raise together."""
     if device.type != "cpu":
         pytest.skip("stubs symmetric memory in its rank processes: a CPU (gloo) test")
     for report in run_ranks(_after_rendezvous_failing_ranks, 2, case, timeout=60.0):

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cpattn_common.interpret import triton_interpreting
 from cpattn_common.launch_plans import (
     clear_launch_plans,
     launch_plans_reason,
@@ -68,7 +69,7 @@ def watch_interpreted_accesses(monkeypatch: pytest.MonkeyPatch) -> WatchAccesses
     one int64 array per watched access, while the test runs. Skips outside the interpreter
     (``TRITON_INTERPRET=1``).
     """
-    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+    if not triton_interpreting():
         pytest.skip("records accesses in Triton's interpreter (TRITON_INTERPRET=1)")
     from triton.runtime import interpreter
 

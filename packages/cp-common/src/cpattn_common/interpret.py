@@ -16,8 +16,8 @@ from typing import Any
 __all__ = ["triton_interpreting"]
 
 _UNRESOLVED: Any = object()
-# triton.knobs.runtime (Triton >= 3.4), None on Triton 3.3; resolved at the first call, so
-# that importing this module does not import triton.
+# triton.knobs.runtime (Triton >= 3.4), None on Triton 3.3; resolved at the first call (this
+# module's own imports stay light; the cpattn_common package's __init__ imports triton anyway).
 _runtime_knobs: Any = _UNRESOLVED
 
 
