@@ -552,6 +552,14 @@ def test_is_lse_base_on_e_must_be_a_bool(device: torch.device, flag: object) -> 
         merge_attn_states(outs, lses, is_lse_base_on_e=flag)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("flag", [None, "False", 0, 1.0])
+def test_return_lse_must_be_a_bool(device: torch.device, flag: object) -> None:
+    """As in the cp-dcp ops: return_lse="False" returned the tuple, None the output alone."""
+    outs, lses = make_case(2, 3, 4, 8, dtype=torch.float32, device=device, seed=24)
+    with pytest.raises(TypeError, match="return_lse must be a bool, got"):
+        merge_attn_states(outs, lses, return_lse=flag)  # type: ignore[arg-type]
+
+
 def test_vmap_goes_through_the_registered_op(device: torch.device) -> None:
     """Under ``torch.vmap`` the inputs are batched wrappers without storage: the eager
     shortcut raised "Cannot access storage of BatchedTensorImpl"; through the registered op,

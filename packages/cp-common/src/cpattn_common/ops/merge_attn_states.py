@@ -386,7 +386,7 @@ def merge_attn_states(
 
     Raises:
         TypeError: non-tensor inputs, dtypes other than the ones above, an
-            ``is_lse_base_on_e`` that is not a bool.
+            ``is_lse_base_on_e`` or ``return_lse`` that is not a bool.
         ValueError: shapes that are not ``[N, B, H, D]`` / ``[N, B, H]`` or disagree, N = 0,
             D = 0 (the message names the shape), tensors on different devices.
 
@@ -403,6 +403,7 @@ def merge_attn_states(
         (torch.Size([2, 8, 64]), torch.Size([2, 8]))
     """
     is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
+    return_lse = check_bool("return_lse", return_lse)
     if must_dispatch(partial_outs, partial_lses):  # tracing, a dispatch mode, autograd
         # Our TypeError for non-tensors first: the dispatcher's schema check would raise a
         # RuntimeError that names the op's schema instead.
