@@ -21,6 +21,11 @@ from cpattn_pcp import DCP_COMM_BACKENDS, dcp_q_gather_size, resolve_dcp_combine
         (4, 4, "a2a", "a2a"),
         (4, 2, "a2a", "ag_ar"),  # DCP spans TP x PCP: an all-to-all split cannot be gathered
         (8, 2, "a2a", "ag_ar"),
+        # "auto" as DCPConfig reads it: the A2A unless PCP (nothing to exchange at N_dcp = 1)
+        (4, 1, "auto", "a2a"),
+        (1, 1, "auto", "ag_rs"),
+        (2, 2, "auto", "ag_ar"),
+        (4, 2, "auto", "ag_ar"),
     ],
 )
 def test_resolve(dcp: int, pcp: int, backend: str | None, expected: str) -> None:
@@ -29,7 +34,7 @@ def test_resolve(dcp: int, pcp: int, backend: str | None, expected: str) -> None
 
 def test_default_backend() -> None:
     assert resolve_dcp_combine(4, 1) == "ag_rs"
-    assert set(DCP_COMM_BACKENDS) == {"ag_rs", "a2a"}
+    assert set(DCP_COMM_BACKENDS) == {"ag_rs", "a2a", "auto"}
 
 
 def test_bad_input() -> None:

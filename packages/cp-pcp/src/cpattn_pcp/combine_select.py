@@ -34,8 +34,9 @@ __all__ = ["DCP_COMM_BACKENDS", "DCPCombineName", "resolve_dcp_combine"]
 DCPCombineName = Literal["ag_rs", "ag_ar", "a2a"]
 """The name of a DCP output combine."""
 
-DCP_COMM_BACKENDS: tuple[str, ...] = ("ag_rs", "a2a")
-"""Accepted ``comm_backend`` values (``None`` means the default, ``"ag_rs"``)."""
+DCP_COMM_BACKENDS: tuple[str, ...] = ("ag_rs", "a2a", "auto")
+"""Accepted ``comm_backend`` values, those of ``cpattn_dcp.DCPConfig`` (``None`` means the
+default, ``"ag_rs"``)."""
 
 
 def resolve_dcp_combine(
@@ -48,12 +49,15 @@ def resolve_dcp_combine(
     Rules, in order: ``comm_backend == "a2a"`` (needs ``N_dcp > 1``) -> ``"a2a"``, except
     when the DCP group spans TP x PCP (``N_dcp > N_pcp > 1``, module docstring: the split it
     leaves cannot be gathered back over PCP) -> ``"ag_ar"``; ``N_pcp > 1`` -> ``"ag_ar"``;
+    ``"auto"`` without PCP -> ``"a2a"`` (``"ag_rs"`` for ``N_dcp == 1``: nothing to
+    exchange), as ``cpattn_dcp.DCPManager`` reads ``DCPConfig(comm_backend="auto")``;
     otherwise ``"ag_rs"``.
 
     Args:
         dcp_world_size: ``N_dcp >= 1``.
         pcp_world_size: ``N_pcp >= 1``.
-        comm_backend: ``"ag_rs"`` (default), ``"a2a"`` or ``None`` (= ``"ag_rs"``).
+        comm_backend: ``"ag_rs"`` (default), ``"a2a"``, ``"auto"`` or ``None``
+            (= ``"ag_rs"``).
 
     Returns:
         ``"ag_rs"``, ``"ag_ar"`` or ``"a2a"``.
@@ -83,4 +87,6 @@ def resolve_dcp_combine(
             return "a2a"
     if pcp_world_size > 1:
         return "ag_ar"
+    if backend == "auto" and dcp_world_size > 1:
+        return "a2a"
     return "ag_rs"
