@@ -234,6 +234,17 @@ def test_bad_arguments_exit_2(
     assert message in capsys.readouterr().err
 
 
+def test_a_cpu_run_without_the_interpreter_exits_2_before_starting_ranks(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It started every rank and failed each path's first launch (a 71-line traceback, exit
+    1 as if a path had failed)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(demo, "rank_main", None)  # a rank started would fail to pickle it
+    assert demo.main(["--world-size", "2", "--quiet"]) == 2
+    assert "set TRITON_INTERPRET=1" in capsys.readouterr().err
+
+
 def test_decode_batch_has_empty_shards() -> None:
     from cpattn_testing.reference import interleaved_shard_positions
 

@@ -33,7 +33,8 @@ traceback (the original exception, chained to a :class:`PathFailure` naming the 
 rank) on stderr and a ``FAILED: <path> raised on rank <r>: ...`` line, and exits 1.
 
 Exit status: 0 all checked paths passed (skips allowed; at least one checked), 1 a mismatch, a
-path that raised on some rank, or every selected path skipped, 2 bad command-line arguments, 3
+path that raised on some rank, or every selected path skipped, 2 bad command-line arguments (or
+``--backend gloo`` without Triton's interpreter: its ranks run on the CPU), 3
 the ranks could not be run (launcher error: a crash, the ``--timeout``, a failure outside the
 paths).
 
@@ -1173,6 +1174,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if not any(cfg.selected(p) for p in all_path_names()):
         print(f"error: --only {list(cfg.only)} matches no path; see --list", file=sys.stderr)
+        return 2
+    if cfg.backend == "gloo" and not _interpreted():
+        # Said before any rank starts: each rank would otherwise fail its first kernel launch.
+        print(
+            "error: --backend gloo runs the ranks on the CPU, where the Triton kernels run only "
+            "under Triton's interpreter: set TRITON_INTERPRET=1 (and pip install numpy), or "
+            "pass --backend nccl on GPUs",
+            file=sys.stderr,
+        )
         return 2
 
     from cpattn_testing.launcher import DistributedError, run_distributed
