@@ -169,3 +169,25 @@ def test_old_triton_keeps_the_direct_paths_off_on_cuda(monkeypatch: pytest.Monke
             build()
     built = world.run(lambda g: get_direct_dcp_a2a_workspace(g, "cpu", T, H_R, D, DTYPE, 1, True))
     assert all(ws is not None for ws in built)  # the CPU interpreter runs on any Triton
+
+
+def test_a_gather_off_for_a_basic_reason_says_so_before_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a CPU device (or a single rank) the reason names that, not the multicast variables,
+    which said "NVLS multicast is disabled by the environment" first; with neither, the
+    environment's reason stays, and no multicast query is made either way."""
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    world = SimulatedWorld(2, torch.device("cpu"))
+    reason = factories_mod.direct_gather_unavailable_reason(
+        world.groups[0], torch.bfloat16, None, device="cpu"
+    )
+    assert reason == "device cpu is not a CUDA device"
+    single = SimulatedWorld(1, torch.device("cpu")).groups[0]
+    assert "needs at least two ranks" in str(
+        factories_mod.direct_gather_unavailable_reason(single, torch.bfloat16, None)
+    )
+    forced = factories_mod.direct_gather_unavailable_reason(
+        world.groups[0], torch.bfloat16, True, device="cpu"
+    )
+    assert forced == "NVLS multicast is disabled by the environment"

@@ -118,16 +118,17 @@ def direct_gather_unavailable_reason(
 ) -> str | None:
     """Why a multicast-based direct gather is off (``None``: gating allows it).
 
-    The environment check comes first, so no multicast query is made where it is disabled;
-    with ``device`` given, the automatic decision also requires a CUDA device.
+    The automatic decision's local reasons come first (one rank, with ``device`` given a
+    non-CUDA device, an old Triton: the more basic reason), then the environment, so no
+    multicast query is made where it is disabled.
     """
     if use_direct is False:
         return f"{what} disabled by configuration"
-    if capability.multicast_disabled_by_env():
-        return "NVLS multicast is disabled by the environment"
     reason = _automatic_reason(group, device, use_direct)
     if reason is not None:
         return reason
+    if capability.multicast_disabled_by_env():
+        return "NVLS multicast is disabled by the environment"
     if capability.direct_cp_multicast_enabled(group, dtype, use_direct, supported_dtypes):
         return None
     return _capability_detail(group, dtype, use_direct, supported_dtypes, multicast=True)
