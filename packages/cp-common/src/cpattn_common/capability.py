@@ -16,9 +16,10 @@ order: every guarding condition here is rank-invariant), cached per group, and r
 step as "off" with a reason. What a rank finds on its own (its multicast support, its symmetric
 allocation, its handle and the handle's multicast address) is agreed over the group before the
 probe answers, so every rank gets the same answer. The probe's own collectives (torch's
-rendezvous aside) are all-gathers through one scratch tensor allocated before the first of them (the same-node check gathers a
-hash of each host's name), so none allocates; the scratch's allocation is the one step outside
-the agreement, and a rank that cannot make it raises (``group_probe``, "Raises").
+rendezvous aside) are all-gathers through one scratch tensor allocated before the first of
+them (the same-node check gathers a hash of each host's name), so none allocates; the
+scratch's allocation is the one step outside the agreement, and a rank that cannot make it
+raises (``group_probe``, "Raises").
 """
 
 from __future__ import annotations
