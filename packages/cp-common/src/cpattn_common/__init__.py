@@ -1,7 +1,7 @@
 """Shared layer for context-parallel attention: process-group wrapper, capability gating, symmetric workspaces, LSE merge kernels."""
 
 from cpattn_common.__about__ import __version__
-from cpattn_common.agreement import SymmetricAllocationError
+from cpattn_common.agreement import AgreementError, SymmetricAllocationError
 from cpattn_common.alloc import (
     empty_output,
     get_output_poison,
@@ -31,6 +31,7 @@ from cpattn_common.ubatch import current_ubatch_id, set_ubatch_id, ubatch_contex
 from cpattn_common.workspace import DirectCPWorkspace
 
 __all__ = [
+    "AgreementError",
     "CPGroup",
     "CPGroupLike",
     "CPGroups",
