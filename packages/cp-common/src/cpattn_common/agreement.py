@@ -58,9 +58,7 @@ def agreement_flag(group: CPGroupLike, device: torch.device) -> torch.Tensor:
     first collective it is meant to agree: an out-of-memory device may refuse even a few bytes
     after it, and an agreement allocates nothing of its own."""
     on_host = getattr(group, "backend", None) == "gloo"
-    return torch.empty(
-        1 + group.world_size, dtype=torch.int64, device="cpu" if on_host else device
-    )
+    return torch.empty(1 + group.world_size, dtype=torch.int64, device="cpu" if on_host else device)
 
 
 def gather_rank_values(group: CPGroupLike, flag: torch.Tensor, value: int) -> list[int]:
