@@ -72,10 +72,15 @@ def test_triton_33_rule(monkeypatch: pytest.MonkeyPatch, value: str | None, on: 
 
 @pytest.mark.parametrize("value", _VALUES)
 def test_decisions_follow_it(monkeypatch: pytest.MonkeyPatch, value: str | None) -> None:
-    """The merge's backend choice and the launch-plan gate read the helper."""
+    """The launch-plan gate reads the helper; the merge's backend choice reads how its kernel
+    was decorated (under the variable at import), whatever the variable says now, so a CPU
+    call never reaches a kernel compiled for a GPU."""
+    from cpattn_common.kernels.merge_attn_states import _merge_attn_states_fwd_kernel
+
+    decorated_interpreted = type(_merge_attn_states_fwd_kernel).__name__ == "InterpretedFunction"
     _set(monkeypatch, value)
     on = triton_interpreting()
-    assert triton_usable(torch.device("cpu")) is on
+    assert triton_usable(torch.device("cpu")) is decorated_interpreted
     assert triton_usable(torch.device("meta")) is False
     blocker = launch_plans._auto_blocker()
     assert (blocker is not None and "TRITON_INTERPRET" in blocker) is on

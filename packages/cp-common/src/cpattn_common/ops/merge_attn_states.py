@@ -23,7 +23,6 @@ from cpattn_common.alloc import new_output
 from cpattn_common.checks import check_bool
 from cpattn_common.device import foreign_cuda_device
 from cpattn_common.dispatch import must_dispatch
-from cpattn_common.interpret import triton_interpreting
 from cpattn_common.kernels.merge_attn_states import _merge_attn_states_fwd_kernel
 from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_common.launch_plans import OpPlans
@@ -84,11 +83,19 @@ _merge_kernel = CachedKernel(_merge_attn_states_fwd_kernel)
 _plans = OpPlans("cpattn_common.merge_attn_states")
 
 
+# Whether @triton.jit gave the merge kernel to Triton's interpreter (TRITON_INTERPRET as the
+# installed Triton read it when this module was imported): the interpreter's function is no
+# JITFunction. Decided by the kernel, not by the variable now, so that a variable changed after
+# the import does not send CPU tensors to a kernel compiled for a GPU.
+_INTERPRETED = not isinstance(_merge_attn_states_fwd_kernel, triton.runtime.JITFunction)
+
+
 def triton_usable(device: torch.device) -> bool:
-    """Whether the Triton kernels can run for tensors on ``device`` (CUDA, or the interpreter)."""
+    """Whether the Triton kernel can run for tensors on ``device``: CUDA, or the CPU where the
+    kernel was decorated under Triton's interpreter (``cpattn_common.interpret``)."""
     if device.type == "cuda":
         return True
-    return device.type == "cpu" and triton_interpreting()
+    return device.type == "cpu" and _INTERPRETED
 
 
 @functools.lru_cache(maxsize=256)
