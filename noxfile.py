@@ -211,10 +211,11 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
-    """Benchmarks on the machine's CUDA torch/triton; writes results JSON + docs/performance.md.
+    """The benchmark on the machine's CUDA torch and triton: ``benchmarks/<kind>.json``, then
+    ``docs/performance.md`` and its plot (``benchmarks/README.md``).
 
-    ``nox -s bench -- --quick`` (< 2 min), ``-- --render-only <results.json>`` (no GPU). The
-    same without nox: ``python3 benchmarks/run.py [args]`` from the repository root.
+    ``nox -s bench -- --quick`` (< 2 min), ``-- --render-only`` (the page from the committed
+    JSON files, no GPU). The same without nox: ``python3 benchmarks/run.py [args]``.
     """
     python = shutil.which("python3") or sys.executable  # the machine's, not nox's
     session.run(

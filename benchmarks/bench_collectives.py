@@ -309,7 +309,7 @@ def _rank_rows(
     # the ones every supported torch has.
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 
-    from cpattn_testing.bench import CollectiveRow
+    from bench_results import CollectiveRow
 
     device = _rank_device()
     group = dist.group.WORLD
@@ -406,7 +406,7 @@ def run_collectives(
 
     No new world size starts after ``deadline`` (a ``time.perf_counter()`` value); a started one
     gets at most the time left (and at least 60 s) before its ranks are killed."""
-    from cpattn_testing.bench import CollectiveRow
+    from bench_results import CollectiveRow
 
     smoke_cpu = device.type != "cuda" and plan.mode == "smoke"
     if device.type != "cuda" and not smoke_cpu:

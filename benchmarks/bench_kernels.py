@@ -1,20 +1,18 @@
-"""The benchmarked kernels: how to build inputs, call ours, call the eager baseline, count bytes.
+"""The benchmarked ops: inputs, our call, the eager baseline's call, byte counts.
 
-Each :class:`KernelSpec` resolves our implementation defensively (an op that is not written yet
-is reported as ``missing: ...`` instead of failing the run), makes one set of random inputs for a
-:class:`Case`, and binds zero-argument callables for our op and for the eager PyTorch baseline
-(``eager_baselines``) on one input set; the runner rotates such callables over several sets.
+Each :class:`KernelSpec` makes one set of random inputs for a :class:`Case` and binds
+zero-argument callables for our public op and for the eager PyTorch baseline
+(``eager_baselines``) on it; the runner rotates such callables over several input sets.
 
 Byte counts follow one rule: each input read once, each output written once (in-place
 tensors count as one read plus one write). ``s`` is the element size of the output dtype, ``P``
-the number of output-dtype lanes that carry one fp32 LSE in the packed A2A buffers (2 for
-16-bit dtypes, 1 for fp32), ``H_r = H / N``.
+the number of output-dtype lanes that carry one fp32 LSE in the A2A buffers (2 for 16-bit
+dtypes, 1 for fp32), ``H_r = H / N``.
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +27,7 @@ Bound = Callable[[], object]
 
 @dataclass(frozen=True)
 class Case:
-    """One shape of one kernel. ``N``/``D`` are 0 where the kernel does not depend on them."""
+    """One shape of one op. ``N`` / ``D`` are 0 where the op does not depend on them."""
 
     kernel: str
     dtype: torch.dtype
@@ -41,22 +39,6 @@ class Case:
     @property
     def dtype_name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
-
-
-def _resolve(candidates: Sequence[tuple[str, str]]) -> tuple[Callable[..., Any] | None, str]:
-    """First importable ``module.attr`` among ``candidates``: ``(fn, "ok")`` or ``(None, why)``."""
-    reasons: list[str] = []
-    for module_name, attr in candidates:
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as exc:  # an op module under construction may fail in any way
-            reasons.append(f"{module_name}: {type(exc).__name__}: {exc}".splitlines()[0])
-            continue
-        fn = getattr(module, attr, None)
-        if callable(fn):
-            return fn, "ok"
-        reasons.append(f"{module_name} has no {attr}")
-    return None, "missing: " + "; ".join(reasons)
 
 
 def _rel_err(actual: Tensor, expected: Tensor) -> float:
@@ -116,43 +98,21 @@ def _seq_meta(b: int, device: torch.device, gen: torch.Generator) -> tuple[Tenso
 
 
 class KernelSpec:
-    """Base class: one benchmarked op. Subclasses fill in the abstract parts."""
+    """One benchmarked op; subclasses fill in the per-op parts."""
 
     name: str = ""
+    module: str = "cpattn_dcp"
     title: str = ""
     byte_formula: str = ""
     #: The op depends on N / D (False: rows get N = 0 / D = 0).
     uses_n: bool = True
-    uses_d: bool = True
-
-    def __init__(self) -> None:
-        self.status = "not resolved"
-        self._fn: Callable[..., Any] | None = None
-
-    # -- resolution -------------------------------------------------------------------------
-    def candidates(self) -> Sequence[tuple[str, str]]:
-        raise NotImplementedError
-
-    def resolve(self) -> str:
-        """Import our implementation; returns and stores ``"ok"`` or ``"missing: <why>"``."""
-        fn, status = _resolve(self.candidates())
-        if fn is not None:
-            status = self.adapt(fn)
-        self._fn = fn if status == "ok" else None
-        self.status = status
-        return status
-
-    def adapt(self, fn: Callable[..., Any]) -> str:
-        """Hook for ops whose signature is not pinned by a contract; ``"ok"`` or a reason."""
-        return "ok"
 
     @property
     def fn(self) -> Callable[..., Any]:
-        if self._fn is None:
-            raise RuntimeError(f"{self.name} is not available: {self.status}")
-        return self._fn
+        """Our public op (imported on first use)."""
+        op: Callable[..., Any] = getattr(importlib.import_module(self.module), self.name)
+        return op
 
-    # -- per case ---------------------------------------------------------------------------
     def nbytes(self, case: Case) -> int:
         raise NotImplementedError
 
@@ -165,9 +125,6 @@ class KernelSpec:
     def bind_eager(self, case: Case, inp: Inputs) -> Bound:
         raise NotImplementedError
 
-    def clone_inputs(self, inp: Inputs) -> Inputs:
-        return {k: v.clone() if isinstance(v, Tensor) else v for k, v in inp.items()}
-
     def compare(self, case: Case, ours: object, eager: object) -> float:
         """Relative error of our result against the eager baseline (max over outputs)."""
         err = _rel_err(_first(ours), _first(eager))
@@ -177,27 +134,21 @@ class KernelSpec:
         return err
 
     def check(self, case: Case, inp: Inputs) -> float:
-        ours = self.bind_ours(case, self.clone_inputs(inp))()
-        eager = self.bind_eager(case, self.clone_inputs(inp))()
-        return self.compare(case, ours, eager)
+        """Our result against the eager baseline's on copies of ``inp``."""
 
+        def clone() -> Inputs:
+            return {k: v.clone() if isinstance(v, Tensor) else v for k, v in inp.items()}
 
-# ------------------------------------------------------------------------------------------------
+        return self.compare(case, self.bind_ours(case, clone())(), self.bind_eager(case, clone())())
 
 
 class MergeSpec(KernelSpec):
     name = "merge_attn_states"
-    title = "cp-common `merge_attn_states` (N-way LSE merge)"
+    module = "cpattn_common"
+    title = "`merge_attn_states` (cp-common): N-way merge of partial outputs by their LSEs"
     byte_formula = (
         "read N·B·H·D·s (partials) + N·B·H·4 (fp32 LSEs); write B·H·D·s (out) + B·H·4 (LSE)"
     )
-
-    def candidates(self) -> Sequence[tuple[str, str]]:
-        return [
-            ("cpattn_common", "merge_attn_states"),
-            ("cpattn_common.ops.merge_attn_states", "merge_attn_states"),
-            ("cpattn_common.lse", "merge_attn_states"),
-        ]
 
     def nbytes(self, c: Case) -> int:
         s = c.dtype.itemsize
@@ -220,16 +171,10 @@ class MergeSpec(KernelSpec):
 
 class CorrectSpec(KernelSpec):
     name = "correct_attn_out"
-    title = "cp-dcp `correct_attn_out` (AG+RS / AG+AR rescale)"
+    title = "`correct_attn_out` (cp-dcp): rescale this rank's output for AG+RS / AG+AR"
     byte_formula = (
         "read B·H·D·s (out) + N·B·H·4 (lses); write B·H·D·s (out, in place) + B·H·4 (LSE)"
     )
-
-    def candidates(self) -> Sequence[tuple[str, str]]:
-        return [
-            ("cpattn_dcp", "correct_attn_out"),
-            ("cpattn_dcp.ops.correct_attn_out", "correct_attn_out"),
-        ]
 
     def nbytes(self, c: Case) -> int:
         s = c.dtype.itemsize
@@ -251,21 +196,86 @@ class CorrectSpec(KernelSpec):
         return lambda: eb.correct_attn_out_eager(out, lses, rank)
 
 
+class A2APackSpec(KernelSpec):
+    name = "a2a_pack"
+    title = (
+        "`a2a_pack` (cp-dcp): output + fp32 LSE into the A2A send buffer, empty-shard mask fused"
+    )
+    byte_formula = (
+        "read B·H·D·s (out) + B·H·4 (LSE) + B·4 + (B+1)·4 (seq_lens, query_start_loc); "
+        "write N·B·H_r·(D+P)·s (send: payloads and LSE lanes)"
+    )
+
+    def nbytes(self, c: Case) -> int:
+        s, p = c.dtype.itemsize, eb.lse_pack_lanes(c.dtype)
+        return c.B * c.H * (c.D * s + 4) + c.B * 4 + (c.B + 1) * 4 + c.B * c.H * (c.D + p) * s
+
+    def make_inputs(self, c: Case, device: torch.device, gen: torch.Generator) -> Inputs:
+        seq_lens, qsl = _seq_meta(c.B, device, gen)
+        return {
+            "out": _randn((c.B, c.H, c.D), c.dtype, device, gen),
+            "lse": _lses((c.B, c.H), device, gen),
+            "seq_lens": seq_lens,
+            "query_start_loc": qsl,
+        }
+
+    def bind_ours(self, c: Case, inp: Inputs) -> Bound:
+        # The op allocates its send buffer, as dcp_a2a_lse_reduce does on every call.
+        fn, out, lse = self.fn, inp["out"], inp["lse"]
+        sl, qsl = inp["seq_lens"], inp["query_start_loc"]
+        return lambda: fn(out, lse, c.N, seq_lens=sl, query_start_loc=qsl)
+
+    def bind_eager(self, c: Case, inp: Inputs) -> Bound:
+        out, lse, sl, qsl = inp["out"], inp["lse"], inp["seq_lens"], inp["query_start_loc"]
+        return lambda: eb.a2a_pack_eager(out, lse, c.N, sl, qsl)
+
+    def compare(self, c: Case, ours: object, eager: object) -> float:
+        a, e = _first(ours), _first(eager)
+        if a.shape != e.shape:
+            return float("inf")
+        pay_a, lanes_a = eb.a2a_buffer_views(a, c.D)
+        pay_e, lanes_e = eb.a2a_buffer_views(e, c.D)
+        payload = _rel_err(pay_a.float(), pay_e.float())
+        lse_a = lanes_a.contiguous().view(torch.float32)
+        lse_e = lanes_e.contiguous().view(torch.float32)
+        return max(payload, _rel_err(lse_a, lse_e))
+
+
+class A2AUnpackSpec(KernelSpec):
+    name = "a2a_unpack_combine"
+    title = "`a2a_unpack_combine` (cp-dcp): A2A receive buffer -> combined heads"
+    byte_formula = (
+        "read N·B·H_r·(D+P)·s (recv: payloads and LSE lanes); write B·H_r·D·s (out) + B·H_r·4 (LSE)"
+    )
+
+    def nbytes(self, c: Case) -> int:
+        s, p = c.dtype.itemsize, eb.lse_pack_lanes(c.dtype)
+        h_r = c.H // c.N
+        return c.B * c.H * (c.D + p) * s + c.B * h_r * (c.D * s + 4)
+
+    def make_inputs(self, c: Case, device: torch.device, gen: torch.Generator) -> Inputs:
+        # A receive buffer has the same layout as a send buffer: build one with the eager pack.
+        out = _randn((c.B, c.H, c.D), c.dtype, device, gen)
+        lse = _lses((c.B, c.H), device, gen)
+        return {"recv": eb.a2a_pack_eager(out, lse, c.N)}
+
+    def bind_ours(self, c: Case, inp: Inputs) -> Bound:
+        fn, recv = self.fn, inp["recv"]
+        return lambda: fn(recv, head_dim=c.D, return_lse=True)
+
+    def bind_eager(self, c: Case, inp: Inputs) -> Bound:
+        recv = inp["recv"]
+        return lambda: eb.a2a_unpack_combine_eager(recv, c.D)
+
+
 class MaskSpec(KernelSpec):
     name = "mask_dcp_empty_shards_"
-    title = "cp-dcp `mask_dcp_empty_shards_` (in-place LSE mask)"
+    title = "`mask_dcp_empty_shards_` (cp-dcp): in-place -inf LSE of empty shards"
     byte_formula = (
         "read B·4 (seq_lens) + (B+1)·4 (query_start_loc); write E·H·4 (the LSE rows of the "
         "E = max(1, ⌊B/4⌋) requests with an empty shard, in place; the kernel reads no LSE)"
     )
     uses_n = False
-    uses_d = False
-
-    def candidates(self) -> Sequence[tuple[str, str]]:
-        return [
-            ("cpattn_dcp", "mask_dcp_empty_shards_"),
-            ("cpattn_dcp.ops.mask", "mask_dcp_empty_shards_"),
-        ]
 
     def nbytes(self, c: Case) -> int:
         return _empty_shards(c.B) * c.H * 4 + c.B * 4 + (c.B + 1) * 4
@@ -288,134 +298,11 @@ class MaskSpec(KernelSpec):
         return lambda: eb.mask_dcp_empty_shards_eager(lse, sl, qsl)
 
 
-# Parameter names that the A2A pack / unpack-combine functions may use (their signatures are
-# not pinned by the shared contract; we map by name and fall back to positions).
-_WORLD_NAMES = ("world_size", "cp_world_size", "dcp_world_size", "num_ranks", "cp_size", "n", "N")
-_HEAD_DIM_NAMES = ("head_dim", "d", "D", "v_head_dim")
-
-
-def _bind_by_name(
-    fn: Callable[..., Any], values: dict[str, Any], first: Sequence[Any]
-) -> tuple[list[Any], dict[str, Any]]:
-    """Build ``(args, kwargs)`` for ``fn``: ``first`` fills the leading positional parameters,
-    later parameters are filled from ``values`` by name; a required parameter that cannot be
-    filled raises ``TypeError`` naming it."""
-    sig = inspect.signature(fn)
-    params = [p for p in sig.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    args: list[Any] = list(first)
-    kwargs: dict[str, Any] = {}
-    for p in params[len(first) :]:
-        if p.name in values:
-            if p.kind == p.POSITIONAL_ONLY:
-                args.append(values[p.name])
-            else:
-                kwargs[p.name] = values[p.name]
-        elif p.default is inspect.Parameter.empty:
-            raise TypeError(f"cannot fill required parameter {p.name!r} of {fn.__name__}{sig}")
-    return args, kwargs
-
-
-class A2APackSpec(KernelSpec):
-    name = "a2a_pack"
-    title = "cp-dcp A2A pack (output + fp32 LSE into one send buffer, empty-shard mask fused)"
-    byte_formula = (
-        "read B·H·D·s (out) + B·H·4 (LSE) + B·4 + (B+1)·4 (seq_lens, query_start_loc); "
-        "write N·B·H_r·(D+P)·s (send: payloads and LSE lanes)"
-    )
-
-    def candidates(self) -> Sequence[tuple[str, str]]:
-        return [("cpattn_dcp.ops.a2a_combine", "a2a_pack")]
-
-    def adapt(self, fn: Callable[..., Any]) -> str:
-        try:
-            inspect.signature(fn)
-        except (TypeError, ValueError) as exc:
-            return f"missing: cannot read the signature of a2a_pack: {exc}"
-        return "ok"
-
-    def nbytes(self, c: Case) -> int:
-        s, p = c.dtype.itemsize, eb.lse_pack_lanes(c.dtype)
-        return c.B * c.H * (c.D * s + 4) + c.B * 4 + (c.B + 1) * 4 + c.B * c.H * (c.D + p) * s
-
-    def make_inputs(self, c: Case, device: torch.device, gen: torch.Generator) -> Inputs:
-        seq_lens, qsl = _seq_meta(c.B, device, gen)
-        return {
-            "out": _randn((c.B, c.H, c.D), c.dtype, device, gen),
-            "lse": _lses((c.B, c.H), device, gen),
-            "seq_lens": seq_lens,
-            "query_start_loc": qsl,
-        }
-
-    def bind_ours(self, c: Case, inp: Inputs) -> Bound:
-        # The op allocates its send buffer, as dcp_a2a_lse_reduce does on every call.
-        values: dict[str, Any] = {name: c.N for name in _WORLD_NAMES}
-        values.update(
-            seq_lens=inp["seq_lens"],
-            query_start_loc=inp["query_start_loc"],
-            is_lse_base_on_e=True,
-        )
-        args, kwargs = _bind_by_name(self.fn, values, (inp["out"], inp["lse"]))
-        fn = self.fn
-        return lambda: fn(*args, **kwargs)
-
-    def bind_eager(self, c: Case, inp: Inputs) -> Bound:
-        out, lse, sl, qsl = inp["out"], inp["lse"], inp["seq_lens"], inp["query_start_loc"]
-        return lambda: eb.a2a_pack_eager(out, lse, c.N, sl, qsl)
-
-    def compare(self, c: Case, ours: object, eager: object) -> float:
-        a, e = _first(ours), _first(eager)
-        if a.shape != e.shape:
-            return float("inf")
-        # Payloads and LSE lanes (as fp32).
-        pay_a, lanes_a = eb.a2a_buffer_views(a, c.D)
-        pay_e, lanes_e = eb.a2a_buffer_views(e, c.D)
-        payload = _rel_err(pay_a.float(), pay_e.float())
-        lse_a = lanes_a.contiguous().view(torch.float32)
-        lse_e = lanes_e.contiguous().view(torch.float32)
-        return max(payload, _rel_err(lse_a, lse_e))
-
-
-class A2AUnpackSpec(KernelSpec):
-    name = "a2a_unpack_combine"
-    title = "cp-dcp A2A unpack-combine (receive buffer -> combined heads)"
-    byte_formula = (
-        "read N·B·H_r·(D+P)·s (recv: payloads and LSE lanes); write B·H_r·D·s (out) + B·H_r·4 (LSE)"
-    )
-
-    def candidates(self) -> Sequence[tuple[str, str]]:
-        return [("cpattn_dcp.ops.a2a_combine", "a2a_unpack_combine")]
-
-    def adapt(self, fn: Callable[..., Any]) -> str:
-        try:
-            inspect.signature(fn)
-        except (TypeError, ValueError) as exc:
-            return f"missing: cannot read the signature of a2a_unpack_combine: {exc}"
-        return "ok"
-
-    def nbytes(self, c: Case) -> int:
-        s, p = c.dtype.itemsize, eb.lse_pack_lanes(c.dtype)
-        h_r = c.H // c.N
-        return c.B * c.H * (c.D + p) * s + c.B * h_r * (c.D * s + 4)
-
-    def make_inputs(self, c: Case, device: torch.device, gen: torch.Generator) -> Inputs:
-        # A receive buffer has the same layout as a send buffer: build one with the eager pack.
-        out = _randn((c.B, c.H, c.D), c.dtype, device, gen)
-        lse = _lses((c.B, c.H), device, gen)
-        return {"recv": eb.a2a_pack_eager(out, lse, c.N)}
-
-    def bind_ours(self, c: Case, inp: Inputs) -> Bound:
-        values: dict[str, Any] = {name: c.D for name in _HEAD_DIM_NAMES}
-        values.update({name: c.N for name in _WORLD_NAMES if name not in ("d", "D")})
-        values.update(return_lse=True, is_lse_base_on_e=True, out_dtype=c.dtype, dtype=c.dtype)
-        args, kwargs = _bind_by_name(self.fn, values, (inp["recv"],))
-        fn = self.fn
-        return lambda: fn(*args, **kwargs)
-
-    def bind_eager(self, c: Case, inp: Inputs) -> Bound:
-        recv = inp["recv"]
-        return lambda: eb.a2a_unpack_combine_eager(recv, c.D)
-
-
 def all_specs() -> list[KernelSpec]:
-    """Every benchmarked kernel, in report order."""
+    """Every benchmarked op, in page order."""
     return [MergeSpec(), CorrectSpec(), A2APackSpec(), A2AUnpackSpec(), MaskSpec()]
+
+
+#: Op names in page order, and their page titles.
+ORDER = [s.name for s in all_specs()]
+TITLES = {s.name: s.title for s in all_specs()}
