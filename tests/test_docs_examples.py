@@ -3,10 +3,14 @@ cannot rot.
 
 One test per block, named ``<page>:<line>`` (for example ``packages/dcp.md:41``; a README is
 named by its path from the repository root, ``README.md`` or ``packages/cp-dcp/README.md``).
-A block runs in this process with a fresh namespace, except a block that guards its body with
-``if __name__ == "__main__":`` (needed when it launches ranks with
-``cpattn_testing.launcher.run_distributed``, whose rank function must be importable by the
-workers): that block runs as a script in a fresh interpreter.
+A block runs in this process with a fresh namespace, except:
+
+- a block that guards its body with ``if __name__ == "__main__":`` (needed when it launches
+  ranks with ``cpattn_testing.launcher.run_distributed``, whose rank function must be
+  importable by the workers) runs as a script in a fresh interpreter;
+- a block whose first line is a comment naming its ``torchrun`` command (``# torchrun
+  --nproc-per-node 2 combine.py ...``) runs as that script under
+  ``python -m torch.distributed.run --standalone --nproc-per-node <n>`` (gloo ranks on the CPU).
 
 A block that truly cannot run on the CPU (GPU-only) is marked ``{.python .notest}``, which
 mkdocs renders as Python; it is reported as skipped. Fence info strings that mkdocs cannot
@@ -34,6 +38,7 @@ _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 # What Python-Markdown's fenced_code renders: ```lang or ```{.lang .class ...} / ``` { ... }.
 _RENDERABLE_INFO = re.compile(r"^\s*([\w+-]+)?\s*(\{[^}]*\})?\s*$")
 _SCRIPT_MARKER = re.compile(r"^if __name__ == [\"']__main__[\"']\s*:", re.MULTILINE)
+_TORCHRUN = re.compile(r"^# torchrun\b.*--nproc[-_]per[-_]node[ =](?P<n>\d+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +68,12 @@ class Block:
     @property
     def notest(self) -> bool:
         return "notest" in self.classes[1:]
+
+    @property
+    def torchrun_ranks(self) -> int | None:
+        """Ranks of a block that names its ``torchrun`` command on its first line, else None."""
+        m = _TORCHRUN.match(self.code)
+        return int(m.group("n")) if m else None
 
 
 def extract_blocks(text: str, page: str) -> list[Block]:
@@ -128,9 +139,15 @@ def test_docs_example_runs(block: Block, tmp_path: pathlib.Path) -> None:
         pytest.skip(f"{block.id} is marked notest (cannot run on the CPU)")
     script = tmp_path / f"docs_example_{block.page.replace('/', '_').replace('.', '_')}.py"
     script.write_text(block.code + "\n", encoding="utf-8")
-    if _SCRIPT_MARKER.search(block.code):
+    ranks = block.torchrun_ranks
+    if ranks is not None or _SCRIPT_MARKER.search(block.code):
+        if ranks is None:
+            launch = [sys.executable, str(script)]
+        else:
+            torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+            launch = [sys.executable, *torchrun, str(ranks), str(script)]
         result = subprocess.run(
-            [sys.executable, str(script)],
+            launch,
             cwd=tmp_path,
             env=_script_env(),
             capture_output=True,
@@ -152,6 +169,12 @@ def test_docs_have_python_examples() -> None:
     assert len(runnable) >= 5, [b.id for b in PYTHON_BLOCKS]
     notest = [b.id for b in PYTHON_BLOCKS if b.notest]
     assert len(notest) <= max(2, len(PYTHON_BLOCKS) // 5), f"too many notest blocks: {notest}"
+
+
+def test_readme_has_a_torchrun_example() -> None:
+    """The README's DCP combine runs under torchrun here, as a user would run it."""
+    readme = [b for b in PYTHON_BLOCKS if b.page == "README.md"]
+    assert any(b.torchrun_ranks == 2 and "cp_lse_ag_out_rs" in b.code for b in readme)
 
 
 @pytest.mark.parametrize("block", ALL_BLOCKS, ids=[b.id for b in ALL_BLOCKS])
@@ -188,14 +211,20 @@ def test_extract_blocks_handles_markers_and_indent() -> None:
         not a block
         ```
         ````
+
+        ```python
+        # torchrun --nproc-per-node 4 x.py
+        d = 4
+        ```
         """
     )
     blocks = extract_blocks(text, "t.md")
-    assert [(b.line, b.is_python, b.notest) for b in blocks] == [
-        (3, True, False),
-        (9, True, False),
-        (13, True, True),
-        (17, False, False),
+    assert [(b.line, b.is_python, b.notest, b.torchrun_ranks) for b in blocks] == [
+        (3, True, False, None),
+        (9, True, False, None),
+        (13, True, True, None),
+        (17, False, False, None),
+        (23, True, False, 4),
     ]
     assert blocks[1].code == "b = 2"
     assert "not a block" in blocks[3].code

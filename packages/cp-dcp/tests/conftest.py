@@ -7,30 +7,14 @@ import os
 import pathlib
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
 from cpattn_common.interpret import triton_interpreting
-from cpattn_common.launch_plans import (
-    clear_launch_plans,
-    launch_plans_reason,
-    set_launch_plans_enabled,
-)
 from cpattn_testing.pytest_plugin import require_ptxas
-
-
-@pytest.fixture
-def plans() -> Iterator[None]:
-    """Launch plans on, and forgotten before and after (skips where they cannot work)."""
-    if not set_launch_plans_enabled(True):
-        pytest.skip(f"launch plans unavailable here: {launch_plans_reason()}")
-    clear_launch_plans()
-    yield
-    clear_launch_plans()
-    set_launch_plans_enabled(False)
 
 
 @pytest.fixture

@@ -17,13 +17,6 @@ from cpattn_common.capability import (
     symm_mem_available,
 )
 from cpattn_common.group import CPGroup, CPGroupLike, as_cp_group, shared_cp_group
-from cpattn_common.launch import launch_cached
-from cpattn_common.launch_plans import (
-    clear_launch_plans,
-    launch_plans_info,
-    launch_plans_reason,
-    set_launch_plans_enabled,
-)
 from cpattn_common.lse import merge_attn_states_torch
 from cpattn_common.ops.merge_attn_states import merge_attn_states
 from cpattn_common.topology import CPGroups, CPLayout, build_cp_groups, cp_layout
@@ -41,7 +34,6 @@ __all__ = [
     "__version__",
     "as_cp_group",
     "build_cp_groups",
-    "clear_launch_plans",
     "cp_layout",
     "current_ubatch_id",
     "direct_cp_disabled_reason",
@@ -49,15 +41,11 @@ __all__ = [
     "direct_cp_multicast_enabled",
     "empty_output",
     "get_output_poison",
-    "launch_cached",
-    "launch_plans_info",
-    "launch_plans_reason",
     "merge_attn_states",
     "merge_attn_states_torch",
     "multicast_disabled_by_env",
     "new_output",
     "poison_outputs",
-    "set_launch_plans_enabled",
     "set_output_poison",
     "set_ubatch_id",
     "shared_cp_group",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -25,8 +25,6 @@ __all__ = [
 
 _lock = threading.Lock()
 _poison: float | None = None
-# Set by cpattn_common.launch_plans while it records a call: sees every allocated output.
-_recorder: Callable[[torch.Tensor], None] | None = None
 
 
 def set_output_poison(value: float | None) -> None:
@@ -115,8 +113,6 @@ def empty_output(
         dtype's maximum (NaN has no integer form) so that stale values remain visible.
     """
     out = torch.empty(shape, dtype=dtype, device=device)
-    if (record := _recorder) is not None:  # read once: another thread may end it
-        record(out)
     return _poisoned(out)
 
 
@@ -129,8 +125,6 @@ def new_output(
     parse): the form for launchers on a per-call host path.
     """
     out = like.new_empty(shape) if dtype is None else like.new_empty(shape, dtype=dtype)
-    if (record := _recorder) is not None:  # read once: another thread may end it
-        record(out)
     return _poisoned(out)
 
 

@@ -1,7 +1,8 @@
-"""LSE merge of partial attention states: the public entry points.
+"""LSE merge of partial attention states in plain torch, and the checks of its inputs.
 
-- ``merge_attn_states`` (re-exported from ``cpattn_common.ops.merge_attn_states``): Triton
-  kernel on CUDA / under ``TRITON_INTERPRET=1``, this module's torch twin elsewhere.
+The Triton op is ``cpattn_common.ops.merge_attn_states.merge_attn_states``; it falls back to
+this module's twin where Triton cannot run (the CPU without ``TRITON_INTERPRET=1``).
+
 - ``merge_attn_states_torch``: the readable math in plain torch: the formula, guards and
   fp32 arithmetic of the Triton kernel (``cpattn_common.kernels.merge_attn_states``; weights
   as ``b^(l - m) * (1 / S)``). Results can differ from the kernel's in the last bit (the
@@ -15,14 +16,52 @@ from __future__ import annotations
 import torch
 
 from cpattn_common.checks import check_bool
-from cpattn_common.ops.merge_attn_states import _validate, merge_attn_states
 
-__all__ = ["merge_attn_states", "merge_attn_states_torch", "sanitize_lse"]
+__all__ = ["merge_attn_states_torch", "sanitize_lse", "validate_merge_inputs"]
+
+OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+LSE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def sanitize_lse(lse: torch.Tensor) -> torch.Tensor:
     """Return ``lse`` with NaN and +inf replaced by -inf (they contribute nothing)."""
     return torch.where(torch.isnan(lse) | (lse == float("inf")), float("-inf"), lse)
+
+
+def validate_merge_inputs(
+    partial_outs: torch.Tensor, partial_lses: torch.Tensor, *, any_float: bool = False
+) -> None:
+    """The checks of ``merge_attn_states`` (``any_float``: of its torch twin, which takes any
+    floating dtype, fp64 references included); raises ``TypeError`` / ``ValueError``."""
+    if not isinstance(partial_outs, torch.Tensor) or not isinstance(partial_lses, torch.Tensor):
+        raise TypeError("partial_outs and partial_lses must be torch.Tensor")
+    if partial_outs.dim() != 4:
+        raise ValueError(
+            f"partial_outs must be [N, B, H, D], got shape {tuple(partial_outs.shape)}"
+        )
+    if partial_lses.dim() != 3:
+        raise ValueError(f"partial_lses must be [N, B, H], got shape {tuple(partial_lses.shape)}")
+    if tuple(partial_outs.shape[:3]) != tuple(partial_lses.shape):
+        raise ValueError(
+            f"partial_outs {tuple(partial_outs.shape)} and partial_lses "
+            f"{tuple(partial_lses.shape)} disagree on [N, B, H]"
+        )
+    if partial_outs.shape[0] < 1:
+        raise ValueError("merge_attn_states needs N >= 1 partial states, got N = 0")
+    if partial_outs.shape[3] == 0:  # as the cp-dcp ops: an empty head dim is a caller's bug
+        raise ValueError(f"partial_outs {tuple(partial_outs.shape)} has head_dim 0; D must be >= 1")
+    if any_float:
+        for name, t in (("partial_outs", partial_outs), ("partial_lses", partial_lses)):
+            if not t.dtype.is_floating_point:
+                raise TypeError(f"{name} must be a floating tensor, got {t.dtype}")
+    elif partial_outs.dtype not in OUT_DTYPES:
+        raise TypeError(f"partial_outs dtype {partial_outs.dtype} not in {OUT_DTYPES}")
+    elif partial_lses.dtype not in LSE_DTYPES:
+        raise TypeError(f"partial_lses dtype {partial_lses.dtype} not in {LSE_DTYPES}")
+    if partial_outs.device != partial_lses.device:
+        raise ValueError(
+            f"partial_outs on {partial_outs.device} but partial_lses on {partial_lses.device}"
+        )
 
 
 def merge_attn_states_torch(
@@ -52,7 +91,7 @@ def merge_attn_states_torch(
             a bool (``None`` or ``"False"`` would select a base silently).
     """
     is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
-    _validate(partial_outs, partial_lses, any_float=True)
+    validate_merge_inputs(partial_outs, partial_lses, any_float=True)
     # fp64 when either input is: fp64 LSEs rounded to fp32 first would lose the difference of
     # close large LSEs, and turn an LSE beyond fp32's range into +inf (an "empty" source).
     fp64 = torch.float64 in (partial_outs.dtype, partial_lses.dtype)

@@ -1,16 +1,14 @@
 """``CPTritonContext``: accepted by the combine ops for drop-in compatibility with vLLM.
 
 vLLM's context cached one compiled kernel without keying it on the compile-time constants,
-so reusing a context across shapes could launch a wrongly specialised kernel. Here every
-launch goes through ``cpattn_common.launch.launch_cached``, whose cache is keyed on the full
-specialisation; the context only forwards to it, so it is safe to share or to omit.
+so reusing a context across shapes could launch a wrongly specialised kernel. Here the
+context holds no state: its launches are plain Triton JIT launches, so it is safe to share or
+to omit.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from cpattn_common.launch import launch_cached
 
 __all__ = ["CPTritonContext"]
 
@@ -21,8 +19,8 @@ class CPTritonContext:
     __slots__ = ()
 
     def launch(self, kernel: Any, grid: tuple[int, ...], **kwargs: Any) -> None:
-        """Launch ``kernel`` on ``grid`` with keyword arguments through the cached launcher."""
-        launch_cached(kernel, grid, **kwargs)
+        """Launch ``kernel`` on ``grid`` with keyword arguments (a plain JIT launch)."""
+        kernel[grid](**kwargs)
 
     def call_kernel(self, kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
         """vLLM's spelling of ``launch``: the kernel's leading parameters positionally (in its
@@ -41,7 +39,7 @@ class CPTritonContext:
         both = positional.keys() & kwargs.keys()
         if both:
             raise TypeError(f"{kernel.__name__} got multiple values for {sorted(both)}")
-        launch_cached(kernel, grid, **positional, **kwargs)
+        kernel[grid](**positional, **kwargs)
 
     def __repr__(self) -> str:
         return "CPTritonContext()"

@@ -314,13 +314,20 @@ def test_q_gather_wait_is_one_program_and_fills_nan_only_on_failure(
         ),
     )
     launches: list[tuple[Any, tuple[int, ...], dict[str, Any]]] = []
-    launch = q_gather_module.launch_cached
 
-    def recorded(kernel: Any, grid: tuple[int, ...], **kwargs: Any) -> None:
-        launches.append((kernel, grid, kwargs))
-        launch(kernel, grid, **kwargs)
+    class Recorded:  # stands in for a kernel: records each launch, then makes it
+        def __init__(self, kernel: Any):
+            self.kernel = kernel
 
-    monkeypatch.setattr(q_gather_module, "launch_cached", recorded)
+        def __getitem__(self, grid: tuple[int, ...]) -> Any:
+            def launch(**kwargs: Any) -> None:
+                launches.append((self.kernel, grid, kwargs))
+                self.kernel[grid](**kwargs)
+
+            return launch
+
+    for name in ("_direct_gather_publish_kernel", "_direct_gather_wait_kernel"):
+        monkeypatch.setattr(q_gather_module, name, Recorded(getattr(q_gather_module, name)))
     q = [torch.full((t, 1, d), float(r + 1), device=device, dtype=torch.float16) for r in range(n)]
     for r in range(n):
         qs[r].publish(q[r])

@@ -23,7 +23,6 @@ from triton.compiler import ASTSource
 
 import cpattn_common.launch as launch_mod
 import cpattn_dcp.ops.a2a_combine as a2a_mod
-import cpattn_dcp.ops.ag_combine as ag_mod
 import cpattn_dcp.ops.correct_attn_out as correct_mod
 import cpattn_dcp.ops.mask_empty_shards as mask_mod
 
@@ -80,17 +79,14 @@ def compile_like_launch(kernel: Any, kwargs: dict[str, Any]) -> dict[str, dict[s
 _recorded: list[tuple[Any, dict[str, Any]]] = []
 
 
-def _record(kernel: Any, grid: tuple[int, ...], **kwargs: Any) -> None:
-    _recorded.append((kernel, kwargs))
+def _record(spec: Any, grid: tuple[int, ...], *args: Any) -> None:
+    kwargs = dict(zip(spec.kernel.arg_names, args, strict=False))
+    kwargs.update(spec.constexprs)
+    _recorded.append((spec.kernel, kwargs))
 
 
-for _mod in (a2a_mod, correct_mod, mask_mod, ag_mod):
-    if hasattr(_mod, "launch_cached"):
-        _mod.launch_cached = _record  # type: ignore[attr-defined]
-# ``CachedKernel`` / ``Specialization`` launches: with no GPU driver every launch reaches the
-# plain JIT launch, which records instead (the cache then marks the kernel unusable: fine
-# in this one-shot process).
-launch_mod._plain = lambda kernel, grid, kwargs: _record(kernel, grid, **kwargs)
+# Every op launches through ``Specialization``: record instead of launching.
+launch_mod.Specialization.__call__ = _record  # type: ignore[method-assign]
 
 
 def _run(name: str, fn: Any, out: dict[str, Any]) -> None:

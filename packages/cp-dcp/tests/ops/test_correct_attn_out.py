@@ -488,7 +488,7 @@ def test_large_close_lses_keep_fp32_accuracy(
 def test_every_eager_call_marks_out_written(device: torch.device, form: str) -> None:
     """The eager path writes out outside the dispatcher; it bumps out's version like the
     registered op (and torch's in-place ops) do, on every call: the fast path, the validated
-    path and, where launch plans are on, the recorded and replayed calls. A backward that
+    path and the repeated calls of one key (the cached launch handle). A backward that
     saved out before the call then raises instead of using the scaled values."""
     lses = torch.randn(2, 3, 4, device=device)
     base = torch.randn(3, 4, 2, 8, device=device)
@@ -499,7 +499,7 @@ def test_every_eager_call_marks_out_written(device: torch.device, form: str) -> 
     }[form]
     weight = torch.ones(out.shape, device=device, requires_grad=True)
     saved = (weight * out).sum()  # saves out for backward
-    for _ in range(4):  # the second call records a launch plan, later ones replay it
+    for _ in range(4):  # the first call of the key is a JIT launch, later ones the handle
         before = out._version
         correct_attn_out(out, lses, 1)
         assert out._version > before

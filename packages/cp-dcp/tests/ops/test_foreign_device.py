@@ -5,9 +5,6 @@ inputs, with ``cuda:0`` current (the foreign call). The foreign call must return
 what the home call returns, write its in-place outputs the same, and leave ``cuda:0`` current.
 Without the guard a Triton launch goes to ``cuda:0`` with pointers into ``cuda:1``. The home
 calls' own correctness is covered by the ops' test files.
-
-With launch plans on, the foreign calls are never keyed (``csrc/launch_plans.cpp``), so a
-recorded home key does not replay for them either: the native hit count stays put.
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ from typing import Any
 import pytest
 import torch
 
-from cpattn_common.launch_plans import launch_plans_info
 from cpattn_dcp import (
     a2a_pack,
     a2a_unpack_combine,
@@ -154,22 +150,3 @@ def test_collective_runs_on_its_tensors_device(op: Callable[..., Any]) -> None:
         got = foreign(*(_clone(a) for a in args))
         torch.cuda.synchronize(_OTHER)
         _same(got, want)
-
-
-@pytest.mark.no_output_poison
-@pytest.mark.usefixtures("plans")
-def test_launch_plans_never_replay_foreign_calls() -> None:
-    make, call = _CASES["a2a_pack_unpack"]
-    args = make(torch.Generator(device=_OTHER).manual_seed(0))
-    with torch.cuda.device(_OTHER):
-        for _ in range(4):  # compile, record, replay twice
-            want = call(*args)
-        hits = launch_plans_info()["hits"]
-        assert hits >= 2, launch_plans_info()
-    with torch.cuda.device(0):
-        for _ in range(4):
-            _same(call(*args), want)
-        assert launch_plans_info()["hits"] == hits, launch_plans_info()
-    with torch.cuda.device(_OTHER):  # the home key still replays
-        _same(call(*args), want)
-        assert launch_plans_info()["hits"] == hits + 2, launch_plans_info()

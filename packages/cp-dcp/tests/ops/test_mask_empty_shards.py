@@ -319,15 +319,15 @@ def test_masked_copy_without_output_poisoning(device: torch.device) -> None:
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int16])
 def test_every_eager_call_marks_lse_written(device: torch.device, index_dtype: torch.dtype) -> None:
     """The eager path masks lse outside the dispatcher; it bumps lse's version like the
-    registered op does, on every call (int32 indices: the fast path, recorded and replayed
-    where launch plans are on; int16: the validated path). A backward that saved lse before
+    registered op does, on every call (int32 indices: the fast path, through the cached
+    launch handle after the first call; int16: the validated path). A backward that saved lse before
     the call then raises instead of using the masked rows."""
     lse = torch.randn(7, 3, device=device)
     sl = torch.tensor([0, 3], dtype=index_dtype, device=device)
     qsl = torch.tensor([0, 2, 5], dtype=index_dtype, device=device)
     weight = torch.ones(7, 3, device=device, requires_grad=True)
     saved = (weight * lse).sum()  # saves lse for backward
-    for _ in range(4):  # the second call records a launch plan, later ones replay it
+    for _ in range(4):  # the first call of the key is a JIT launch, later ones the handle
         before = lse._version
         mask_dcp_empty_shards_(lse, sl, qsl)
         assert lse._version > before

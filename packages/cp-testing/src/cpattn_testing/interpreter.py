@@ -11,14 +11,25 @@ float64 references on bf16 subnormal LSEs, which the property tests draw.
 ``.to(tl.bfloat16)`` and in the implicit cast of a ``tl.store`` (Triton 3.9: 1 + 2**-8 + 2**-10
 becomes 1.0, not 1.0078125), where the GPU rounds to nearest, ties to even. CPU runs of every
 kernel with a bf16 output were biased toward zero by up to one bf16 ulp.
+
+``serialized_launches``: the interpreter keeps the program index and its patching of
+``triton.language`` in process-global state, so two threads interpreting kernels at once (the
+ranks of ``cpattn_testing.SimulatedWorld``) corrupt each other ("Did you forget to add
+@triton.jit ?"). Interpreted launches then take one process-wide lock.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["apply_interpreter_fixes", "exact_bf16_widening", "rtne_bf16_narrowing"]
+__all__ = [
+    "apply_interpreter_fixes",
+    "exact_bf16_widening",
+    "rtne_bf16_narrowing",
+    "serialized_launches",
+]
 
 _installed: set[str] = set()
 
@@ -33,6 +44,7 @@ def apply_interpreter_fixes() -> None:
     if triton_interpreting():
         exact_bf16_widening()
         rtne_bf16_narrowing()
+        serialized_launches()
 
 
 def exact_bf16_widening() -> bool:
@@ -134,4 +146,33 @@ def _wrap_converter(
 
     interpreter._convert_float = converted
     _installed.add(name)
+    return True
+
+
+def serialized_launches() -> bool:
+    """Make interpreted kernel launches of this process run one at a time (a re-entrant lock
+    around ``triton.runtime.interpreter.GridExecutor.__call__``), once.
+
+    Returns:
+        Whether launches are serialized now (``False`` only when the interpreter's grid
+        executor is missing).
+    """
+    if "launches" in _installed:
+        return True
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    executor = getattr(interpreter, "GridExecutor", None)
+    if executor is None:
+        return False
+    launch = executor.__call__
+    lock = threading.RLock()
+
+    def serialized(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return launch(self, *args, **kwargs)
+
+    executor.__call__ = serialized
+    _installed.add("launches")
     return True

@@ -269,6 +269,10 @@ class SimulatedWorld:
         self.timeout = timeout
         self._rendezvous = _Rendezvous(world_size, timeout)
         self._run_lock = threading.Lock()
+        # Its ranks are threads: interpreted kernel launches must not interleave.
+        from cpattn_testing.interpreter import apply_interpreter_fixes
+
+        apply_interpreter_fixes()
         self.groups: list[SimulatedGroup] = [SimulatedGroup(self, r) for r in range(world_size)]
 
     def run(self, fn: Callable[..., Any], *args: Any) -> list[Any]:

@@ -25,7 +25,8 @@ from cpattn_common.device import foreign_cuda_device
 from cpattn_common.dispatch import must_dispatch
 from cpattn_common.kernels.merge_attn_states import _merge_attn_states_fwd_kernel
 from cpattn_common.launch import CachedKernel, Specialization
-from cpattn_common.launch_plans import OpPlans
+from cpattn_common.lse import LSE_DTYPES, OUT_DTYPES, merge_attn_states_torch
+from cpattn_common.lse import validate_merge_inputs as _validate
 
 __all__ = [
     "merge_attn_states",
@@ -35,8 +36,6 @@ __all__ = [
     "triton_usable",
 ]
 
-OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-LSE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _OUT_SET = frozenset(OUT_DTYPES)
 _LSE_SET = frozenset(LSE_DTYPES)
 _Tensor = torch.Tensor
@@ -78,9 +77,6 @@ _BIG_TILE = 4096
 _BIG_TILE_MIN_D = 128
 
 _merge_kernel = CachedKernel(_merge_attn_states_fwd_kernel)
-# Eager calls with a recorded key replay natively when launch plans are on (the default on a
-# CUDA machine with a C++ compiler; cpattn_common.launch_plans).
-_plans = OpPlans("cpattn_common.merge_attn_states")
 
 
 # Whether @triton.jit gave the merge kernel to Triton's interpreter (TRITON_INTERPRET as the
@@ -154,42 +150,6 @@ def merge_attn_states_config(
         num_warps = max(1, min(_MULTI_EAGER_MAX_WARPS, warps))
     eager = _EAGER_BY_DEFAULT and (one_head_decode or multi_head_eager)
     return block_h, block_d, num_warps, eager
-
-
-def _validate(
-    partial_outs: torch.Tensor, partial_lses: torch.Tensor, *, any_float: bool = False
-) -> None:
-    """The checks of ``merge_attn_states`` (``any_float``: of its torch twin, which takes any
-    floating dtype, fp64 references included)."""
-    if not isinstance(partial_outs, torch.Tensor) or not isinstance(partial_lses, torch.Tensor):
-        raise TypeError("partial_outs and partial_lses must be torch.Tensor")
-    if partial_outs.dim() != 4:
-        raise ValueError(
-            f"partial_outs must be [N, B, H, D], got shape {tuple(partial_outs.shape)}"
-        )
-    if partial_lses.dim() != 3:
-        raise ValueError(f"partial_lses must be [N, B, H], got shape {tuple(partial_lses.shape)}")
-    if tuple(partial_outs.shape[:3]) != tuple(partial_lses.shape):
-        raise ValueError(
-            f"partial_outs {tuple(partial_outs.shape)} and partial_lses "
-            f"{tuple(partial_lses.shape)} disagree on [N, B, H]"
-        )
-    if partial_outs.shape[0] < 1:
-        raise ValueError("merge_attn_states needs N >= 1 partial states, got N = 0")
-    if partial_outs.shape[3] == 0:  # as the cp-dcp ops: an empty head dim is a caller's bug
-        raise ValueError(f"partial_outs {tuple(partial_outs.shape)} has head_dim 0; D must be >= 1")
-    if any_float:
-        for name, t in (("partial_outs", partial_outs), ("partial_lses", partial_lses)):
-            if not t.dtype.is_floating_point:
-                raise TypeError(f"{name} must be a floating tensor, got {t.dtype}")
-    elif partial_outs.dtype not in OUT_DTYPES:
-        raise TypeError(f"partial_outs dtype {partial_outs.dtype} not in {OUT_DTYPES}")
-    elif partial_lses.dtype not in LSE_DTYPES:
-        raise TypeError(f"partial_lses dtype {partial_lses.dtype} not in {LSE_DTYPES}")
-    if partial_outs.device != partial_lses.device:
-        raise ValueError(
-            f"partial_outs on {partial_outs.device} but partial_lses on {partial_lses.device}"
-        )
 
 
 def _valid_cuda(partial_outs: torch.Tensor, partial_lses: torch.Tensor) -> bool:
@@ -341,8 +301,6 @@ def _merge_any_backend(
     if triton_usable(partial_outs.device):
         partial_outs, partial_lses = _resolved(partial_outs, partial_lses)
         return _launch(partial_outs, partial_lses, is_lse_base_on_e, None)
-    from cpattn_common.lse import merge_attn_states_torch  # lse re-exports this module
-
     out, lse = merge_attn_states_torch(
         partial_outs, partial_lses, is_lse_base_on_e=is_lse_base_on_e
     )
@@ -419,26 +377,6 @@ def merge_attn_states(
         out, lse = torch.ops.cpattn_common.merge_attn_states(
             partial_outs, partial_lses, is_lse_base_on_e
         )
-    else:  # plain eager: a recorded call replays natively (launch plans, when on), else the
-        # dispatcher is skipped (both paths are tested)
-        hit = _plans.replay(partial_outs, partial_lses, is_lse_base_on_e) if _plans.on else None
-        if hit.__class__ is tuple:
-            out, lse = hit
-        else:
-            out, lse = _merge_eager(partial_outs, partial_lses, is_lse_base_on_e, hit)
+    else:  # plain eager: nothing listens to the dispatcher, so skip it
+        out, lse = _merge_any_backend(partial_outs, partial_lses, is_lse_base_on_e)
     return (out, lse) if return_lse else out
-
-
-def _merge_eager(
-    partial_outs: torch.Tensor, partial_lses: torch.Tensor, is_lse_base_on_e: bool, hit: object
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """An eager call that did not replay (``hit``: what the replay returned): a CUDA call
-    that passes the cheap check may be recorded; anything else takes the full path."""
-    if _plans.on and _valid_cuda(partial_outs, partial_lses):
-        rec = _plans.recorder(hit, partial_outs, partial_lses, is_lse_base_on_e)
-        if rec is not None:
-            with rec:
-                out, lse = _launch(partial_outs, partial_lses, bool(is_lse_base_on_e), None)
-                rec.returns(out, lse)
-            return out, lse
-    return _merge_any_backend(partial_outs, partial_lses, bool(is_lse_base_on_e))

@@ -20,7 +20,6 @@ import torch
 from cpattn_common.alloc import empty_output
 from cpattn_common.checks import check_bool, check_tensors
 from cpattn_common.dispatch import refuse_grad
-from cpattn_common.launch import launch_cached
 from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
     DEFAULT_MAX_SPINS,
@@ -291,9 +290,7 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
             )
         num_seqs = seq_lens.numel() if seq_lens is not None else 0
         num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
-        launch_cached(
-            _direct_a2a_publish_kernel,
-            (self.world_size, num_pub),
+        _direct_a2a_publish_kernel[(self.world_size, num_pub)](
             **self._pub_static[u],
             out_ptr=partial_output,
             stride_out_t=partial_output.stride(0),
@@ -356,9 +353,7 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
                 d_per_prog, n_db, num_warps = block_d, -(-d // block_d), 2
             else:
                 d_per_prog, n_db, num_warps = -(-d // block_d) * block_d, 1, 4
-            launch_cached(
-                _direct_a2a_combine_kernel,
-                (t, n_hb, n_db),
+            _direct_a2a_combine_kernel[(t, n_hb, n_db)](
                 **self._comb_static[u],
                 res_ptr=out,
                 stride_res_t=out.stride(0),

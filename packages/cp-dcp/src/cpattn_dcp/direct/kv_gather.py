@@ -20,7 +20,6 @@ import torch
 
 from cpattn_common.checks import check_tensors
 from cpattn_common.dispatch import mark_written_in_place, refuse_grad
-from cpattn_common.launch import launch_cached
 from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
     DEFAULT_MAX_SPINS,
@@ -255,9 +254,7 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             return
         d = self.token_dim
         num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
-        launch_cached(
-            _direct_gather_publish_kernel,
-            (self.world_size, num_pub),
+        _direct_gather_publish_kernel[(self.world_size, num_pub)](
             src_ptr=local_kv,
             stride_src_t=local_kv.stride(0),
             peer_dst_ptrs=self._kv_ptrs[u],
@@ -312,9 +309,7 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         if num_elems == 0:
             return
         grid = (-(-num_elems // _COPY_BLOCK),)
-        launch_cached(
-            _direct_gather_wait_kernel,
-            grid,
+        _direct_gather_wait_kernel[grid](
             sig_ptr=self.recv_signal[u],
             epoch_ptr=self.epoch[u:],
             done_ptr=self._wait_done[u:],

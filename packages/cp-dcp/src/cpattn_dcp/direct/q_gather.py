@@ -38,7 +38,6 @@ from cpattn_common.agreement import gather_rank_values
 from cpattn_common.capability import multicast_disabled_by_env
 from cpattn_common.checks import check_tensors
 from cpattn_common.dispatch import refuse_grad
-from cpattn_common.launch import launch_cached
 from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
     DEFAULT_MAX_SPINS,
@@ -266,9 +265,7 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         n, w = self.world_size, self.heads_per_rank * self.head_dim
         num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
         src = local_query if self._publish_view is None else local_query.view(self._publish_view)
-        launch_cached(
-            _direct_gather_publish_kernel,
-            (n, num_pub),
+        _direct_gather_publish_kernel[(n, num_pub)](
             src_ptr=src,
             stride_src_t=local_query.stride(0),
             peer_dst_ptrs=self._q_ptrs[u],
@@ -321,9 +318,7 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
                 raise ValueError(f"{self.name}: num_tokens {t} not in [0, {self.max_num_tokens}]")
         u = self._resolve_ubatch(ubatch_id)
         if t > 0:
-            launch_cached(
-                _direct_gather_wait_kernel,
-                (1,),
+            _direct_gather_wait_kernel[(1,)](
                 sig_ptr=self.recv_signal[u],
                 epoch_ptr=self.epoch[u:],
                 done_ptr=self._wait_done[u:],

@@ -23,7 +23,6 @@ from cpattn_common.device import foreign_cuda_device
 from cpattn_common.dispatch import mark_written_in_place, must_dispatch, refuse_grad_in_place
 from cpattn_common.group import CPGroupLike
 from cpattn_common.launch import CachedKernel, Specialization
-from cpattn_common.launch_plans import OpPlans
 from cpattn_dcp.comm.collectives import all_to_all_records
 from cpattn_dcp.comm.groups import (
     group_from_token,
@@ -108,10 +107,6 @@ _INT32_LIMIT = 2**31
 # Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
 _pack_kernel = CachedKernel(_a2a_pack_kernel)
 _unpack_kernel = CachedKernel(_a2a_unpack_combine_fwd_kernel)
-# Eager calls with a recorded key replay natively when launch plans are on (the default on a
-# CUDA machine with a C++ compiler; cpattn_common.launch_plans).
-_pack_plans = OpPlans("cpattn_dcp.a2a_pack")
-_unpack_plans = OpPlans("cpattn_dcp.a2a_unpack_combine")
 
 
 def a2a_pack_dim(dtype: torch.dtype) -> int:
@@ -463,18 +458,8 @@ def a2a_pack(
         refuse_grad_in_place("a2a_pack", "send", send)
         torch.ops.cpattn_dcp.a2a_pack_into(cp_attn_out, cp_attn_lse, cp_world_size, *masks, send)
         return send
-    # A recorded call key replays natively (launch plans, when on). A given send is written
-    # in place: every branch marks it, as the dispatcher would.
-    hit = (
-        _pack_plans.replay(cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, send)
-        if _pack_plans.on
-        else None
-    )
-    if hit.__class__ is tuple:
-        if send is None:
-            return hit[0]  # type: ignore[no-any-return]
-        mark_written_in_place(send)
-        return send
+    # Eager: skip the dispatcher. A given send is written in place: mark it, as the
+    # dispatcher would.
     has_mask = validate_combine_args(
         "a2a_pack",
         cp_attn_out,
@@ -484,21 +469,8 @@ def a2a_pack(
         query_start_loc,
         heads_divisible=True,
     )
-    rec = (
-        _pack_plans.recorder(
-            hit, cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, send
-        )
-        if _pack_plans.on
-        else None
-    )
-    if rec is None:
-        filled = _pack(cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, send,
-                       has_mask)  # fmt: skip
-    else:
-        with rec:
-            filled = _pack(cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc,
-                           send, has_mask)  # fmt: skip
-            rec.returns(*(() if send is not None else (filled,)))
+    filled = _pack(cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, send,
+                   has_mask)  # fmt: skip
     if send is not None:
         mark_written_in_place(send)
     return filled
@@ -642,27 +614,9 @@ def a2a_unpack_combine(
             recv, head_dim, bool(return_lse), is_lse_base_on_e
         )
         return out, (lse_or_empty if return_lse else None)
-    # A recorded call key replays natively (launch plans, when on).
-    hit = (
-        _unpack_plans.replay(recv, head_dim, return_lse, is_lse_base_on_e)
-        if _unpack_plans.on
-        else None
-    )
-    if hit.__class__ is tuple:
-        return hit[0], hit[1] if len(hit) > 1 else None
     _buffer_shape(recv, head_dim)
     check_no_neg_bit("a2a_unpack_combine", recv=recv)
-    rec = (
-        _unpack_plans.recorder(hit, recv, head_dim, return_lse, is_lse_base_on_e)
-        if _unpack_plans.on
-        else None
-    )
-    if rec is None:
-        return _unpack_combine(recv, head_dim, return_lse, is_lse_base_on_e)
-    with rec:
-        out, lse = _unpack_combine(recv, head_dim, return_lse, is_lse_base_on_e)
-        rec.returns(*((out,) if lse is None else (out, lse)))
-    return out, lse
+    return _unpack_combine(recv, head_dim, return_lse, is_lse_base_on_e)
 
 
 def _unpack_combine(

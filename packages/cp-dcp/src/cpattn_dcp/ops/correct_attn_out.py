@@ -20,7 +20,6 @@ from cpattn_common.checks import check_bool, check_no_neg_bit
 from cpattn_common.device import foreign_cuda_device
 from cpattn_common.dispatch import mark_written_in_place, must_dispatch, refuse_grad_in_place
 from cpattn_common.launch import CachedKernel, Specialization
-from cpattn_common.launch_plans import OpPlans
 from cpattn_dcp.context import CPTritonContext
 from cpattn_dcp.kernels.correct_attn_out import (
     _correct_attn_out_contig_kernel,
@@ -61,9 +60,6 @@ _TILE_MAX_WARPS = 4
 # Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
 _contig_kernel = CachedKernel(_correct_attn_out_contig_kernel)
 _general_kernel = CachedKernel(_correct_attn_out_fwd_kernel)
-# Eager calls with a recorded key replay natively when launch plans are on (the default on a
-# CUDA machine with a C++ compiler; cpattn_common.launch_plans).
-_plans = OpPlans("cpattn_dcp.correct_attn_out")
 
 
 def _squeeze_out(out: torch.Tensor) -> torch.Tensor:
@@ -455,25 +451,12 @@ def correct_attn_out(
             out3, lses3, cp_rank, bool(is_lse_base_on_e)
         )
         return out3, lse
-    # Eager: a recorded call key replays natively (launch plans, when on); otherwise skip the
-    # dispatcher, and validate in full only what the cheap check cannot prove. Every branch
-    # marks ``out`` written, as the dispatcher would.
-    hit = _plans.replay(out, lses, cp_rank, is_lse_base_on_e) if _plans.on else None
-    if hit.__class__ is tuple:
-        mark_written_in_place(out)
-        return out, hit[0]
+    # Eager: skip the dispatcher, and validate in full only what the cheap check cannot
+    # prove. ``out`` is marked written, as the dispatcher would.
     if not _valid_fast(out, lses, cp_rank):
         out = _squeeze_out(out)
         lses = _squeeze_lses(lses, tuple(out.shape[:2]))
         _validate(out, lses, cp_rank)
-        lse = correct_attn_out_fwd(out, lses, cp_rank, bool(is_lse_base_on_e))
-    else:
-        rec = _plans.recorder(hit, out, lses, cp_rank, is_lse_base_on_e) if _plans.on else None
-        if rec is None:
-            lse = correct_attn_out_fwd(out, lses, cp_rank, bool(is_lse_base_on_e))
-        else:
-            with rec:
-                lse = correct_attn_out_fwd(out, lses, cp_rank, bool(is_lse_base_on_e))
-                rec.returns(lse)
+    lse = correct_attn_out_fwd(out, lses, cp_rank, bool(is_lse_base_on_e))
     mark_written_in_place(out)
     return out, lse

@@ -20,7 +20,6 @@ from cpattn_common.checks import check_no_neg_bit
 from cpattn_common.device import foreign_cuda_device
 from cpattn_common.dispatch import mark_written_in_place, must_dispatch, refuse_grad_in_place
 from cpattn_common.launch import CachedKernel, Specialization
-from cpattn_common.launch_plans import OpPlans
 from cpattn_dcp.kernels.empty_shards import (
     COUNT_MAX_STEPS,
     _mask_empty_shards_inplace_kernel,
@@ -59,9 +58,6 @@ _Tensor = torch.Tensor
 # Bound once: a launch keys only its runtime arguments (see cpattn_common.launch).
 _inplace_kernel = CachedKernel(_mask_empty_shards_inplace_kernel)
 _copy_kernel = CachedKernel(_mask_empty_shards_kernel)
-# Eager calls with a recorded key replay natively when launch plans are on (the default on a
-# CUDA machine with a C++ compiler; cpattn_common.launch_plans).
-_plans = OpPlans("cpattn_dcp.mask_dcp_empty_shards_")
 
 
 def _check_lse(lse: torch.Tensor) -> None:
@@ -293,24 +289,17 @@ def mask_dcp_empty_shards_(
         [-inf, 0.0, 0.0, 0.0, 0.0, -inf, -inf]
     """
     dispatch = must_dispatch(lse)  # tracing, a dispatch mode, autograd
-    if seq_lens is not None and query_start_loc is not None and not dispatch:
-        # Eager hot path: a recorded call key replays natively (launch plans, when on), or the
-        # call is proven valid cheaply and skips the full checks and the dispatcher.
-        # Every eager branch marks ``lse`` written, as the dispatcher would.
-        hit = _plans.replay(lse, seq_lens, query_start_loc) if _plans.on else None
-        if hit.__class__ is tuple:
-            mark_written_in_place(lse)
-            return lse
-        if _valid_fast(lse, seq_lens, query_start_loc):
-            rec = _plans.recorder(hit, lse, seq_lens, query_start_loc) if _plans.on else None
-            if rec is None:
-                mask_dcp_empty_shards_impl(lse, seq_lens, query_start_loc)
-            else:
-                with rec:
-                    mask_dcp_empty_shards_impl(lse, seq_lens, query_start_loc)
-                    rec.returns()
-            mark_written_in_place(lse)
-            return lse
+    # Eager hot path: a call proven valid cheaply skips the full checks and the dispatcher;
+    # ``lse`` is marked written, as the dispatcher would.
+    if (
+        seq_lens is not None
+        and query_start_loc is not None
+        and not dispatch
+        and _valid_fast(lse, seq_lens, query_start_loc)
+    ):
+        mask_dcp_empty_shards_impl(lse, seq_lens, query_start_loc)
+        mark_written_in_place(lse)
+        return lse
     _check_lse(lse)
     if not check_mask_args(seq_lens, query_start_loc, lse.device):
         return lse
