@@ -26,7 +26,7 @@ OLDEST_CONSTRAINTS = str(ROOT / "testing" / "constraints-oldest.txt")
 SRC_DIRS = [str(ROOT / "packages" / p / "src") for p in PACKAGES]
 TEST_DIRS = [f"packages/{p}/tests" for p in PACKAGES] + ["tests"]
 # numpy: the Triton interpreter (TRITON_INTERPRET=1) imports it; torch does not pull it in.
-# matplotlib/tqdm: the benchmark harness's plumbing tests (cpattn-testing[bench]).
+# matplotlib: the benchmark page's plot in tests/test_benchmarks.py.
 TEST_DEPS = [
     "pytest>=8",
     "pytest-timeout>=2.2",
@@ -34,7 +34,6 @@ TEST_DEPS = [
     "import-linter>=2.1",
     "numpy",
     "matplotlib>=3.7",
-    "tqdm>=4.60",
 ]
 # Multicast must stay off wherever our processes run; children inherit these.
 NO_MULTICAST_ENV = {
