@@ -33,7 +33,7 @@ from cpattn_common.device import current_device
 __all__ = ["CachedKernel", "Specialization"]
 
 _Tensor = torch.Tensor
-_I32 = range(-(2**31), 2**31)
+_I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 _I64_MAX = 2**63 - 1
 
 
@@ -49,11 +49,21 @@ def _handles_supported(kernel: Any) -> bool:
 
 def _arg_key(arg: Any) -> Any:
     """What Triton's specialization can depend on for one runtime argument."""
-    if isinstance(arg, _Tensor):
-        return (arg.dtype, arg.data_ptr() & 15 == 0)
-    if arg.__class__ is int:
-        return (arg == 1, arg & 15 == 0, arg in _I32, arg <= _I64_MAX)
-    return arg.__class__
+    return _key((arg,))[0]
+
+
+def _key(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    # One comprehension, no call per argument: this runs on every launch.
+    return tuple(
+        [
+            (a == 1, a & 15 == 0, _I32_MIN <= a <= _I32_MAX, a <= _I64_MAX)
+            if a.__class__ is int
+            else (a.dtype, a.data_ptr() & 15 == 0)
+            if isinstance(a, _Tensor)
+            else a.__class__
+            for a in args
+        ]
+    )
 
 
 class CachedKernel:
@@ -107,7 +117,7 @@ class Specialization:
         if not self._fast:
             self.kernel[grid](*args, **self.constexprs)
             return
-        key = (current_device(), *[_arg_key(a) for a in args])
+        key = (current_device(), _key(args))
         handle = self._handles.get(key)
         if handle is None:
             handle = self.kernel[grid](*args, **self.constexprs)

@@ -29,7 +29,7 @@ def _handle_launches(
     launch = launch_mod.Specialization.__call__
 
     def counted(spec: Any, grid: tuple[int, ...], *args: Any) -> None:
-        key = (launch_mod.current_device(), *[launch_mod._arg_key(a) for a in args])
+        key = (launch_mod.current_device(), launch_mod._key(args))
         seen.append(key in spec._handles)
         launch(spec, grid, *args)
 
