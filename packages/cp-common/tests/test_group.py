@@ -489,6 +489,7 @@ def test_trace_time_group_is_the_process_group_of_a_plain_cpgroup() -> None:
     plain, shared, sub = (cls.__new__(cls) for cls in (CPGroup, _SharedCPGroup, OwnCollectives))
     for group in (plain, shared, sub):
         group._group = pg  # type: ignore[assignment]
+        group._world_size, group._rank_in_group = 2, 0
     assert trace_time_group(plain) is pg
     assert trace_time_group(shared) is pg
     assert trace_time_group(sub) is sub

@@ -16,7 +16,14 @@ from cpattn_common.capability import (
     multicast_disabled_by_env,
     symm_mem_available,
 )
-from cpattn_common.group import CPGroup, CPGroupLike, as_cp_group, shared_cp_group
+from cpattn_common.group import (
+    CPGroup,
+    CPGroupLike,
+    GroupCoordinatorLike,
+    as_cp_group,
+    check_group,
+    shared_cp_group,
+)
 from cpattn_common.launch import launch_cached
 from cpattn_common.launch_plans import (
     clear_launch_plans,
@@ -37,10 +44,12 @@ __all__ = [
     "CPGroups",
     "CPLayout",
     "DirectCPWorkspace",
+    "GroupCoordinatorLike",
     "SymmetricAllocationError",
     "__version__",
     "as_cp_group",
     "build_cp_groups",
+    "check_group",
     "clear_launch_plans",
     "cp_layout",
     "current_ubatch_id",

@@ -1,12 +1,16 @@
-"""Group arguments: the ``CPGroupLike`` protocol and its normalisation.
+"""Group arguments: what every op accepts as its group, checked and normalised.
 
-``CPGroup`` (in ``cpattn_common.cpgroup``, re-exported here) wraps a
-``torch.distributed.ProcessGroup``. Every op accepts the protocol ``CPGroupLike``, so
-in-process simulated groups (cpattn_testing) and user wrappers plug in wherever a ``CPGroup``
-is expected; ``as_cp_group`` normalises a ``ProcessGroup``, a ``DeviceMesh`` (one dimension)
-or an existing wrapper into one, and ``shared_cp_group`` does the same through a memo, so that
-the ops (which resolve their group argument on every call) share one weakly held wrapper per
-process group.
+An op's group argument may be a ``torch.distributed.ProcessGroup``, a ``DeviceMesh`` (one
+dimension), a ``CPGroupLike`` wrapper (our ``CPGroup``, in-process simulated groups of
+cpattn_testing, a user's wrapper with collectives of its own) or an engine's group object
+shaped like vLLM's ``GroupCoordinator`` (``GroupCoordinatorLike``: ``world_size``,
+``rank_in_group`` and a ``device_group`` process group, whose collectives are ours, run on that
+process group). Every one is checked before any collective: a rank outside ``[0, world_size)``
+or a size or rank that disagrees with the process group raises.
+
+``as_cp_group`` normalises an argument into a ``CPGroupLike``; ``shared_cp_group`` does the
+same through a memo, so that the ops (which resolve their group argument on every call) share
+one weakly held wrapper per process group.
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ if TYPE_CHECKING:
 __all__ = [
     "CPGroup",
     "CPGroupLike",
+    "GroupCoordinatorLike",
     "as_cp_group",
     "cache_owner",
     "check_all_gather_into_tensor_args",
     "check_all_to_all_single_args",
+    "check_group",
     "normalize_dim",
     "shared_cp_group",
     "trace_time_constant",
@@ -91,6 +97,126 @@ class CPGroupLike(Protocol):
         ...
 
 
+class GroupCoordinatorLike(Protocol):
+    """An engine's group object shaped like vLLM's ``GroupCoordinator``; the ops take it as is.
+
+    Only these three members are read; the object's own collectives (``all_gather``,
+    ``reduce_scatter``, ``all_reduce``) are not called: the ops run theirs on
+    ``device_group``, with results identical to passing ``device_group`` itself.
+
+    Attributes:
+        world_size: number of ranks N of ``device_group``.
+        rank_in_group: this process's rank in ``device_group``, in ``[0, N)``.
+        device_group: the ``ProcessGroup`` (nccl on GPUs, gloo on CPUs) the collectives use.
+    """
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def rank_in_group(self) -> int: ...
+
+    @property
+    def device_group(self) -> ProcessGroup: ...
+
+
+# The members a group object carries; one lacking some of the protocol's is taken for a
+# GroupCoordinatorLike (vLLM's GroupCoordinator has no all_to_all_single, for one).
+_COORDINATOR_MEMBERS = ("world_size", "rank_in_group", "device_group")
+_PROTOCOL_MEMBERS = (
+    *_COORDINATOR_MEMBERS,
+    "all_gather",
+    "reduce_scatter",
+    "all_reduce",
+    "all_to_all_single",
+    "all_gather_into_tensor",
+    "barrier",
+)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_ranks(owner: str, world_size: Any, rank_in_group: Any, pg: Any) -> None:
+    """``world_size`` an int >= 1, ``rank_in_group`` an int in ``[0, world_size)``, both equal to
+    the process group's when ``pg`` is one. ``owner`` names the object in the messages."""
+    if not _is_int(world_size):
+        raise TypeError(
+            f"{owner}.world_size must be an int, got {world_size!r} ({type(world_size).__name__})"
+        )
+    if not _is_int(rank_in_group):
+        raise TypeError(
+            f"{owner}.rank_in_group must be an int, got {rank_in_group!r} "
+            f"({type(rank_in_group).__name__})"
+        )
+    if world_size < 1:
+        raise ValueError(f"{owner}.world_size must be >= 1, got {world_size}")
+    if not 0 <= rank_in_group < world_size:
+        raise ValueError(
+            f"{owner}.rank_in_group is {rank_in_group}, outside [0, world_size={world_size})"
+        )
+    if not isinstance(pg, dist.ProcessGroup):
+        return
+    size, rank = dist.get_world_size(pg), dist.get_rank(pg)
+    if rank < 0:  # torch answers -1 on a rank outside the group
+        raise ValueError(f"this process is not a member of {owner}.device_group")
+    if world_size != size:
+        raise ValueError(
+            f"{owner}.world_size is {world_size}, but its device_group has {size} ranks"
+        )
+    if rank_in_group != rank:
+        raise ValueError(
+            f"{owner}.rank_in_group is {rank_in_group}, but this process is rank {rank} of "
+            "its device_group"
+        )
+
+
+def check_group(group: CPGroupLike) -> CPGroupLike:
+    """Check a group wrapper's rank metadata before it reaches any collective; return it.
+
+    ``world_size`` must be an int >= 1 and ``rank_in_group`` an int in ``[0, world_size)``;
+    where ``device_group`` is a ``ProcessGroup``, both must equal its size and this process's
+    rank in it (a wrong rank read another rank's LSE slot, out of bounds for a rank >= N).
+
+    Raises:
+        TypeError: ``world_size`` or ``rank_in_group`` is not an int (a bool is refused).
+        ValueError: a size < 1, a rank outside ``[0, world_size)``, or either disagreeing with
+            ``device_group`` (also when this process is not a member of it).
+    """
+    _check_ranks(type(group).__name__, group.world_size, group.rank_in_group, group.device_group)
+    return group
+
+
+def _is_coordinator(x: Any) -> bool:
+    """Whether ``x`` is taken for a ``GroupCoordinatorLike``: it carries a member of a group
+    object but lacks one of ``CPGroupLike`` (checked by ``_coordinator_group``)."""
+    return any(hasattr(x, m) for m in _COORDINATOR_MEMBERS) and not all(
+        hasattr(x, m) for m in _PROTOCOL_MEMBERS
+    )
+
+
+def _coordinator_group(x: Any) -> ProcessGroup:
+    """The ``device_group`` of a ``GroupCoordinatorLike``, checked: present, a ``ProcessGroup``
+    that ``world_size`` and ``rank_in_group`` agree with."""
+    owner = type(x).__name__
+    missing = [m for m in _COORDINATOR_MEMBERS if not hasattr(x, m)]
+    if missing:
+        raise TypeError(
+            f"{owner} is taken for a GroupCoordinator-like group (world_size, rank_in_group, "
+            f"device_group), but it has no {', '.join(missing)}"
+        )
+    pg = _unwrap_fake(x.device_group)
+    _check_ranks(owner, x.world_size, x.rank_in_group, pg)
+    if not isinstance(pg, dist.ProcessGroup):
+        raise TypeError(
+            f"{owner}.device_group must be a torch.distributed ProcessGroup, got "
+            f"{type(pg).__name__} (a group object without one implements every CPGroupLike "
+            "collective itself)"
+        )
+    return pg
+
+
 try:  # imported with torch.distributed already; looked up here, not in traced code
     from torch.distributed.device_mesh import DeviceMesh as _DeviceMesh
 except ImportError:  # pragma: no cover - torch without distributed
@@ -120,37 +246,57 @@ def _mesh_process_group(x: Any, mesh_dim: int | str | None) -> ProcessGroup | No
 
 def _not_a_group(x: Any) -> TypeError:
     return TypeError(
-        "expected a ProcessGroup, a DeviceMesh or a CPGroupLike group wrapper, got "
+        "expected a ProcessGroup, a DeviceMesh, a CPGroupLike group wrapper or a "
+        f"GroupCoordinator-like object (world_size, rank_in_group, device_group), got "
         f"{type(x).__name__}"
     )
 
 
+def _process_group_of(x: Any, mesh_dim: int | str | None) -> ProcessGroup:
+    """The process group that ``x``, a ``DeviceMesh`` (dimension ``mesh_dim``) or a
+    ``GroupCoordinatorLike`` (checked), stands for; ``TypeError`` for anything else."""
+    pg = _mesh_process_group(x, mesh_dim)
+    if pg is not None:
+        return pg
+    if not _is_coordinator(x):
+        raise _not_a_group(x)
+    if mesh_dim is not None:
+        raise ValueError("mesh_dim only applies to a DeviceMesh")
+    return _coordinator_group(x)
+
+
 def as_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGroupLike:
-    """Turn a ``ProcessGroup``, a ``DeviceMesh`` (dimension) or a group wrapper into a group.
+    """Turn a group argument into a checked ``CPGroupLike``.
 
     Every call wraps a process group anew (``shared_cp_group`` memoises one wrapper per
     group).
 
     Args:
-        x: a ``CPGroupLike`` (returned as is), a ``ProcessGroup``, a ``DeviceMesh`` (1-D, or
-            pick the dimension with ``mesh_dim``), or ``None`` for the default world group.
+        x: a ``CPGroupLike`` (checked with ``check_group``, then returned as is), a
+            ``ProcessGroup``, a ``DeviceMesh`` (1-D, or pick the dimension with ``mesh_dim``),
+            a ``GroupCoordinatorLike`` (checked; a ``CPGroup`` of its ``device_group``), or
+            ``None`` for the default world group.
         mesh_dim: the mesh dimension (index or name) when ``x`` is a multi-dimensional mesh.
 
     Returns:
         A ``CPGroupLike``.
+
+    Raises:
+        TypeError: ``x`` is none of those; a group object without ``world_size``,
+            ``rank_in_group`` or ``device_group``, or with a member of the wrong type (a
+            ``device_group`` that is not a ``ProcessGroup`` where its collectives are ours).
+        ValueError: ``rank_in_group`` outside ``[0, world_size)``, or ``world_size`` /
+            ``rank_in_group`` disagreeing with ``device_group``; ``mesh_dim`` for a non-mesh.
     """
     if isinstance(x, CPGroupLike):
         if mesh_dim is not None:
             raise ValueError("mesh_dim only applies to a DeviceMesh")
-        return x
+        return check_group(x)
     if x is None or isinstance(x, dist.ProcessGroup):
         if mesh_dim is not None:
             raise ValueError("mesh_dim only applies to a DeviceMesh")
         return CPGroup(x)
-    pg = _mesh_process_group(x, mesh_dim)
-    if pg is None:
-        raise _not_a_group(x)
-    return CPGroup(pg)
+    return CPGroup(_process_group_of(x, mesh_dim))
 
 
 class _SharedCPGroup(CPGroup):
@@ -194,8 +340,9 @@ def _unwrap_fake(obj: Any) -> Any:
     return obj
 
 
-# Object -> its shared wrapper (None: the object is a CPGroupLike, its own wrapper). An object
-# that takes no weak reference is not memoised: the memo would hold it for good.
+# Object -> its shared wrapper (None: the object is a CPGroupLike, its own wrapper), for objects
+# checked already. An object that takes no weak reference is not memoised: the memo would hold
+# it for good.
 _SHARED: IdentityMemo[CPGroupLike | None] = IdentityMemo(hold_unreferable=False)
 _SHARED_ENTRIES = _SHARED.entries  # read directly on the hit path (no method call)
 _is_compiling = torch.compiler.is_compiling
@@ -212,19 +359,29 @@ def shared_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGr
 
     Under ``torch.compile`` the memo is not traced (dynamo cannot trace ``id()`` of a process
     group on every torch we allow, nor the memo's lock): a ``ProcessGroup``, a mesh or ``None``
-    is resolved at trace time, through the memo, and the graph uses that wrapper, guarded on
-    the group's identity; a ``CPGroupLike`` is its own wrapper. So ``fullgraph=True`` works on
-    a group no eager call resolved, and the graph shares the wrapper of eager callers.
+    (or a ``GroupCoordinatorLike``'s ``device_group``) is resolved at trace time, through the
+    memo, and the graph uses that wrapper, guarded on the group's identity; a ``CPGroupLike``
+    is its own wrapper. So ``fullgraph=True`` works on a group no eager call resolved, and the
+    graph shares the wrapper of eager callers.
+
+    An object is checked (as ``as_cp_group`` does) when the memo first meets it (the memo holds
+    objects that take a weak reference: one that does not is checked on every call), and at
+    trace time (a ``CPGroupLike`` only on torch >= 2.13, whose dynamo passes it to trace-time
+    functions; on older torch, where no eager call resolved it first, a graph trusts it).
 
     Args:
         x: a ``CPGroupLike`` (returned as is), a ``ProcessGroup`` (also the fake that
             ``torch.compile`` hands traced code for one), a ``DeviceMesh`` (1-D, or pick the
-            dimension with ``mesh_dim``), or ``None`` for the default world group.
+            dimension with ``mesh_dim``), a ``GroupCoordinatorLike``, or ``None`` for the
+            default world group.
         mesh_dim: the mesh dimension (index or name) when ``x`` is a multi-dimensional mesh.
 
     Returns:
-        A ``CPGroupLike``; for a ``ProcessGroup``, a mesh over it or ``None``, the one
-        ``CPGroup`` shared by every caller while the process group lives.
+        A ``CPGroupLike``; for a ``ProcessGroup``, a mesh over it, a ``GroupCoordinatorLike``
+        or ``None``, the one ``CPGroup`` shared by every caller while the process group lives.
+
+    Raises:
+        TypeError, ValueError: as ``as_cp_group``.
     """
     if _is_compiling():
         return _traced_group(x, mesh_dim)
@@ -268,12 +425,10 @@ def _resolve(x: Any, mesh_dim: int | str | None) -> CPGroupLike:
     if isinstance(x, CPGroupLike):
         if mesh_dim is not None:
             raise ValueError("mesh_dim only applies to a DeviceMesh")
+        check_group(x)
         _SHARED.setdefault(x, None)
         return x
-    pg = _mesh_process_group(x, mesh_dim)
-    if pg is None:
-        raise _not_a_group(x)
-    group = _lookup(pg, None)
+    group = _lookup(_process_group_of(x, mesh_dim), None)
     if mesh_dim is None:
         _SHARED.setdefault(x, group)
     return group
@@ -286,6 +441,10 @@ def _traced_group(x: Any, mesh_dim: int | str | None) -> CPGroupLike:
         return getattr(_TRACED, _trace_time_name(x, mesh_dim))  # type: ignore[no-any-return]
     if mesh_dim is not None:
         raise ValueError("mesh_dim only applies to a DeviceMesh")
+    if _is_coordinator(x):  # the shared wrapper of its device_group
+        return getattr(_TRACED, _trace_time_name(x, None))  # type: ignore[no-any-return]
+    if _TRACE_TIME_OBJECTS:
+        _trace_time_check(x)
     return x  # type: ignore[no-any-return]  # a CPGroupLike: its own wrapper
 
 
@@ -337,9 +496,15 @@ def trace_time_group(x: Any) -> Any:
     honour ``native_collectives=False``: the results are equal, the fallbacks are only
     slower). Subclasses and other ``CPGroupLike`` objects, which may run their collectives
     their own way, stand for themselves (under ``torch.compile`` they need a torch whose
-    dynamo passes objects, 2.13 does).
+    dynamo passes objects, 2.13 does). A ``GroupCoordinatorLike``, whose collectives are ours,
+    stands for its ``device_group``, checked (at trace time under ``torch.compile``).
     """
     if type(x) is CPGroup or type(x) is _SharedCPGroup:
+        return x.device_group
+    if x is None or isinstance(x, dist.ProcessGroup) or _is_device_mesh(x):
+        return x  # (dynamo cannot ask a traced process group for an attribute it lacks)
+    if _is_coordinator(x):
+        _trace_time_name(x, None)  # checks it (at trace time under torch.compile)
         return x.device_group
     return x
 
@@ -347,12 +512,24 @@ def trace_time_group(x: Any) -> Any:
 @trace_time_constant
 def _trace_time_name(x: Any, mesh_dim: int | str | None) -> str:
     """The attribute of ``_TRACED`` holding the shared wrapper of ``x`` (a ``ProcessGroup``, a
-    mesh or ``None``), resolved through the memo at trace time."""
+    mesh, a ``GroupCoordinatorLike`` or ``None``), resolved through the memo at trace time."""
     group = _lookup(x, mesh_dim)
     pg = group.device_group
     if pg is None:  # pragma: no cover - the wrappers of groups and meshes have one
         raise TypeError(f"{type(x).__name__} resolved to {type(group).__name__} without a group")
     return _traced_name(pg, group)
+
+
+# Whether dynamo passes any object to a trace_time_constant function (torch 2.13 does; earlier
+# ones only process groups, meshes and constants).
+_TRACE_TIME_OBJECTS = torch.torch_version.TorchVersion(torch.__version__) >= "2.13"
+
+
+@trace_time_constant
+def _trace_time_check(group: Any) -> bool:
+    """``check_group(group)`` at trace time (a wrapper no eager call resolved)."""
+    check_group(group)
+    return True
 
 
 def cache_owner(group: CPGroupLike) -> object:
