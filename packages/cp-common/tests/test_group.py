@@ -295,7 +295,7 @@ def test_collectives_take_lazily_conjugated_and_negated_inputs(
 def complex_reduce_scatter_ranks(rank: int, world_size: int, device_type: str) -> list[Any]:
     """Runs on every rank: a complex ``reduce_scatter``, recording the dtypes the native
     collective gets (nccl's reduce_scatter_tensor refuses complex ones)."""
-    from cpattn_common import group as group_module
+    from cpattn_common import cpgroup as group_module
 
     seen: list[str] = []
     native = group_module._reduce_scatter_single
@@ -371,7 +371,7 @@ _MISSING_OP_MESSAGES = {
 
 def _native_op(name: str) -> tuple[Any, str]:
     """Where CPGroup looks up the native collective it labels ``name`` (module, attribute)."""
-    import cpattn_common.group as group_module
+    import cpattn_common.cpgroup as group_module
 
     aliases = {
         "reduce_scatter_tensor": "_reduce_scatter_single",
@@ -489,6 +489,7 @@ def test_trace_time_group_is_the_process_group_of_a_plain_cpgroup() -> None:
     plain, shared, sub = (cls.__new__(cls) for cls in (CPGroup, _SharedCPGroup, OwnCollectives))
     for group in (plain, shared, sub):
         group._group = pg  # type: ignore[assignment]
+        group._world_size, group._rank_in_group = 2, 0
     assert trace_time_group(plain) is pg
     assert trace_time_group(shared) is pg
     assert trace_time_group(sub) is sub

@@ -47,6 +47,20 @@ def _device(device_type: str) -> torch.device:
     return torch.device("cpu")
 
 
+class _Coordinator:
+    """Shaped like vLLM's ``GroupCoordinator`` (no ``all_to_all_single``): stands for its
+    ``device_group``, whose shared wrapper runs the collectives."""
+
+    def __init__(self, pg: Any) -> None:
+        self.device_group = self.cpu_group = pg
+        self.world_size, self.rank_in_group = dist.get_world_size(pg), dist.get_rank(pg)
+
+    def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        raise AssertionError("the coordinator's own collectives must not run")
+
+    reduce_scatter = all_gather
+
+
 def _fresh_group(kind: str, world_size: int, device_type: str) -> tuple[Any, dict[str, Any]]:
     """A group argument of ``kind`` that no call resolved yet, and the keywords to pass with it."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -56,6 +70,8 @@ def _fresh_group(kind: str, world_size: int, device_type: str) -> tuple[Any, dic
         return dist.new_group(ranks), {}
     if kind == "cpgroup":
         return CPGroup(dist.new_group(ranks)), {}
+    if kind == "coordinator":
+        return _Coordinator(dist.new_group(ranks)), {}
     if kind == "mesh":
         return init_device_mesh(device_type, (world_size,)), {}
     if kind == "mesh_dim":
@@ -119,14 +135,16 @@ def fresh_group_ranks(rank: int, world_size: int, kind: str, device_type: str) -
     return result
 
 
-@pytest.mark.parametrize("kind", ["process_group", "cpgroup", "world", "mesh", "mesh_dim"])
+@pytest.mark.parametrize(
+    "kind", ["process_group", "cpgroup", "world", "mesh", "mesh_dim", "coordinator"]
+)
 def test_compiled_collectives_on_a_group_no_call_resolved(
     run_ranks: Callable[..., list[Any]], device: torch.device, kind: str
 ) -> None:
     """The first resolution of a process group (a ``FakeScriptObject`` to dynamo), a
-    ``CPGroup``, the world (``None``) or a mesh (dimension) happens in a compiled graph: it
-    compiles, computes what the eager ops do, uses the wrapper eager callers get, and a second
-    group is not answered with the first one's wrapper."""
+    ``CPGroup``, the world (``None``), a mesh (dimension) or a vLLM-style coordinator happens
+    in a compiled graph: it compiles, computes what the eager ops do, uses the wrapper eager
+    callers get, and a second group is not answered with the first one's wrapper."""
     want: dict[str, Any] = {
         "gather": True,
         "scatter": True,

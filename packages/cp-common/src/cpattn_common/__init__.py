@@ -16,7 +16,14 @@ from cpattn_common.capability import (
     multicast_disabled_by_env,
     symm_mem_available,
 )
-from cpattn_common.group import CPGroup, CPGroupLike, as_cp_group, shared_cp_group
+from cpattn_common.group import (
+    CPGroup,
+    CPGroupLike,
+    GroupCoordinatorLike,
+    as_cp_group,
+    check_group,
+    shared_cp_group,
+)
 from cpattn_common.lse import merge_attn_states_torch
 from cpattn_common.ops.merge_attn_states import merge_attn_states
 from cpattn_common.topology import CPGroups, CPLayout, build_cp_groups, cp_layout
@@ -30,10 +37,12 @@ __all__ = [
     "CPGroups",
     "CPLayout",
     "DirectCPWorkspace",
+    "GroupCoordinatorLike",
     "SymmetricAllocationError",
     "__version__",
     "as_cp_group",
     "build_cp_groups",
+    "check_group",
     "cp_layout",
     "current_ubatch_id",
     "direct_cp_disabled_reason",
