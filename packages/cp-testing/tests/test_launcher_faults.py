@@ -4,17 +4,21 @@ a script without a main guard is told so."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pathlib
+import pickle
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from cpattn_testing import launcher
 from cpattn_testing.launcher import DistributedError, run_distributed
 
 # A child that ignores SIGTERM: only the SIGKILL that follows the grace period ends it.
@@ -147,3 +151,36 @@ def test_a_script_without_a_main_guard_is_told_so(tmp_path: pathlib.Path) -> Non
     assert f"top level of the main script {script} (line 9)" in done.stderr, done.stderr
     assert 'under `if __name__ == "__main__":`' in done.stderr
     assert "DistributedError" not in done.stderr  # refused before any rank started
+
+
+class _ExitedRank:
+    """A rank process that exited with its status not known yet (its sentinel never fires)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._never, self._keep = multiprocessing.Pipe(duplex=False)
+        self.sentinel = self._never.fileno()
+        self.exitcode = None
+
+    def join(self, timeout: float | None = None) -> None:
+        return None
+
+
+def test_a_death_seen_after_the_peer_error_it_caused_is_named(tmp_path: pathlib.Path) -> None:
+    """A dying rank closes its files in descriptor order: its sockets (the peer's collective
+    fails at once) can close before its result pipe, whose end then arrives after the peer's
+    error. Under load the launcher named the peer (rank 1) instead of the rank that died."""
+    readers, writers = zip(*(multiprocessing.Pipe(duplex=False) for _ in range(2)), strict=True)
+    peer_error = "RuntimeError: Connection closed by peer"
+    writers[1].send_bytes(pickle.dumps(("error", peer_error, time.monotonic())))
+    closing = threading.Timer(0.1, writers[0].close)  # rank 0's pipe ends a moment later
+    closing.start()
+    procs = [_ExitedRank(100), _ExitedRank(101)]
+    files = launcher._RankFiles(str(tmp_path), 2)
+    with pytest.raises(DistributedError) as info:
+        launcher._collect(procs, list(readers), files, time.monotonic() + 30, 30.0)  # type: ignore[arg-type]
+    closing.join()
+    assert info.value.rank == 0
+    assert "(rank 1 also failed afterwards: RuntimeError: Connection closed by peer)" in str(
+        info.value
+    )

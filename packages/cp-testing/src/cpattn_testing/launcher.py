@@ -71,6 +71,7 @@ _START_METHODS = ("forkserver", "spawn")
 _TERMINATE_GRACE_S = 2.0
 _STACK_DUMP_WAIT_S = 1.0
 _EXIT_WITHOUT_RESULT_GRACE_S = 1.0
+_SETTLE_S = 0.5
 _ECHO_PERIOD_S = 0.2
 _STDERR_TAIL_LINES = 20
 # The process group's own timeout (NCCL watchdog abort) lies beyond the launcher's deadline, so
@@ -485,11 +486,13 @@ def _collect(
 
     while len(results) < world_size:
         if failures:
-            # Read what the other ranks have already said, without waiting, then name the rank
-            # that failed first: when one rank raises, its peers' collectives fail a moment
-            # later, and their messages may arrive in the same wait.
-            for r in list(open_readers):
-                if open_readers[r].poll(0):
+            # Name the rank that failed first, once the others had a moment to report: its
+            # peers' collectives fail a moment after it, and the pipe of a rank that died ends
+            # only when its last thread has closed every file (its sockets may close first).
+            settle = time.monotonic() + _SETTLE_S
+            while open_readers and (now := time.monotonic()) < settle:
+                ready = multiprocessing.connection.wait(list(open_readers.values()), settle - now)
+                for r in [r for r, conn in open_readers.items() if conn in ready]:
                     read(r)
             rank = min(failures, key=lambda r: (failed_at.get(r, math.inf), r))
             lines = _with_stderr([f"rank {rank} failed:", failures[rank].rstrip()], rank, files)
