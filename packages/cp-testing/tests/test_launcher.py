@@ -293,7 +293,9 @@ class _UnreapedRank:
         return None
 
 
-def test_a_rank_whose_pipe_ends_is_named_before_the_peer_errors_it_causes() -> None:
+def test_a_rank_whose_pipe_ends_is_named_before_the_peer_errors_it_causes(
+    tmp_path: pathlib.Path,
+) -> None:
     """Rank 0's result pipe ended (it died without a result) before rank 1 reported the
     collective error its death caused, but the launcher only counted a death at the process
     sentinel: it named rank 1 and dropped rank 0 (9 of 25 runs of a segfault at 4 ranks)."""
@@ -306,8 +308,9 @@ def test_a_rank_whose_pipe_ends_is_named_before_the_peer_errors_it_causes() -> N
     peer_error = "RuntimeError: Connection closed by peer (a remote worker crashed)"
     writers[1].send_bytes(pickle.dumps(("error", peer_error, time.monotonic())))
     procs = [_UnreapedRank(100), _UnreapedRank(101)]
+    files = launcher._RankFiles(str(tmp_path), 2)
     with pytest.raises(DistributedError) as info:
-        launcher._collect(procs, list(readers), ["", ""], time.monotonic() + 30, 30.0)  # type: ignore[arg-type]
+        launcher._collect(procs, list(readers), files, time.monotonic() + 30, 30.0)  # type: ignore[arg-type]
     assert info.value.rank == 0
     assert "rank 0 (pid 100) exited with an exit status not known yet" in str(info.value)
     assert set(info.value.tracebacks) == {0, 1}
@@ -347,9 +350,9 @@ def interpreter_as_decorated(rank: int, world_size: int) -> dict[str, Any]:
 @pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
 def test_a_rank_decorates_the_kernels_under_its_own_environment(start_method: str) -> None:
     """``env={"TRITON_INTERPRET": ...}`` is applied before cp-common's kernels are decorated:
-    importing the rank's entry point (``cpattn_testing.launcher``) used to import the
-    ``cpattn_testing`` package and, through it, cp-common, so the kernels followed the launching
-    process's setting while ``triton_interpreting()`` read the rank's."""
+    importing the rank's entry point (``cpattn_testing._rank``) must not import cp-common, or
+    the kernels would follow the launching process's setting while ``triton_interpreting()``
+    read the rank's."""
     from cpattn_common.interpret import triton_interpreting
 
     flipped = "0" if triton_interpreting() else "1"

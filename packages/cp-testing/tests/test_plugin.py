@@ -275,3 +275,77 @@ def test_require_ptxas_skips_without_the_nvidia_backend(monkeypatch: pytest.Monk
     monkeypatch.setitem(sys.modules, "triton.backends.nvidia", None)  # import fails
     with pytest.raises(pytest.skip.Exception, match="NVIDIA backend is not installed"):
         require_ptxas()
+
+
+_ENV_TESTS = """
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+WANT = {want!r}
+
+
+@triton.jit
+def add_one(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+
+def environment(rank, world_size):
+    return {{k: os.environ.get(k) for k in WANT}}
+
+
+def test_environment(run_ranks):
+    assert {{k: os.environ.get(k) for k in WANT}} == WANT
+    assert run_ranks(environment, 1, timeout=120) == [WANT]  # the ranks inherit it
+    if WANT["TRITON_INTERPRET"] == "1":  # a kernel of the test module runs on CPU tensors
+        x = torch.zeros(3)
+        add_one[(1,)](x, 3, BLOCK=4)
+        assert x.tolist() == [1.0, 1.0, 1.0]
+"""
+
+
+@pytest.mark.parametrize(
+    ("given", "want"),
+    [
+        ({}, {"TRITON_INTERPRET": "1", "CPATTN_CHECKS": "1"}),
+        (
+            {"TRITON_INTERPRET": "0", "CPATTN_CHECKS": "0"},
+            {"TRITON_INTERPRET": "0", "CPATTN_CHECKS": "0"},
+        ),
+    ],
+    ids=["unset", "set-by-the-user"],
+)
+def test_a_cpu_machine_runs_the_interpreter_and_the_checks(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    given: dict[str, str],
+    want: dict[str, str],
+) -> None:
+    """In a fresh process without a visible GPU, the plugin sets ``TRITON_INTERPRET=1`` before
+    the test module's kernels are decorated, and ``CPATTN_CHECKS=1``; what the user set stays."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU, on any machine
+    for key in want:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in given.items():
+        monkeypatch.setenv(key, value)
+    pytester.makeconftest('pytest_plugins = ["cpattn_testing.pytest_plugin"]\n')
+    pytester.makepyfile(test_env=_ENV_TESTS.format(want=want))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+def test_triton_imported_before_the_plugin_is_a_warning(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    pytester.makeconftest('import triton\n\npytest_plugins = ["cpattn_testing.pytest_plugin"]\n')
+    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, warnings=1)
+    result.stdout.fnmatch_lines(
+        ["*set TRITON_INTERPRET=1 in the environment before Triton is imported*"]
+    )

@@ -2,33 +2,31 @@
 
 ``run_distributed(fn, world_size, backend)`` starts ``world_size`` worker processes, initialises
 ``torch.distributed`` in each (``file://`` rendezvous in a fresh temporary directory, so no port
-is ever shared between concurrently running tests), calls ``fn(rank, world_size, *args)`` and
-returns every rank's return value in rank order.
+is shared between concurrent runs), calls ``fn(rank, world_size, *args)`` and returns every
+rank's return value in rank order.
 
 Failure handling is the point of this module:
 
-- the first rank that raises (or dies, or exits without a result) stops the run: every rank is
-  terminated, then killed, and one :class:`DistributedError` names the rank and carries its
-  traceback;
-- when the deadline passes, each rank that is still running dumps its Python stacks (through
-  :mod:`faulthandler`) before it is killed, and the error shows where it was stuck;
-- workers watch the launching process and exit on their own if it dies, so a killed test run
-  leaves no orphan behind.
+- each rank runs in a session of its own: when the run ends, every process of that session (the
+  rank and each process it started) gets SIGTERM, then SIGKILL after a short grace;
+- the first rank that raises (or dies, or exits without a result) stops the run, and one
+  :class:`DistributedError` names the rank and carries its traceback and the last lines of its
+  stderr (where a backend that aborts, like gloo on a size mismatch, says why);
+- at the deadline each rank still running dumps its Python stacks (:mod:`faulthandler`) first;
+- workers exit on their own when the launching process dies.
 
-Workers are forked from a ``forkserver`` that has imported ``torch`` once, so a launch costs
-milliseconds instead of one ``import torch`` per rank. The fork server never touches CUDA, and
-each worker applies the launching process's *current* environment (plus the multicast-off
-variables) before it loads ``fn``, so ``TRITON_INTERPRET`` or ``CUDA_VISIBLE_DEVICES`` set by a
-test take effect in the workers. ``start_method="spawn"`` is the slower, fully fresh
-alternative.
+Each rank's stdout and stderr go to files that the launcher echoes, line by line with a
+``[rank r]`` prefix, to its own ``sys.stdout`` / ``sys.stderr`` (so pytest captures them per
+test). Workers are forked from a ``forkserver`` that imported ``torch`` once (a launch costs
+milliseconds); each applies the launching process's *current* environment before it loads
+``fn``. ``start_method="spawn"`` is the slower, fully fresh alternative.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
-import ctypes
-import faulthandler
-import importlib.util
+import inspect
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -41,16 +39,11 @@ import tempfile
 import threading
 import time
 import traceback
-import types
 import unittest
 from collections.abc import Callable, Mapping, Sequence
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-# Nothing of cpattn_common at import: a rank imports this module (its entry point, _worker)
-# before it applies its environment, and cpattn_common's kernels read TRITON_INTERPRET when
-# they are decorated. cpattn_testing.interpreter imports it only when called.
-from cpattn_testing.interpreter import apply_interpreter_fixes
+from cpattn_testing._rank import POISON_ENV, worker
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -73,27 +66,22 @@ NO_MULTICAST_ENV: Mapping[str, str] = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 
-#: Workers turn on ``cpattn_common.alloc`` output poisoning with this value when it is set
-#: (the pytest plugin sets it to ``nan`` for every test).
-POISON_ENV = "CPATTN_OUTPUT_POISON"
-
 _BACKENDS = ("gloo", "nccl")
 _START_METHODS = ("forkserver", "spawn")
-_TERMINATE_GRACE_S = 3.0
+_TERMINATE_GRACE_S = 2.0
 _STACK_DUMP_WAIT_S = 1.0
 _EXIT_WITHOUT_RESULT_GRACE_S = 1.0
-_WATCHDOG_PERIOD_S = 0.5
+_SETTLE_S = 0.5
+_ECHO_PERIOD_S = 0.2
+_STDERR_TAIL_LINES = 20
 # The process group's own timeout (NCCL watchdog abort) lies beyond the launcher's deadline, so
 # a stuck collective is always reported by the launcher, with the stuck ranks' stacks.
 _PG_TIMEOUT_MARGIN_S = 60.0
-# The longest run a deadline may allow: one week. The selector wait takes no infinite or
-# astronomically long timeout (it raises OverflowError).
+# One week: the selector wait takes no infinite or astronomically long timeout.
 _MAX_TIMEOUT_S = 7 * 24 * 3600.0
 # Imported once by the fork server so workers start warm. None of them initialises CUDA or
-# reads TRITON_INTERPRET at import (kernels are decorated when the project's modules are
-# imported, in the worker, after its environment is set); missing ones are skipped.
+# reads TRITON_INTERPRET at import; missing ones are skipped.
 _PRELOAD = ["torch", "torch.distributed", "numpy", "triton", "pytest", "hypothesis"]
-_PR_SET_PDEATHSIG = 1
 
 
 class DistributedError(RuntimeError):
@@ -111,31 +99,20 @@ class DistributedError(RuntimeError):
         self,
         message: str,
         *,
-        rank: int | None,
-        tracebacks: Mapping[int, str],
-        pids: Sequence[int],
+        rank: int | None = None,
+        tracebacks: Mapping[int, str] | None = None,
+        pids: Sequence[int] = (),
         timed_out: bool = False,
     ) -> None:
         super().__init__(message)
         self.rank = rank
-        self.tracebacks = dict(tracebacks)
+        self.tracebacks = dict(tracebacks or {})
         self.pids = list(pids)
         self.timed_out = timed_out
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Keeps the error picklable (pytest-xdist ships failures between processes).
-        return (
-            _rebuild_distributed_error,
-            (str(self), self.rank, self.tracebacks, self.pids, self.timed_out),
-        )
-
-
-def _rebuild_distributed_error(
-    message: str, rank: int | None, tracebacks: dict[int, str], pids: list[int], timed_out: bool
-) -> DistributedError:
-    return DistributedError(
-        message, rank=rank, tracebacks=tracebacks, pids=pids, timed_out=timed_out
-    )
+        # Picklable with its attributes (pytest-xdist ships failures between processes).
+        return (type(self), (str(self),), self.__dict__)
 
 
 class NotEnoughDevicesError(unittest.SkipTest):
@@ -161,7 +138,6 @@ def _context(start_method: str) -> SpawnContext | ForkServerContext:
         return multiprocessing.get_context("spawn")
     if _FORKSERVER_CTX is None:
         ctx = multiprocessing.get_context("forkserver")
-        # The fork server imports torch (never initialises CUDA) so each worker starts warm.
         ctx.set_forkserver_preload(_PRELOAD)
         _FORKSERVER_CTX = ctx
     return _FORKSERVER_CTX
@@ -178,6 +154,44 @@ def _worker_env(extra: Mapping[str, str] | None) -> dict[str, str]:
     return env
 
 
+def _check_main_guard() -> None:
+    """Refuse a call made by the main script's top level outside ``if __name__ == "__main__":``.
+
+    Each rank re-imports the main script (the forkserver and spawn start methods do): the call
+    would run again in every rank, which fails with an obscure error.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    spec_name = getattr(getattr(main, "__spec__", None), "name", None) or ""
+    if not isinstance(path, str) or spec_name.endswith("__main__"):
+        return  # no script, or ``python -m package``, whose __main__ is not re-imported
+    frame = inspect.currentframe()
+    while frame is not None and not (
+        frame.f_code.co_name == "<module>" and frame.f_globals is vars(main)
+    ):
+        frame = frame.f_back
+    if frame is None:
+        return
+    line = frame.f_lineno
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and node.lineno < line <= (node.body[-1].end_lineno or 0):
+            names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+            values = {n.value for n in ast.walk(node.test) if isinstance(n, ast.Constant)}
+            if "__name__" in names and "__main__" in values:
+                return
+    raise RuntimeError(
+        f"run_distributed is called at the top level of the main script {path} (line {line}), "
+        'outside an `if __name__ == "__main__":` block: every rank re-imports the main script '
+        "(multiprocessing's forkserver and spawn start methods do) and would run the call "
+        'again. Put the code that starts the run under `if __name__ == "__main__":`.'
+    )
+
+
 def _module_files(fn: Callable[..., Any]) -> dict[str, str]:
     """Source files of fn's module, so a worker can load test modules that are not on sys.path.
 
@@ -192,200 +206,90 @@ def _module_files(fn: Callable[..., Any]) -> dict[str, str]:
     return {}
 
 
-def _importable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
+class _RankFiles:
+    """Each rank's ``out``, ``err`` and ``stacks`` files in the run's directory. :meth:`echo`
+    copies new complete lines of ``out`` and ``err`` to this process's stdout and stderr."""
+
+    def __init__(self, tmpdir: str, world_size: int) -> None:
+        self.tmpdir = tmpdir
+        self.world_size = world_size
+        self._echoed: dict[str, int] = {}  # path -> bytes echoed so far
+
+    def path(self, rank: int, kind: str) -> str:
+        return os.path.join(self.tmpdir, f"rank{rank}.{kind}")
+
+    def echo(self, final: bool = False) -> None:
+        for rank in range(self.world_size):
+            for kind, stream in (("out", sys.stdout), ("err", sys.stderr)):
+                path = self.path(rank, kind)
+                try:
+                    with open(path, "rb") as f:
+                        f.seek(self._echoed.get(path, 0))
+                        data = f.read()
+                except OSError:
+                    continue
+                if not final:
+                    data = data[: data.rfind(b"\n") + 1]  # complete lines only
+                if not data:
+                    continue
+                self._echoed[path] = self._echoed.get(path, 0) + len(data)
+                lines = data.decode(errors="replace").splitlines()
+                with contextlib.suppress(OSError, ValueError):
+                    stream.write("".join(f"[rank {rank}] {line}\n" for line in lines))
+                    stream.flush()
+
+    def stderr_tail(self, rank: int) -> str:
+        try:
+            with open(self.path(rank, "err"), "rb") as f:
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-_STDERR_TAIL_LINES:])
 
 
-def _ensure_importable(files: Mapping[str, str]) -> None:
-    for name, path in files.items():
-        if name in sys.modules or _importable(name):
+def _group_alive(pgids: set[int]) -> bool:
+    """Whether a process that is not a zombie belongs to one of the process groups (/proc)."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    state, _, pgid = f.read().rpartition(")")[2].split()[:3]
+            except (OSError, ValueError):
+                continue
+            if state != "Z" and int(pgid) in pgids:
+                return True
+    return False
+
+
+def _signal_ranks(procs: Sequence[BaseProcess], sig: int) -> None:
+    for p in procs:
+        if p.pid is None:
             continue
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            continue
-        module = importlib.util.module_from_spec(spec)
-        # Unpickling imports the parents of a dotted name first (``tests`` of ``tests.test_x``,
-        # pytest's importlib-mode name for a test file), which need not exist as packages:
-        # register empty ones, as pytest does in the launching process.
-        parts = name.split(".")
-        for i in range(1, len(parts)):
-            prefix = ".".join(parts[:i])
-            if prefix not in sys.modules and not _importable(prefix):
-                package = types.ModuleType(prefix)
-                package.__path__ = []
-                sys.modules[prefix] = package
-        sys.modules[name] = module
-        if len(parts) > 1:
-            setattr(sys.modules[".".join(parts[:-1])], parts[-1], module)
-        spec.loader.exec_module(module)
-
-
-def _set_parent_death_signal() -> None:
-    """Linux: get SIGKILL when the process that forked this one exits."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _start_watchdog(launcher_pid: int) -> None:
-    """Exit this worker as soon as the launching process is gone (covers SIGKILL of pytest)."""
-    initial_ppid = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(_WATCHDOG_PERIOD_S)
-            if os.getppid() != initial_ppid or not _pid_alive(launcher_pid):
-                os._exit(3)
-
-    threading.Thread(target=watch, name="cpattn-launcher-watchdog", daemon=True).start()
-
-
-def _apply_output_poison() -> None:
-    """Turn on ``cpattn_common.alloc`` output poisoning in a worker when the launcher asks."""
-    value = os.environ.get(POISON_ENV)
-    if not value:
-        return
-    try:
-        from cpattn_common import alloc
-    except ImportError:
-        return
-    setter = getattr(alloc, "set_output_poison", None)
-    if setter is not None:
-        setter(float(value))
-
-
-def _to_cpu(obj: Any) -> Any:
-    """Move tensors in (nested) lists, tuples and dicts to the CPU before pickling them home."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, list):
-        return [_to_cpu(x) for x in obj]
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_to_cpu(x) for x in obj)
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    return obj
-
-
-def _worker(
-    rank: int,
-    world_size: int,
-    backend: str,
-    init_method: str,
-    stack_file: str,
-    env: dict[str, str],
-    module_files: dict[str, str],
-    payload: bytes,
-    conn: Connection,
-    launcher_pid: int,
-    pg_timeout_s: float,
-) -> None:
-    """Entry point of one rank (runs in the worker process)."""
-    _set_parent_death_signal()
-    _start_watchdog(launcher_pid)
-    os.environ.clear()
-    os.environ.update(env)
-    stacks = open(stack_file, "w")  # noqa: SIM115 - must stay open for faulthandler
-    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
-    try:
-        import torch
-        import torch.distributed as dist
-
-        _apply_output_poison()
-        apply_interpreter_fixes()
-        _ensure_importable(module_files)
-        fn, args = pickle.loads(payload)
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-            device_id: torch.device | None = torch.device("cuda", rank)
-        else:
-            device_id = None
-            if "OMP_NUM_THREADS" not in env:
-                # N ranks share this machine's cores: avoid oversubscribing them.
-                torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-        dist.init_process_group(
-            backend,
-            init_method=init_method,
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=pg_timeout_s),
-            device_id=device_id,
-        )
-        result = fn(rank, world_size, *args)
-        if backend == "nccl":
-            torch.cuda.synchronize()
-        message = pickle.dumps(("ok", pickle.dumps(_to_cpu(result))))
-    except BaseException as exc:  # report everything, including SystemExit/KeyboardInterrupt
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        with contextlib.suppress(Exception):
-            # With the time it failed: the launcher names the rank that failed first, not a
-            # peer whose collective failed because of it (CLOCK_MONOTONIC is system-wide).
-            conn.send_bytes(pickle.dumps(("error", text, time.monotonic())))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-    conn.send_bytes(message)
-    with contextlib.suppress(Exception):
-        # Leave only once every rank is done, so no rank closes its connections while a peer
-        # still reads from them. The launcher kills ranks still here once it has all results.
-        _exit_handshake(init_method, world_size, pg_timeout_s)
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip interpreter teardown (slow with torch loaded, and it can block on backend threads).
-    os._exit(0)
-
-
-def _exit_handshake(init_method: str, world_size: int, timeout_s: float) -> None:
-    """Wait until every rank has sent its result (or ``timeout_s`` passed).
-
-    A counter in a file store of its own, not a barrier of the process group: a collective of
-    the group under test would complete a barrier a peer is still waiting in because its own
-    rank skipped one (the bug the test should catch), and the run would pass.
-    """
-    from torch._C._distributed_c10d import FileStore  # torch.distributed re-exports it
-
-    store = FileStore(init_method.removeprefix("file://") + ".exit", world_size)
-    store.add("done", 1)
-    deadline = time.monotonic() + timeout_s
-    while store.add("done", 0) < world_size and time.monotonic() < deadline:
-        time.sleep(0.002)
+        try:
+            os.killpg(p.pid, sig)  # the rank's process group: the rank and what it started
+        except ProcessLookupError:  # not a group (yet): the rank has not called setsid
+            if p.is_alive():
+                with contextlib.suppress(OSError):
+                    os.kill(p.pid, sig)
+        except PermissionError:
+            pass
 
 
 def _stop(procs: Sequence[BaseProcess]) -> None:
-    """Terminate, then kill, then reap every worker; returns when all of them are gone."""
-    for p in procs:
-        if p.is_alive():
-            with contextlib.suppress(Exception):
-                p.terminate()
+    """End every rank's process group (the rank and every process it started): SIGTERM, then
+    SIGKILL to what is left after a grace period; returns when every rank is reaped."""
+    _signal_ranks(procs, signal.SIGTERM)
+    groups = {p.pid for p in procs if p.pid is not None}
     deadline = time.monotonic() + _TERMINATE_GRACE_S
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            with contextlib.suppress(Exception):
-                p.kill()
+    while time.monotonic() < deadline and _group_alive(groups):
+        time.sleep(0.02)
+    _signal_ranks(procs, signal.SIGKILL)
     for p in procs:
         p.join(_TERMINATE_GRACE_S)
 
 
 def _dump_stacks(
-    procs: Sequence[BaseProcess], ranks: Sequence[int], stack_files: Sequence[str]
+    procs: Sequence[BaseProcess], ranks: Sequence[int], files: _RankFiles
 ) -> dict[int, str]:
     for r in ranks:
         pid = procs[r].pid
@@ -396,7 +300,7 @@ def _dump_stacks(
     dumps: dict[int, str] = {}
     for r in ranks:
         try:
-            with open(stack_files[r]) as f:
+            with open(files.path(r, "stacks")) as f:
                 text = f.read().strip()
         except OSError:
             text = ""
@@ -404,13 +308,9 @@ def _dump_stacks(
     return dumps
 
 
-def _format_failure(rank: int, text: str, others: Mapping[int, str]) -> str:
-    lines = [f"rank {rank} failed:", text.rstrip()]
-    for r, t in sorted(others.items()):
-        if r != rank:
-            last = t.strip().splitlines()[-1] if t.strip() else "?"
-            lines.append(f"(rank {r} also failed afterwards: {last})")
-    return "\n".join(lines)
+def _with_stderr(lines: list[str], rank: int, files: _RankFiles) -> list[str]:
+    tail = files.stderr_tail(rank)
+    return [*lines, f"--- last lines of rank {rank}'s stderr ---", tail] if tail else lines
 
 
 def run_distributed(
@@ -435,15 +335,13 @@ def run_distributed(
         world_size: number of ranks, >= 1.
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank).
         args: extra positional arguments for ``fn`` (picklable).
-        timeout: seconds for the whole run, start-up included (at most a week). At the
-            deadline every rank that is still running dumps its stacks and is killed.
+        timeout: seconds for the whole run, start-up included (at most a week).
         env: extra environment variables for the workers (they win over the launching
             process's environment and over :data:`NO_MULTICAST_ENV`).
         start_method: ``"forkserver"`` (default; workers forked from a warm server that imported
-            torch) or ``"spawn"`` (a fresh interpreter per rank). ``nccl`` runs always spawn:
-            each rank then initialises CUDA in a fresh process, whatever state the long-lived
-            fork server picked up from earlier tests (seen on an H200: a server started after
-            tests that faked the GPU environment left its workers with no visible GPU).
+            torch) or ``"spawn"`` (a fresh interpreter per rank). ``nccl`` runs always spawn, so
+            each rank initialises CUDA in a fresh process, whatever state the long-lived fork
+            server picked up from earlier tests.
 
     Returns:
         ``[result of rank 0, result of rank 1, ...]``.
@@ -452,10 +350,12 @@ def run_distributed(
         ValueError: bad ``world_size``, ``backend``, ``timeout`` or ``start_method``.
         TypeError: ``world_size`` is not an int; ``fn`` (a lambda, a local function) or
             ``args`` cannot be pickled.
+        RuntimeError: called from the main script's top level outside an
+            ``if __name__ == "__main__":`` block (every rank would run the call again).
         NotEnoughDevicesError: nccl with more ranks than visible GPUs (a ``unittest.SkipTest``,
             so pytest reports a skip).
-        DistributedError: a rank raised or died, or the deadline passed. Every worker has
-            exited when it is raised.
+        DistributedError: a rank raised or died, or the deadline passed. Every process of
+            every rank has been ended when it is raised.
 
     Example:
         >>> def fn(rank, world_size):  # in a module, not a lambda
@@ -485,7 +385,7 @@ def run_distributed(
                 f"world_size {world_size} needs {world_size} GPUs (one per rank on nccl), "
                 f"but {gpus} {'is' if gpus == 1 else 'are'} visible"
             )
-
+    _check_main_guard()
     try:
         payload = pickle.dumps((fn, tuple(args)))
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
@@ -493,12 +393,11 @@ def run_distributed(
             f"run_distributed needs a module-level function and picklable args; could not "
             f"pickle {getattr(fn, '__qualname__', fn)!r}: {exc}"
         ) from exc
-    module_files = _module_files(fn)
-    worker_env = _worker_env(env)
     ctx = _context(start_method)
     tmpdir = tempfile.mkdtemp(prefix="cpattn-dist-")
+    files = _RankFiles(tmpdir, world_size)
     init_method = "file://" + os.path.join(tmpdir, "rendezvous")
-    stack_files = [os.path.join(tmpdir, f"rank{r}.stacks") for r in range(world_size)]
+    common = (_worker_env(env), _module_files(fn), payload)
     deadline = time.monotonic() + timeout
     procs: list[BaseProcess] = []
     readers: list[Connection] = []
@@ -506,22 +405,12 @@ def run_distributed(
         with _ENV_LOCK:
             for rank in range(world_size):
                 reader, writer = ctx.Pipe(duplex=False)
+                prefix = os.path.join(tmpdir, f"rank{rank}")
+                rank_args = (rank, world_size, backend, init_method, prefix, *common, writer)
                 proc = ctx.Process(
-                    target=_worker,
+                    target=worker,
                     name=f"cpattn-rank{rank}",
-                    args=(
-                        rank,
-                        world_size,
-                        backend,
-                        init_method,
-                        stack_files[rank],
-                        worker_env,
-                        module_files,
-                        payload,
-                        writer,
-                        os.getpid(),
-                        timeout + _PG_TIMEOUT_MARGIN_S,
-                    ),
+                    args=(*rank_args, os.getpid(), timeout + _PG_TIMEOUT_MARGIN_S),
                     daemon=True,
                 )
                 readers.append(reader)
@@ -530,9 +419,10 @@ def run_distributed(
                 finally:
                     writer.close()
                 procs.append(proc)
-        return _collect(procs, readers, stack_files, deadline, timeout)
+        return _collect(procs, readers, files, deadline, timeout)
     finally:
         _stop(procs)
+        files.echo(final=True)
         for reader in readers:
             reader.close()
         shutil.rmtree(tmpdir, ignore_errors=True)
@@ -541,7 +431,7 @@ def run_distributed(
 def _collect(
     procs: Sequence[BaseProcess],
     readers: Sequence[Connection],
-    stack_files: Sequence[str],
+    files: _RankFiles,
     deadline: float,
     timeout: float,
 ) -> list[Any]:
@@ -557,16 +447,18 @@ def _collect(
     def died(rank: int, noticed: float) -> None:
         procs[rank].join(0.1)
         code = procs[rank].exitcode
-        how = (
-            "an exit status not known yet"
-            if code is None
-            else f"signal {-code}"
-            if code < 0
-            else f"exit code {code}"
-        )
+        how = "an exit status not known yet" if code is None else f"exit code {code}"
+        if code is not None and code < 0:
+            how = f"signal {-code}"
         failures[rank] = (
             f"rank {rank} (pid {pids[rank]}) exited with {how} without reporting a result"
         )
+        if not os.path.exists(files.path(rank, "err")):
+            failures[rank] += (
+                ", before it reached its entry point (while multiprocessing started it, e.g."
+                " re-importing the main module: any traceback is on the launching process's"
+                " stderr)"
+            )
         # Noticed after the fact (the pipe's end, or the process sentinel, which the fork server
         # signals only once it reaped the rank): its peers' errors caused by the death often
         # carry earlier times. A death counts as that much earlier, so the dead rank is named.
@@ -574,15 +466,13 @@ def _collect(
 
     def read(rank: int) -> None:
         try:
-            raw = open_readers[rank].recv_bytes()
+            raw = open_readers.pop(rank).recv_bytes()
         except (EOFError, OSError):
             # The pipe ends without a message only when the rank's process is gone (a rank
             # sends its result or its error first): a death, known here before its sentinel.
-            del open_readers[rank]
             if rank not in results and rank not in failures:
                 died(rank, time.monotonic())
             return
-        del open_readers[rank]
         kind, body, *when = pickle.loads(raw)
         if kind == "ok":
             try:
@@ -594,31 +484,34 @@ def _collect(
             failures[rank] = body
             failed_at[rank] = when[0] if when else time.monotonic()
 
-    def fail() -> DistributedError:
-        # Collect what the other ranks have already said, without waiting for them, then
-        # name the rank that failed first: when one rank raises, its peers' collectives fail
-        # a moment later, and their messages may arrive in the same wait.
-        for r in list(open_readers):
-            if open_readers[r].poll(0):
-                read(r)
-        rank = min(failures, key=lambda r: (failed_at.get(r, math.inf), r))
-        message = _format_failure(rank, failures[rank], failures)
-        return DistributedError(message, rank=rank, tracebacks=failures, pids=pids)
-
     while len(results) < world_size:
         if failures:
-            raise fail()
+            # Name the rank that failed first, once the others had a moment to report: its
+            # peers' collectives fail a moment after it, and the pipe of a rank that died ends
+            # only when its last thread has closed every file (its sockets may close first).
+            settle = time.monotonic() + _SETTLE_S
+            while open_readers and (now := time.monotonic()) < settle:
+                ready = multiprocessing.connection.wait(list(open_readers.values()), settle - now)
+                for r in [r for r, conn in open_readers.items() if conn in ready]:
+                    read(r)
+            rank = min(failures, key=lambda r: (failed_at.get(r, math.inf), r))
+            lines = _with_stderr([f"rank {rank} failed:", failures[rank].rstrip()], rank, files)
+            for r, text in sorted(failures.items()):
+                if r != rank:
+                    last = text.strip().splitlines()[-1] if text.strip() else "?"
+                    lines.append(f"(rank {r} also failed afterwards: {last})")
+            raise DistributedError("\n".join(lines), rank=rank, tracebacks=failures, pids=pids)
         now = time.monotonic()
         if now >= deadline:
             stuck = [r for r in range(world_size) if r not in results]
-            dumps = _dump_stacks(procs, stuck, stack_files)
+            dumps = _dump_stacks(procs, stuck, files)
             lines = [
                 f"timed out after {timeout:g} s: rank(s) {stuck} of {world_size} did not finish "
                 f"(finished: {sorted(results)})"
             ]
             for r in stuck:
-                lines.append(f"--- rank {r} (pid {pids[r]}) stacks at the deadline ---")
-                lines.append(dumps[r])
+                lines += [f"--- rank {r} (pid {pids[r]}) stacks at the deadline ---", dumps[r]]
+                lines = _with_stderr(lines, r, files)
             raise DistributedError(
                 "\n".join(lines),
                 rank=stuck[0] if len(stuck) == 1 else None,
@@ -628,10 +521,8 @@ def _collect(
             )
         waitables: list[Any] = list(open_readers.values())
         waitables += [procs[r].sentinel for r in range(world_size) if r not in exited_at]
-        waitables_timeout = deadline - now
-        if exited_at:
-            waitables_timeout = min(waitables_timeout, _EXIT_WITHOUT_RESULT_GRACE_S / 4)
-        ready = multiprocessing.connection.wait(waitables, timeout=waitables_timeout)
+        ready = multiprocessing.connection.wait(waitables, min(deadline - now, _ECHO_PERIOD_S))
+        files.echo()
         for r, conn in list(open_readers.items()):
             if conn in ready:
                 read(r)
@@ -645,7 +536,6 @@ def _collect(
                 continue
             if r in open_readers and open_readers[r].poll(0):
                 read(r)
-                continue
-            if r not in open_readers or time.monotonic() - t >= _EXIT_WITHOUT_RESULT_GRACE_S:
+            elif r not in open_readers or time.monotonic() - t >= _EXIT_WITHOUT_RESULT_GRACE_S:
                 died(r, t)
     return [results[r] for r in range(world_size)]

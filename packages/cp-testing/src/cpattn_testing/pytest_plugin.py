@@ -15,13 +15,19 @@ What it provides:
   test with the reason when the machine does not have them, or when ``CPATTN_TEST_DEVICE``
   asks for the CPU;
 - under pytest-xdist with ``CPATTN_XDIST_GPUS=<n>``: one GPU per worker (``gwK`` -> ``K % n``),
-  pinned through ``CUDA_VISIBLE_DEVICES`` before anything touches CUDA.
+  pinned through ``CUDA_VISIBLE_DEVICES`` before anything touches CUDA;
+- CPU machines work out of the box: without a CUDA device, and unless ``TRITON_INTERPRET`` is
+  set, it sets ``TRITON_INTERPRET=1`` at configure time, before the tests import the kernels;
+- the library's checks are on (``CPATTN_CHECKS=1``) unless ``CPATTN_CHECKS`` is set.
+
+Both variables are set in ``os.environ``, so the ranks that ``run_ranks`` starts inherit them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -47,6 +53,7 @@ __all__ = [
 
 _DEVICE_ENV = "CPATTN_TEST_DEVICE"
 _XDIST_GPUS_ENV = "CPATTN_XDIST_GPUS"
+_CHECKS_ENV = "CPATTN_CHECKS"
 
 
 class RunRanks(Protocol):
@@ -78,11 +85,30 @@ def _pin_gpu_for_xdist_worker() -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = str(index % n)
 
 
+def _set_test_environment(config: pytest.Config) -> None:
+    """``CPATTN_CHECKS=1`` unless set; ``TRITON_INTERPRET=1`` unless set or a GPU is visible."""
+    os.environ.setdefault(_CHECKS_ENV, "1")
+    if "TRITON_INTERPRET" in os.environ or available_gpus() > 0:
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    if "triton" in sys.modules:
+        config.issue_config_time_warning(
+            pytest.PytestConfigWarning(
+                "no CUDA device: cpattn_testing.pytest_plugin set TRITON_INTERPRET=1, but Triton "
+                "was imported before, and kernels decorated before now are compiled for a GPU "
+                "(their launches fail on CPU tensors): set TRITON_INTERPRET=1 in the "
+                "environment before Triton is imported"
+            ),
+            stacklevel=2,
+        )
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the markers (so ``--strict-markers`` accepts them in downstream projects);
-    under ``TRITON_INTERPRET=1``, make the interpreter widen bf16 exactly, as the GPU does
-    (``cpattn_testing.interpreter``)."""
+    """Register the markers (so ``--strict-markers`` accepts them in downstream projects); set
+    ``CPATTN_CHECKS`` and, without a GPU, ``TRITON_INTERPRET`` (unless set); under the
+    interpreter, make it convert bf16 as the GPU does (``cpattn_testing.interpreter``)."""
     _pin_gpu_for_xdist_worker()
+    _set_test_environment(config)
     apply_interpreter_fixes()
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped otherwise)")
     config.addinivalue_line(
