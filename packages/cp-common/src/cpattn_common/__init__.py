@@ -16,6 +16,7 @@ from cpattn_common.capability import (
     multicast_disabled_by_env,
     symm_mem_available,
 )
+from cpattn_common.checks import check_mode, checks_enabled, set_check_mode
 from cpattn_common.group import CPGroup, CPGroupLike, as_cp_group, shared_cp_group
 from cpattn_common.lse import merge_attn_states_torch
 from cpattn_common.ops.merge_attn_states import merge_attn_states
@@ -34,6 +35,8 @@ __all__ = [
     "__version__",
     "as_cp_group",
     "build_cp_groups",
+    "check_mode",
+    "checks_enabled",
     "cp_layout",
     "current_ubatch_id",
     "direct_cp_disabled_reason",
@@ -46,6 +49,7 @@ __all__ = [
     "multicast_disabled_by_env",
     "new_output",
     "poison_outputs",
+    "set_check_mode",
     "set_output_poison",
     "set_ubatch_id",
     "shared_cp_group",

@@ -35,7 +35,8 @@ from collections.abc import Sequence
 
 import torch
 
-from cpattn_common.checks import check_bool, check_tensors, is_index_dtype
+from cpattn_common.agreement import check_ranks_agree, tensor_fields
+from cpattn_common.checks import check_bool, check_state, check_tensors, is_index_dtype
 from cpattn_common.dispatch import refuse_grad
 from cpattn_common.group import CPGroupLike
 from cpattn_pcp._group import GroupArg, resolve_group
@@ -112,6 +113,13 @@ def _gather_prefill_cache_inputs(
     full = n * num_rows
     num_slots = slot_mapping.shape[0]
     values = [t for _, t in tensors]
+    if check_state.enabled:  # which rows are gathered, and their shapes, on every rank
+        fields = {"world size": n, "num_decode_tokens": num_dec,
+                  "shard_decode_requests": shard_decode_requests,
+                  "slot_mapping expanded": num_slots >= full}  # fmt: skip
+        for name, t in tensors:
+            fields.update(tensor_fields(name, t))
+        check_ranks_agree(op, group, values[0].device, fields)
 
     if num_slots < full:
         if num_slots > num_rows:

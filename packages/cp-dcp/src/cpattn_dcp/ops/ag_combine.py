@@ -24,7 +24,12 @@ from cpattn_dcp.comm.groups import (
     resolve_group,
 )
 from cpattn_dcp.context import CPTritonContext
-from cpattn_dcp.ops._collective_common import combine_op, traced_combine, validate_combine_args
+from cpattn_dcp.ops._collective_common import (
+    check_combine_agreement,
+    combine_op,
+    traced_combine,
+    validate_combine_args,
+)
 from cpattn_dcp.ops.correct_attn_out import launch_correct
 from cpattn_dcp.ops.mask_empty_shards import masked_lse_copy
 
@@ -171,6 +176,9 @@ def _ag_entry(
         seq_lens,
         query_start_loc,
         heads_divisible=reduce_scatter,
+    )
+    check_combine_agreement(
+        name, group, cp_attn_out, cp_attn_lse, return_lse, is_lse_base_on_e, seq_lens
     )
     out, lse = ag_combine_fwd(
         cp_attn_out,
