@@ -23,7 +23,7 @@ import torch
 
 from cpattn_common.agreement import check_tensor_agreement
 from cpattn_common.alloc import empty_output
-from cpattn_common.checks import check_no_overlap, check_positive_int, check_tensors
+from cpattn_common.checks import check_no_overlap, check_positive_int, check_state, check_tensors
 from cpattn_common.dispatch import refuse_grad
 from cpattn_dcp.comm.groups import resolve_group
 
@@ -99,8 +99,9 @@ def dcp_gather_query(
                 f"padded_num_heads {padded_num_heads} < gathered heads N*H_r = "
                 f"{n}*{h_r} = {n * h_r}"
             )
-    check_tensor_agreement("dcp_gather_query", group, "query", query,
-                           padded_num_heads=padded_num_heads or 0)  # fmt: skip
+    if check_state.enabled:
+        check_tensor_agreement("dcp_gather_query", group, "query", query,
+                               padded_num_heads=padded_num_heads or 0)  # fmt: skip
     if n == 1:
         if padded_num_heads is not None:
             return reserve_query_head_storage(query, padded_num_heads)
@@ -140,7 +141,8 @@ def dcp_gather_kv(gathered_kv: torch.Tensor, local_kv: torch.Tensor, cp_group: A
     group = resolve_group(cp_group)
     n = group.world_size
     check_kv_buffers(gathered_kv, local_kv, n)
-    check_tensor_agreement("dcp_gather_kv", group, "local_kv", local_kv)
+    if check_state.enabled:
+        check_tensor_agreement("dcp_gather_kv", group, "local_kv", local_kv)
     out = gathered_kv[: n * local_kv.shape[0]]
     if n == 1:
         out.copy_(local_kv)

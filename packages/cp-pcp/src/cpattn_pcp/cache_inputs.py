@@ -113,13 +113,6 @@ def _gather_prefill_cache_inputs(
     full = n * num_rows
     num_slots = slot_mapping.shape[0]
     values = [t for _, t in tensors]
-    if check_state.enabled:  # which rows are gathered, and their shapes, on every rank
-        fields = {"world size": n, "num_decode_tokens": num_dec,
-                  "shard_decode_requests": shard_decode_requests,
-                  "slot_mapping expanded": num_slots >= full}  # fmt: skip
-        for name, t in tensors:
-            fields.update(tensor_fields(name, t))
-        check_ranks_agree(op, group, values[0].device, fields)
 
     if num_slots < full:
         if num_slots > num_rows:
@@ -136,6 +129,12 @@ def _gather_prefill_cache_inputs(
         return [t[:num_dec] for t in values], slot_mapping[:num_dec]
 
     expanded = slot_mapping[:full]
+    if check_state.enabled and (shard_decode_requests or num_dec < num_rows):  # a gather
+        fields = {"world size": n, "num_decode_tokens": num_dec,
+                  "shard_decode_requests": shard_decode_requests}  # fmt: skip
+        for name, t in tensors:
+            fields.update(tensor_fields(name, t))
+        check_ranks_agree(op, group, values[0].device, fields)
     if shard_decode_requests:
         return [_all_gather_rows(group, t) for t in values], expanded
     if num_dec == num_rows:
