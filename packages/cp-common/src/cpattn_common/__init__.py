@@ -16,6 +16,7 @@ from cpattn_common.capability import (
     multicast_disabled_by_env,
     symm_mem_available,
 )
+from cpattn_common.checks import check_mode, checks_enabled, set_check_mode
 from cpattn_common.group import (
     CPGroup,
     CPGroupLike,
@@ -43,6 +44,8 @@ __all__ = [
     "as_cp_group",
     "build_cp_groups",
     "check_group",
+    "check_mode",
+    "checks_enabled",
     "cp_layout",
     "current_ubatch_id",
     "direct_cp_disabled_reason",
@@ -55,6 +58,7 @@ __all__ = [
     "multicast_disabled_by_env",
     "new_output",
     "poison_outputs",
+    "set_check_mode",
     "set_output_poison",
     "set_ubatch_id",
     "shared_cp_group",

@@ -8,7 +8,8 @@ all of them succeeded, and all raise ``SymmetricAllocationError`` together if no
 ``agreed_symmetric_empty`` is that local step and agreement in one, used by
 ``DirectCPWorkspace.allocate`` and the capability probe's rendezvous. ``gather_rank_values``
 is the all-gather itself, for decisions that must come out the same on every rank (the probe's
-multicast answer, a workspace's multicast addresses).
+multicast answer, a workspace's multicast addresses). ``check_ranks_agree`` is check mode's
+comparison of a call's signature across ranks (``cpattn_common.checks``).
 
 An agreement allocates nothing: its all-gather sends from and receives into the scratch of
 ``agreement_flag``, allocated by the caller before its first collective step. An allocation
@@ -18,10 +19,13 @@ all-gather its peers are in.
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from cpattn_common.checks import check_state, host_checkable
 from cpattn_common.group import CPGroupLike
 
 __all__ = [
@@ -30,7 +34,10 @@ __all__ = [
     "agree_on_local_step",
     "agreed_symmetric_empty",
     "agreement_flag",
+    "check_ranks_agree",
+    "check_tensor_agreement",
     "gather_rank_values",
+    "tensor_fields",
 ]
 
 
@@ -164,3 +171,81 @@ def agreed_symmetric_empty(
         raise
     assert buf is not None
     return buf
+
+
+#: int64 words every rank sends in ``check_ranks_agree`` (the op's code, its fields, zeros),
+#: so that ranks calling different ops still meet in one all-gather of one size.
+_SIGNATURE_WORDS = 32
+_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
+
+
+def tensor_fields(name: str, t: torch.Tensor, first_dim: int = 0) -> dict[str, Any]:
+    """``check_ranks_agree`` fields of tensor ``name``: rank, sizes from ``first_dim`` on (at
+    most six; earlier ones may differ between ranks) and dtype."""
+    fields: dict[str, Any] = {f"{name}.ndim": t.dim()}
+    for i in range(first_dim, min(t.dim(), first_dim + 6)):
+        fields[f"{name}.shape[{i}]"] = t.shape[i]
+    return {**fields, f"{name}.dtype": t.dtype}
+
+
+def check_ranks_agree(
+    op: str, group: CPGroupLike, device: torch.device, fields: Mapping[str, Any]
+) -> None:
+    """Collective (check mode): raise ``ValueError`` on every rank when the ranks' ``fields``
+    (at most 31 ints, bools or dtypes, keyed by what the message calls them) differ.
+
+    A call one rank makes with other shapes or dtypes than its peers would otherwise hang,
+    fail inside the backend or, at the same byte count, combine garbage. One all-gather of
+    32 int64 per rank on ``device`` (the host for gloo) and a host read; nothing for one
+    rank, while tracing or during CUDA-graph capture (``checks.host_checkable``).
+
+    Raises:
+        ValueError: the message names each field that differs, rank 0's value and the
+            first rank with another (or that the ranks call different ops).
+        AgreementError: the all-gather failed on this rank.
+    """
+    n = group.world_size
+    if n == 1 or not host_checkable():
+        return
+    kinds = [op, *fields.values()]
+    values = [zlib.crc32(op.encode())]
+    values += [_DTYPES.index(v) if isinstance(v, torch.dtype) else int(v) for v in kinds[1:]]
+    values += [0] * (_SIGNATURE_WORDS - len(values))  # callers pass at most 31 fields
+    dev = torch.device("cpu") if getattr(group, "backend", None) == "gloo" else device
+    table = torch.empty(n * _SIGNATURE_WORDS, dtype=torch.int64, device=dev)
+    try:
+        group.all_gather_into_tensor(table, torch.tensor(values, dtype=torch.int64, device=dev))
+        rows = table.view(n, _SIGNATURE_WORDS).tolist()
+    except Exception as exc:
+        raise AgreementError(f"{op}: the check-mode all-gather failed: {exc}") from exc
+    diffs = []
+    for i, name in enumerate(["op", *fields]):
+        r = next((r for r in range(1, n) if rows[r][i] != rows[0][i]), None)
+        if r is None:
+            continue
+        if i == 0:  # another op: its fields mean other things
+            ops = [op if rows[k][0] == values[0] else "another op" for k in (0, r)]
+            diffs = [f"rank 0 calls {ops[0]}, rank {r} {ops[1]}"]
+            break
+        shown: list[Any] = [rows[0][i], rows[r][i]]
+        if isinstance(kinds[i], torch.dtype):
+            shown = [_DTYPES[v] if 0 <= v < len(_DTYPES) else v for v in shown]
+        elif isinstance(kinds[i], bool):
+            shown = [bool(v) for v in shown]
+        diffs.append(f"{name} is {shown[0]} on rank 0 but {shown[1]} on rank {r}")
+    if diffs:
+        raise ValueError(
+            f"{op}: the ranks' calls disagree (check mode; raised on rank "
+            f"{group.rank_in_group} of {n}): " + "; ".join(diffs)
+        )
+
+
+def check_tensor_agreement(
+    op: str, group: CPGroupLike, name: str, t: torch.Tensor, first_dim: int = 0, **extra: Any
+) -> None:
+    """Check mode: ``check_ranks_agree`` on the group's size, tensor ``name``'s fields
+    (``tensor_fields``) and ``extra``, before a collective of ``t``; one attribute read
+    outside check mode."""
+    if check_state.enabled:
+        fields = {"world size": group.world_size, **tensor_fields(name, t, first_dim), **extra}
+        check_ranks_agree(op, group, t.device, fields)

@@ -6,22 +6,44 @@ to be whole. See ``docs/conventions.md``.
 
 Index and length tensors (``seq_lens``, ``query_start_loc``, ``slot_mapping``, ...) hold one of
 the whole-byte integer dtypes of ``INDEX_DTYPES``; ``is_index_dtype`` is the one test of that.
+
+An op that writes a tensor refuses one that overlaps its inputs (``check_no_overlap``;
+``overlaps`` is the per-call form). Check mode (``CPATTN_CHECKS=1`` at import, ``check_mode()``,
+``set_check_mode``; process-wide) adds what costs a host sync or a collective: the ops read
+device-side values (``seq_lens >= 0``, ``query_start_loc`` non-decreasing within the batch) and
+the collective ones compare their call across ranks first (``agreement.check_ranks_agree``).
+Outside it the ops pay one attribute read (``check_state.enabled``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
+
 import torch
+
+from cpattn_common.dispatch import must_dispatch
 
 __all__ = [
     "INDEX_DTYPES",
     "check_bool",
+    "check_device",
     "check_dtype",
+    "check_fits_in_memory",
+    "check_mode",
     "check_no_neg_bit",
+    "check_no_overlap",
     "check_nonnegative_int",
     "check_positive_int",
+    "check_state",
     "check_tensors",
+    "checks_enabled",
+    "host_checkable",
     "is_bool_scalar",
     "is_index_dtype",
+    "overlaps",
+    "set_check_mode",
 ]
 
 
@@ -80,6 +102,46 @@ def check_nonnegative_int(name: str, value: object) -> int:
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value!r}")
     return value
+
+
+def check_device(name: str, value: object, *, available: bool = True) -> torch.device:
+    """Return ``value`` (a ``torch.device`` or a string torch parses) as a ``torch.device``.
+
+    Raises:
+        TypeError: ``value`` is ``None`` or neither a string nor a ``torch.device``.
+        ValueError: a string torch cannot parse; with ``available``, a CUDA device this
+            process lacks (a CPU-only torch, no visible GPU, an index past the count).
+    """
+    if isinstance(value, str):
+        try:
+            value = torch.device(value)
+        except RuntimeError as exc:
+            raise ValueError(f"{name}: torch cannot parse device {value!r} ({exc})") from None
+    if not isinstance(value, torch.device):
+        raise TypeError(f"{name} must be a torch.device or a device string, got {value!r}")
+    if available and value.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count <= (value.index or 0):
+            why = "torch is built without CUDA" if torch.version.cuda is None else f"{count} GPUs"
+            raise ValueError(f"{name} is {str(value)!r}, but this process cannot use it ({why})")
+    return value
+
+
+def check_fits_in_memory(op: str, what: str, nbytes: int, device: torch.device) -> None:
+    """Raise ``ValueError`` when ``nbytes`` exceed the free memory of ``device`` (CUDA, or the
+    host's free pages for the CPU): for work sized by the caller's numbers (a plan for a huge
+    ``pcp_size``) that would otherwise die out of memory. Nothing is queried below 256 MiB."""
+    if nbytes < 1 << 28 or device.type not in ("cpu", "cuda"):
+        return
+    if device.type == "cuda":
+        free = int(torch.cuda.mem_get_info(device)[0])
+    else:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if nbytes > free:
+        raise ValueError(
+            f"{op}: {what} would need about {nbytes / 2**30:.1f} GiB on {device}, but only "
+            f"{free / 2**30:.1f} GiB are free"
+        )
 
 
 def check_dtype(name: str, value: object) -> torch.dtype:
@@ -179,4 +241,89 @@ def check_no_neg_bit(op: str, /, **tensors: object) -> None:
                 f"{op}: {name} has torch's negative bit set (a lazily negated view, e.g. "
                 f"z.conj().imag): its memory holds the un-negated values, which the kernel "
                 f"would read; pass {name}.resolve_neg()"
+            )
+
+
+class _CheckState:
+    __slots__ = ("enabled",)
+
+    def __init__(self) -> None:
+        value = os.environ.get("CPATTN_CHECKS", "").strip().lower()
+        self.enabled = value not in ("", "0", "false", "no", "off")
+
+
+#: The check-mode switch; the ops read ``check_state.enabled`` (see the module docstring).
+check_state = _CheckState()
+
+
+def checks_enabled() -> bool:
+    """Whether check mode is on."""
+    return check_state.enabled
+
+
+def set_check_mode(enabled: bool) -> bool:
+    """Turn check mode on or off for the whole process (every rank of a group alike: the
+    collective ops then compare their calls); return the previous setting."""
+    previous = check_state.enabled
+    check_state.enabled = check_bool("enabled", enabled)
+    return previous
+
+
+@contextlib.contextmanager
+def check_mode(enabled: bool = True) -> Iterator[None]:
+    """Check mode on (or off) inside the block, the previous setting after it."""
+    previous = set_check_mode(enabled)
+    try:
+        yield
+    finally:
+        check_state.enabled = previous
+
+
+def host_checkable() -> bool:
+    """Whether a check may read device values on the host: not while tracing, under a
+    dispatch mode or a functorch transform, nor during CUDA-graph capture."""
+    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return not (must_dispatch() or capturing)
+
+
+def _span(t: torch.Tensor) -> int:
+    """Bytes from ``t.data_ptr()`` to one past its last element (0 when empty)."""
+    if t.is_contiguous():
+        return t.nbytes
+    extent = 1
+    for size, stride in zip(t.shape, t.stride(), strict=True):  # never negative strides
+        if size == 0:
+            return 0
+        extent += (size - 1) * stride
+    return extent * t.element_size()
+
+
+def overlaps(out: torch.Tensor, *inputs: torch.Tensor) -> bool:
+    """Whether the address range of ``out`` intersects that of one of ``inputs`` (ranges:
+    interleaved views of one buffer overlap; a tensor without memory overlaps nothing). The
+    ops' per-call form: two data pointers and a contiguity test per input."""
+    o0 = out.data_ptr()
+    for t in inputs:
+        t0 = t.data_ptr()
+        if t0 >= o0:
+            if o0 and t0 < o0 + (out.nbytes if out.is_contiguous() else _span(out)) and _span(t):
+                return True
+        elif t0 and o0 < t0 + (t.nbytes if t.is_contiguous() else _span(t)) and _span(out):
+            return True
+    return False
+
+
+def check_no_overlap(op: str, written: str, /, **tensors: object) -> None:
+    """Raise ``ValueError`` when ``tensors[written]``, which ``op`` writes, overlaps one of the
+    other ``tensors`` (keyed by argument name; non-tensors skipped) in memory. Skipped while
+    tracing or under a dispatch mode (fake tensors have no memory)."""
+    out = tensors[written]
+    if not isinstance(out, torch.Tensor) or must_dispatch():
+        return
+    for name, t in tensors.items():
+        if name != written and isinstance(t, torch.Tensor) and overlaps(out, t):
+            raise ValueError(
+                f"{op}: {written} (shape {tuple(out.shape)}) overlaps {name} (shape "
+                f"{tuple(t.shape)}) in memory, and {op} writes {written} while it reads "
+                f"{name}; pass separate tensors (e.g. {name}.clone())"
             )

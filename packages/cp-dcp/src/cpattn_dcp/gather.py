@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 
+from cpattn_common.agreement import check_tensor_agreement
 from cpattn_common.alloc import empty_output
-from cpattn_common.checks import check_positive_int
+from cpattn_common.checks import check_no_overlap, check_positive_int, check_state, check_tensors
 from cpattn_common.dispatch import refuse_grad
 from cpattn_dcp.comm.groups import resolve_group
 
@@ -42,8 +43,10 @@ def reserve_query_head_storage(query: torch.Tensor, padded_num_heads: int) -> to
 
     Raises:
         ValueError: ``query`` not 3-D or ``padded_num_heads < H``.
-        TypeError: ``padded_num_heads`` is not an int (a bool or a float is refused).
+        TypeError: ``query`` is not a tensor; ``padded_num_heads`` is not an int (a bool or a
+            float is refused).
     """
+    check_tensors("reserve_query_head_storage", query=query)
     check_positive_int("padded_num_heads", padded_num_heads)
     if query.dim() != 3:
         raise ValueError(f"expected query [T, H, D], got shape {tuple(query.shape)}")
@@ -72,8 +75,8 @@ def dcp_gather_query(
 
     Raises:
         ValueError: ``query`` not 3-D or ``padded_num_heads < N*H_r``.
-        TypeError: ``padded_num_heads`` is neither ``None`` nor an int (a bool or a float is
-            refused).
+        TypeError: ``query`` is not a tensor; ``padded_num_heads`` is neither ``None`` nor an
+            int (a bool or a float is refused).
         RuntimeError: grad mode is on and ``query`` requires grad (no autograd formula; on
             every world size, N = 1 included).
 
@@ -82,6 +85,7 @@ def dcp_gather_query(
         >>> q_all = dcp_gather_query(q_local, group)  # doctest: +SKIP
         >>> q_all = dcp_gather_query(q_local, group, padded_num_heads=128)  # doctest: +SKIP
     """
+    check_tensors("dcp_gather_query", query=query)
     refuse_grad("dcp_gather_query", query=query)
     if query.dim() != 3:
         raise ValueError(f"expected query [T, H_r, D], got shape {tuple(query.shape)}")
@@ -95,6 +99,9 @@ def dcp_gather_query(
                 f"padded_num_heads {padded_num_heads} < gathered heads N*H_r = "
                 f"{n}*{h_r} = {n * h_r}"
             )
+    if check_state.enabled:
+        check_tensor_agreement("dcp_gather_query", group, "query", query,
+                               padded_num_heads=padded_num_heads or 0)  # fmt: skip
     if n == 1:
         if padded_num_heads is not None:
             return reserve_query_head_storage(query, padded_num_heads)
@@ -124,7 +131,9 @@ def dcp_gather_kv(gathered_kv: torch.Tensor, local_kv: torch.Tensor, cp_group: A
         The written view ``gathered_kv[:N*T]``.
 
     Raises:
-        ValueError: rank/shape/dtype/device mismatch or a buffer that is too small.
+        TypeError: an argument that is not a tensor.
+        ValueError: rank/shape/dtype/device mismatch, a buffer that is too small or that
+            overlaps ``local_kv`` in memory.
         RuntimeError: grad mode is on and ``gathered_kv`` (written in place) or ``local_kv``
             requires grad (no autograd formula; on every world size, N = 1 included).
     """
@@ -132,6 +141,8 @@ def dcp_gather_kv(gathered_kv: torch.Tensor, local_kv: torch.Tensor, cp_group: A
     group = resolve_group(cp_group)
     n = group.world_size
     check_kv_buffers(gathered_kv, local_kv, n)
+    if check_state.enabled:
+        check_tensor_agreement("dcp_gather_kv", group, "local_kv", local_kv)
     out = gathered_kv[: n * local_kv.shape[0]]
     if n == 1:
         out.copy_(local_kv)
@@ -142,12 +153,14 @@ def dcp_gather_kv(gathered_kv: torch.Tensor, local_kv: torch.Tensor, cp_group: A
 
 def check_kv_buffers(gathered_kv: torch.Tensor, local_kv: torch.Tensor, world_size: int) -> None:
     """The KV gather's buffer checks (``dcp_gather_kv``, and ``DCPManager.kv_gather`` on every
-    path): equal rank and row shape, same dtype and device, a contiguous ``gathered_kv`` of at
-    least ``N*T`` rows.
+    path): tensors of equal rank and row shape, same dtype and device, a contiguous
+    ``gathered_kv`` of at least ``N*T`` rows that does not overlap ``local_kv``.
 
     Raises:
+        TypeError: an argument that is not a tensor.
         ValueError: any of these fails (the message names the shapes or the numbers).
     """
+    check_tensors("dcp_gather_kv", gathered_kv=gathered_kv, local_kv=local_kv)
     if local_kv.dim() < 1 or gathered_kv.dim() != local_kv.dim():
         raise ValueError(
             f"expected gathered_kv [G, ...] and local_kv [T, ...] of equal rank, got "
@@ -170,3 +183,4 @@ def check_kv_buffers(gathered_kv: torch.Tensor, local_kv: torch.Tensor, world_si
         raise ValueError(
             f"gathered_kv has {gathered_kv.shape[0]} rows, needs N*T = {n}*{t} = {n * t}"
         )
+    check_no_overlap("dcp_gather_kv", "gathered_kv", gathered_kv=gathered_kv, local_kv=local_kv)

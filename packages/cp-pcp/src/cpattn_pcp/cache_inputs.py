@@ -35,7 +35,8 @@ from collections.abc import Sequence
 
 import torch
 
-from cpattn_common.checks import check_bool, check_tensors, is_index_dtype
+from cpattn_common.agreement import check_ranks_agree, tensor_fields
+from cpattn_common.checks import check_bool, check_state, check_tensors, is_index_dtype
 from cpattn_common.dispatch import refuse_grad
 from cpattn_common.group import CPGroupLike
 from cpattn_pcp._group import GroupArg, resolve_group
@@ -128,6 +129,12 @@ def _gather_prefill_cache_inputs(
         return [t[:num_dec] for t in values], slot_mapping[:num_dec]
 
     expanded = slot_mapping[:full]
+    if check_state.enabled and (shard_decode_requests or num_dec < num_rows):  # a gather
+        fields = {"world size": n, "num_decode_tokens": num_dec,
+                  "shard_decode_requests": shard_decode_requests}  # fmt: skip
+        for name, t in tensors:
+            fields.update(tensor_fields(name, t))
+        check_ranks_agree(op, group, values[0].device, fields)
     if shard_decode_requests:
         return [_all_gather_rows(group, t) for t in values], expanded
     if num_dec == num_rows:

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from cpattn_common.checks import check_bool, check_tensors
+from cpattn_common.agreement import check_tensor_agreement
+from cpattn_common.checks import check_bool, check_state, check_tensors
 from cpattn_common.dispatch import refuse_grad
 from cpattn_common.group import CPGroupLike
 from cpattn_pcp._group import GroupArg, optional_group, resolve_group
@@ -188,6 +189,8 @@ def maybe_all_gather_q_for_dcp(
     else:
         refuse_grad("maybe_all_gather_q_for_dcp", q=q)
     full = torch.cat(q, dim=-1) if isinstance(q, tuple) else q
+    if check_state.enabled:
+        check_tensor_agreement("maybe_all_gather_q_for_dcp", group, "q", full)
     return group.all_gather(full, dim=1)
 
 
@@ -220,12 +223,14 @@ def finalize_mla_pcp_decode(
         ``[B, num_heads, D]`` (``output`` itself when already right; a view when sliced).
 
     Raises:
+        TypeError: ``output`` is not a tensor; ``num_heads`` is not an int.
         ValueError: head counts that do not divide as described, or a missing group.
         RuntimeError: ``H_out < num_heads`` (the gather), grad mode is on and ``output``
             requires grad: the all-gather has no autograd formula. (The slice keeps its
             ordinary gradient.)
     """
     check_size(num_heads, "num_heads")
+    check_tensors("finalize_mla_pcp_decode", output=output)
     if output.dim() < 2:
         raise ValueError(f"output must be [B, H, D], got shape {tuple(output.shape)}")
     have = output.shape[1]
@@ -239,6 +244,8 @@ def finalize_mla_pcp_decode(
                 f"output has {have} heads; gathering over pcp_group (size {group.world_size}) "
                 f"gives {have * group.world_size}, not num_heads = {num_heads}"
             )
+        if check_state.enabled:
+            check_tensor_agreement("finalize_mla_pcp_decode", group, "output", output)
         return group.all_gather(output, dim=1)
     tp = optional_group(tp_group)
     if tp is None:

@@ -38,7 +38,13 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from cpattn_common.checks import is_bool_scalar, is_index_dtype
+from cpattn_common.checks import (
+    check_device,
+    check_fits_in_memory,
+    check_tensors,
+    is_bool_scalar,
+    is_index_dtype,
+)
 
 __all__ = ["DualChunkSwapPlan", "dual_chunk_swap"]
 
@@ -122,7 +128,7 @@ class DualChunkSwapPlan:
         Returns:
             A new plan (``self`` when already there).
         """
-        dev = _canonical_device(torch.device(device))
+        dev = _canonical_device(check_device("device", device))
         if dev == self.device:
             return self
         moved = {
@@ -177,6 +183,7 @@ class DualChunkSwapPlan:
 
 
 def _check_rows(x: torch.Tensor, expected: int, name: str, what: str) -> None:
+    check_tensors("DualChunkSwapPlan", **{name: x})
     if x.dim() < 1 or x.shape[0] != expected:
         raise ValueError(f"{name} must have {what} = {expected} rows, got shape {tuple(x.shape)}")
 
@@ -204,7 +211,11 @@ def _as_int_list(seq_lens: Sequence[int] | torch.Tensor) -> list[int]:
             )
         values: list[int] = [int(v) for v in seq_lens.tolist()]  # the one host sync
     else:
-        if isinstance(seq_lens, (Mapping, AbstractSet)):  # no request order (a dict's keys)
+        # No request order (a dict's keys, a set), or no sequence at all (None, a scalar, a
+        # string of digits).
+        if isinstance(seq_lens, (Mapping, AbstractSet, str, bytes)) or not hasattr(
+            seq_lens, "__iter__"
+        ):
             raise TypeError(
                 "seq_lens must be a sequence (a list, a tuple, a 1-D tensor or array), got "
                 f"{type(seq_lens).__name__}"
@@ -261,10 +272,14 @@ def dual_chunk_swap(
         request, head chunk first, requests in order.
 
     Raises:
-        ValueError: ``pcp_size < 1``, negative lengths, a non-1-D tensor, or more than
-            ``2**31 - 1`` tokens in all (``cu_seqlens`` is int32).
-        TypeError: non-integer lengths (a tensor's dtype must be int8/16/32/64 or
-            uint8/16/32/64: ``cpattn_common.checks.INDEX_DTYPES``).
+        ValueError: ``pcp_size < 1``, negative lengths, a non-1-D tensor, more than
+            ``2**31 - 1`` tokens in all (``cu_seqlens`` is int32), a ``device`` torch cannot
+            parse or this process lacks, or a plan that would need more memory than is free
+            (the message says how much).
+        TypeError: ``seq_lens`` is not a sequence or a tensor, non-integer lengths (a
+            tensor's dtype must be int8/16/32/64 or uint8/16/32/64:
+            ``cpattn_common.checks.INDEX_DTYPES``), a ``device`` that is not a string or a
+            ``torch.device``.
 
     Example:
         >>> plan = dual_chunk_swap([8, 8], pcp_size=2)
@@ -277,7 +292,7 @@ def dual_chunk_swap(
         raise ValueError(f"pcp_size must be >= 1, got {pcp_size}")
     if device is None:
         device = seq_lens.device if isinstance(seq_lens, torch.Tensor) else torch.device("cpu")
-    dev = _canonical_device(torch.device(device))
+    dev = _canonical_device(check_device("device", device))
     lens_list = _as_int_list(seq_lens)
     if sum(lens_list) > _MAX_TOKENS:
         raise ValueError(
@@ -294,6 +309,13 @@ def dual_chunk_swap(
     per_rank = 2 * chunk  # local rows per rank and request
     num_requests = len(lens_list)
     local_len = int(per_rank.sum())
+    # The build's int64 [N, P] temporaries (about nine at its peak) and [T] index, and on
+    # another device the plan's five [N, P] and one [T] index tensors.
+    num_slots, total = n * local_len, sum(lens_list)
+    what = f"the plan for pcp_size={n} and {total} tokens ({num_slots} local slots)"
+    check_fits_in_memory("dual_chunk_swap", what, 8 * (9 * num_slots + 2 * total + n), cpu)
+    if dev != cpu:
+        check_fits_in_memory("dual_chunk_swap", what, 8 * (5 * num_slots + total), dev)
     starts = torch.zeros(num_requests + 1, dtype=torch.int64)
     torch.cumsum(lens, 0, out=starts[1:])
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from cpattn_common.agreement import check_ranks_agree, tensor_fields
+from cpattn_common.checks import check_state, check_tensors
 from cpattn_common.dispatch import refuse_grad
 from cpattn_pcp._group import GroupArg, resolve_group
 from cpattn_pcp.partition import DualChunkSwapPlan
@@ -78,15 +80,19 @@ def gather_prefill_qkv_global(
         (last dim contiguous); call ``.contiguous()`` if a kernel needs dense rows.
 
     Raises:
-        TypeError: ``plan`` is not a ``DualChunkSwapPlan``.
+        TypeError: ``plan`` is not a ``DualChunkSwapPlan``; ``query``, ``key`` or ``value``
+            is not a tensor.
         ValueError: row counts differ, exceed ``P`` or stop before this rank's last real
             row, the group size or device does not match the plan. These checks run on each
             rank before the all-gather: a rank whose check fails raises while its peers wait
-            in the collective, as with any collective that some ranks skip.
+            in the collective, as with any collective that some ranks skip. In check mode
+            (``cpattn_common.checks``), on every rank: the ranks' plans, trailing shapes or
+            dtypes differ.
         RuntimeError: grad mode is on and ``query``, ``key`` or ``value`` requires grad (the
             all-gather has no autograd formula; on every PCP size, 1 included).
     """
     _check_plan(plan)
+    check_tensors("gather_prefill_qkv_global", query=query, key=key, value=value)
     refuse_grad("gather_prefill_qkv_global", query=query, key=key, value=value)
     group = resolve_group(pcp_group, "pcp_group", "to gather prefill Q/K/V")
     _check_group_size(plan, group.world_size)
@@ -114,6 +120,13 @@ def gather_prefill_qkv_global(
         )
     for name, t in zip(names, tensors, strict=True):
         _check_device(plan, t, name)
+    if check_state.enabled:  # the local row counts may differ; the rest may not
+        fields = {"world size": group.world_size, "plan.num_tokens": plan.num_tokens,
+                  "plan.padded_local_len": plan.padded_local_len,
+                  "hash(plan.seq_lens)": hash(plan.seq_lens) & (2**62 - 1)}  # fmt: skip
+        for name, t in zip(names, tensors, strict=True):
+            fields.update(tensor_fields(name, t, first_dim=1))
+        check_ranks_agree("gather_prefill_qkv_global", group, query.device, fields)
 
     pad_rows = plan.padded_local_len - num_rows
     same_kind = query.dtype == key.dtype == value.dtype
@@ -173,11 +186,13 @@ def slice_prefill_output_local(
         ``[num_actual, ...]``, a new tensor.
 
     Raises:
-        TypeError: ``plan`` is not a ``DualChunkSwapPlan``; ``num_actual`` is not an int.
+        TypeError: ``plan`` is not a ``DualChunkSwapPlan``; ``out_global`` is not a tensor;
+            ``num_actual`` is not an int.
         ValueError: wrong row count, ``num_actual`` out of range, group size or device
             mismatch.
     """
     _check_plan(plan)
+    check_tensors("slice_prefill_output_local", out_global=out_global)
     group = resolve_group(pcp_group, "pcp_group", "to slice the local prefill output")
     _check_group_size(plan, group.world_size)
     if out_global.dim() < 1 or out_global.shape[0] != plan.num_tokens:

@@ -152,6 +152,11 @@ def merge_attn_states_config(
     return block_h, block_d, num_warps, eager
 
 
+# The kernel's tile holds BLOCK_D = next_pow2(D) lanes of a row, and Triton caps a tile at 2**20
+# elements: wider heads take the torch twin (the cp-dcp kernels loop over D instead).
+_MAX_KERNEL_D = triton.language.TRITON_MAX_TENSOR_NUMEL
+
+
 def _valid_cuda(partial_outs: torch.Tensor, partial_lses: torch.Tensor) -> bool:
     """Cheap check: plain CUDA tensors on one device that ``_validate`` would accept, and
     that hold their values in memory (no negative bit: see ``_resolved``).
@@ -167,7 +172,7 @@ def _valid_cuda(partial_outs: torch.Tensor, partial_lses: torch.Tensor) -> bool:
         and len(shape) == 4
         and partial_lses.shape == shape[:3]
         and shape[0] >= 1
-        and shape[3] >= 1
+        and 1 <= shape[3] <= _MAX_KERNEL_D
         and partial_outs.dtype in _OUT_SET
         and partial_lses.dtype in _LSE_SET
         and partial_lses.get_device() == partial_outs.get_device()
@@ -208,9 +213,17 @@ def merge_attn_states_fwd(
 
     Returns:
         ``(out [B, H, D]`` in ``partial_outs.dtype``, ``lse [B, H]`` fp32), both contiguous.
+
+    Raises:
+        ValueError: as ``merge_attn_states``; ``D`` past the kernel's tile limit (2**20).
     """
     if not _valid_cuda(partial_outs, partial_lses):
         _validate(partial_outs, partial_lses)
+        if partial_outs.shape[3] > _MAX_KERNEL_D:
+            raise ValueError(
+                f"merge_attn_states_fwd: partial_outs has head_dim {partial_outs.shape[3]} > "
+                f"{_MAX_KERNEL_D}, the kernel's tile limit (merge_attn_states takes it)"
+            )
         partial_outs, partial_lses = _resolved(partial_outs, partial_lses)
     return _launch(partial_outs, partial_lses, bool(is_lse_base_on_e), eager)
 
@@ -298,7 +311,7 @@ def _merge_any_backend(
     if _valid_cuda(partial_outs, partial_lses):  # the hot path: validated once, cheaply
         return _launch(partial_outs, partial_lses, is_lse_base_on_e, None)
     _validate(partial_outs, partial_lses)
-    if triton_usable(partial_outs.device):
+    if triton_usable(partial_outs.device) and partial_outs.shape[3] <= _MAX_KERNEL_D:
         partial_outs, partial_lses = _resolved(partial_outs, partial_lses)
         return _launch(partial_outs, partial_lses, is_lse_base_on_e, None)
     out, lse = merge_attn_states_torch(
@@ -340,7 +353,7 @@ def merge_attn_states(
 
     Args:
         partial_outs: ``[N, B, H, D]`` partial outputs, fp16/bf16/fp32, any strides, N >= 1,
-            D >= 1.
+            D >= 1 (past 2**20, the kernel's tile limit, the torch twin computes it).
         partial_lses: ``[N, B, H]`` LSEs of the partials, fp32/fp16/bf16, any strides.
         is_lse_base_on_e: True for natural-log LSEs, False for base-2 LSEs.
         return_lse: also return the merged LSE.

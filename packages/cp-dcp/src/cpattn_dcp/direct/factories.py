@@ -12,6 +12,9 @@ for its geometry builds a new one.
 The tri-state ``use_direct`` switch: ``None`` (auto: capability probing decides, and never
 picks a direct path for a non-CUDA device), ``True`` (force; an unsupported configuration then
 raises from the constructor), ``False`` (off).
+Invalid arguments (sizes, dtype, device, switch) raise ``TypeError`` / ``ValueError``: ``None``
+means only "not available here" (also a CUDA device in a process without CUDA, unless forced),
+and the ``*_unavailable_reason`` functions say why.
 The Q / KV gathers additionally need NVLS multicast: where the environment disables it
 (``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, ``NCCL_NVLS_ENABLE=0``, ...) they return ``None``
 before any multicast query is made, even when forced.
@@ -25,6 +28,7 @@ from typing import Any
 import torch
 
 from cpattn_common import capability
+from cpattn_common.checks import check_device, check_dtype, check_positive_int
 from cpattn_common.group import cache_owner, shared_cp_group
 from cpattn_dcp.direct._base import (
     DirectWorkspaceBase,
@@ -67,22 +71,42 @@ def _capability_detail(
     return str(reason) if reason else "capability gating said no"
 
 
+def _check_args(
+    dtype: object, use_direct: object, device: object, **sizes: object
+) -> torch.device | None:
+    """The argument checks of the reason functions (``device`` may be ``None``) and, with
+    ``sizes``, of the factories; return the device."""
+    check_dtype("dtype", dtype)
+    if use_direct is not None and not isinstance(use_direct, bool):
+        raise TypeError(f"use_direct must be True, False or None (auto), got {use_direct!r}")
+    for name, value in sizes.items():
+        if value is not None or name != "padded_num_heads":
+            check_positive_int(name, value)
+    if device is None and not sizes:
+        return None
+    # A forced path must run: a CUDA device this process lacks is an error, not "unavailable".
+    return check_device("device", device, available=bool(sizes) and use_direct is True)
+
+
 def _automatic_reason(
-    group: Any, device: torch.device | str | None, use_direct: bool | None
+    group: Any, device: torch.device | None, use_direct: bool | None
 ) -> str | None:
     """What rules out a direct path before any symmetric-memory probe (automatic only).
 
-    A single rank has nothing to exchange, symmetric memory lives on CUDA devices, and the
-    kernels need Triton >= ``MIN_TRITON_VERSION`` there.
+    A single rank has nothing to exchange, symmetric memory lives on CUDA devices (which a
+    process without CUDA lacks), and the kernels need Triton >= ``MIN_TRITON_VERSION`` there.
     """
     if use_direct is not None:
         return None
     world_size = shared_cp_group(group).world_size
     if world_size < 2:
         return f"needs at least two ranks (world size {world_size})"
-    if device is not None and torch.device(device).type != "cuda":
-        return f"device {torch.device(device)} is not a CUDA device"
-    return triton_unsupported_reason()  # the constructor raises it when a path is forced
+    if device is not None and device.type != "cuda":
+        return f"device {device} is not a CUDA device"
+    reason = triton_unsupported_reason()  # the constructor raises it when a path is forced
+    if reason is None and device is not None and not torch.cuda.is_available():
+        return f"device {device}: CUDA is not available in this process"
+    return reason
 
 
 def direct_a2a_unavailable_reason(
@@ -96,10 +120,12 @@ def direct_a2a_unavailable_reason(
 
     With ``device`` given, the automatic decision (``use_direct=None``) also requires a CUDA
     device. Collective when it probes symmetric memory (all ranks, same order).
+    Invalid arguments raise (see the module docstring).
     """
+    dev = _check_args(dtype, use_direct, device)
     if use_direct is False:
         return "disabled by configuration (use_direct_a2a=False)"
-    reason = _automatic_reason(group, device, use_direct)
+    reason = _automatic_reason(group, dev, use_direct)
     if reason is not None:
         return reason
     if capability.direct_cp_enabled(group, dtype, use_direct, DIRECT_A2A_DTYPES):
@@ -121,10 +147,12 @@ def direct_gather_unavailable_reason(
     The automatic decision's local reasons come first (one rank, with ``device`` given a
     non-CUDA device, an old Triton: the more basic reason), then the environment, so no
     multicast query is made where it is disabled.
+    Invalid arguments raise (see the module docstring).
     """
+    dev = _check_args(dtype, use_direct, device)
     if use_direct is False:
         return f"{what} disabled by configuration"
-    reason = _automatic_reason(group, device, use_direct)
+    reason = _automatic_reason(group, dev, use_direct)
     if reason is not None:
         return reason
     if capability.multicast_disabled_by_env():
@@ -175,9 +203,10 @@ def get_direct_dcp_a2a_workspace(
     (automatically also for a non-CUDA ``device``; a bare ``"cuda"`` is the current device).
 
     ``use_direct=True`` skips probing; an unsupported dtype then raises ``ValueError``.
+    Invalid arguments raise (see the module docstring).
     """
-    if num_ubatches < 1:
-        raise ValueError(f"Direct DCP A2A requires at least one ubatch slot, got {num_ubatches}")
+    _check_args(dtype, use_direct, device, max_num_tokens=max_num_tokens,
+                heads_per_rank=heads_per_rank, head_dim=head_dim, num_ubatches=num_ubatches)  # fmt: skip
     if direct_a2a_unavailable_reason(group, dtype, use_direct, device=device) is not None:
         return None
     geometry = (_device_key(device), max_num_tokens, heads_per_rank, head_dim, dtype, num_ubatches)
@@ -203,7 +232,11 @@ def get_direct_dcp_q_gather_workspace(
     padded_num_heads: int | None = None,
     use_direct: bool | None = None,
 ) -> DirectDCPQGatherWorkspace | None:
-    """The shared ``DirectDCPQGatherWorkspace``, or ``None`` unless multicast gating says yes."""
+    """The shared ``DirectDCPQGatherWorkspace``, or ``None`` unless multicast gating says yes
+    (invalid arguments raise: see the module docstring)."""
+    _check_args(dtype, use_direct, device, max_num_tokens=max_num_tokens,
+                heads_per_rank=heads_per_rank, head_dim=head_dim, num_ubatches=num_ubatches,
+                padded_num_heads=padded_num_heads)  # fmt: skip
     if (
         direct_gather_unavailable_reason(
             group, dtype, use_direct, what="direct q-gather", device=device
@@ -242,7 +275,10 @@ def get_direct_dcp_kv_gather_workspace(
     num_ubatches: int = 1,
     use_direct: bool | None = None,
 ) -> DirectDCPKVGatherWorkspace | None:
-    """The shared ``DirectDCPKVGatherWorkspace``, or ``None`` unless multicast gating says yes."""
+    """The shared ``DirectDCPKVGatherWorkspace``, or ``None`` unless multicast gating says yes
+    (invalid arguments raise: see the module docstring)."""
+    _check_args(dtype, use_direct, device, max_gathered_tokens=max_gathered_tokens,
+                token_dim=token_dim, num_ubatches=num_ubatches)  # fmt: skip
     reason = direct_gather_unavailable_reason(
         group, dtype, use_direct, DIRECT_KV_GATHER_DTYPES, what="direct kv-gather", device=device
     )

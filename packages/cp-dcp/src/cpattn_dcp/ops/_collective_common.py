@@ -7,8 +7,9 @@ from typing import Any, Literal, Protocol, cast, overload
 
 import torch
 
-from cpattn_common.checks import check_no_neg_bit, check_positive_int
-from cpattn_common.group import trace_time_group
+from cpattn_common.agreement import check_ranks_agree
+from cpattn_common.checks import check_no_neg_bit, check_positive_int, check_state
+from cpattn_common.group import CPGroupLike, trace_time_group
 from cpattn_dcp.comm.groups import group_rank, group_token, group_world_size
 from cpattn_dcp.context import CPTritonContext
 from cpattn_dcp.ops._common import (
@@ -20,7 +21,13 @@ from cpattn_dcp.ops._common import (
     mask_args_proven,
 )
 
-__all__ = ["CombineOp", "combine_op", "traced_combine", "validate_combine_args"]
+__all__ = [
+    "CombineOp",
+    "check_combine_agreement",
+    "combine_op",
+    "traced_combine",
+    "validate_combine_args",
+]
 
 _Tensor = torch.Tensor
 
@@ -201,4 +208,34 @@ def validate_combine_args(
         )
     if heads_divisible and h % world_size != 0:
         raise ValueError(f"{op}: H={h} must be divisible by DCP world size {world_size}.")
-    return check_mask_args(seq_lens, query_start_loc, cp_attn_lse.device)
+    return check_mask_args(seq_lens, query_start_loc, cp_attn_lse.device, b)
+
+
+def check_combine_agreement(
+    op: str,
+    group: CPGroupLike,
+    cp_attn_out: torch.Tensor,
+    cp_attn_lse: torch.Tensor,
+    return_lse: bool,
+    is_lse_base_on_e: bool,
+    seq_lens: torch.Tensor | None,
+) -> None:
+    """Check mode (``cpattn_common.checks``): compare a validated combine call across the
+    group's ranks (``check_ranks_agree``: every rank raises, naming the rank and the field).
+    One attribute read outside check mode."""
+    if not check_state.enabled:
+        return
+    b, h, d = cp_attn_out.shape
+    fields = {
+        "world size": group.world_size,
+        "cp_attn_out.shape[0] (B)": b,
+        "cp_attn_out.shape[1] (H)": h,
+        "cp_attn_out.shape[2] (D)": d,
+        "cp_attn_out.dtype": cp_attn_out.dtype,
+        "cp_attn_lse.dtype": cp_attn_lse.dtype,
+        "return_lse": return_lse,
+        "is_lse_base_on_e": is_lse_base_on_e,
+        "mask given (seq_lens)": seq_lens is not None,
+        "len(seq_lens)": -1 if seq_lens is None else seq_lens.shape[0],
+    }
+    check_ranks_agree(op, group, cp_attn_out.device, fields)

@@ -14,7 +14,7 @@ import torch
 # uint8/16/32/64 (``bool``, floating, complex, quantized and sub-byte dtypes are not integers the
 # kernels can index with). Defined once in cpattn_common for every package; re-exported here so
 # that existing imports from this module keep working.
-from cpattn_common.checks import INDEX_DTYPES, is_index_dtype
+from cpattn_common.checks import INDEX_DTYPES, check_state, host_checkable, is_index_dtype
 from cpattn_common.interpret import triton_interpreting
 
 __all__ = [
@@ -159,10 +159,12 @@ def mask_args_proven(
     """Cheap form of ``check_mask_args`` with both index tensors given (the per-call host
     path): plain 1-D int32/int64 tensors, ``len(query_start_loc) == len(seq_lens) + 1``, on
     ``lse``'s device. True means ``check_mask_args`` accepts them; False means "not proven"
-    (run it: the other ``INDEX_DTYPES`` are accepted there too)."""
+    (run it: the other ``INDEX_DTYPES`` are accepted there too, and check mode reads the
+    values there)."""
     dev = lse.device
     return (
-        seq_lens.__class__ is _Tensor
+        not check_state.enabled
+        and seq_lens.__class__ is _Tensor
         and query_start_loc.__class__ is _Tensor
         and seq_lens.dim() == 1
         and query_start_loc.dim() == 1
@@ -175,7 +177,10 @@ def mask_args_proven(
 
 
 def check_mask_args(
-    seq_lens: torch.Tensor | None, query_start_loc: torch.Tensor | None, device: torch.device
+    seq_lens: torch.Tensor | None,
+    query_start_loc: torch.Tensor | None,
+    device: torch.device,
+    num_rows: int | None = None,
 ) -> bool:
     """Validate the empty-shard mask arguments; return whether masking is on.
 
@@ -187,6 +192,7 @@ def check_mask_args(
         seq_lens: ``[R]`` local KV lengths, or ``None``.
         query_start_loc: ``[R + 1]`` query offsets, or ``None``.
         device: the device both must be on (the LSE's).
+        num_rows: ``B``, the LSE's rows (check mode: ``query_start_loc[R] <= B``).
 
     Returns:
         False when both are ``None`` (masking off), True when both are valid.
@@ -196,9 +202,11 @@ def check_mask_args(
             ``len(query_start_loc) != len(seq_lens) + 1``; one is not on ``device``.
         TypeError: one is not a tensor, or its dtype is not an integer dtype
             (``INDEX_DTYPES``: bool, floating, complex, quantized and sub-byte dtypes are not).
+        ValueError: (check mode, ``cpattn_common.checks``) a negative ``seq_lens`` entry, a
+            negative or decreasing ``query_start_loc``, or ``query_start_loc[R] > num_rows``.
 
     Metadata only (any strides are fine: the launchers make them contiguous): no device work,
-    CUDA-graph safe. The eager ops prove the common case with ``mask_args_proven`` first and
+    CUDA-graph safe, except in check mode (one host read of both tensors). The eager ops prove the common case with ``mask_args_proven`` first and
     run this only when that fails (other index dtypes, bad input, tracing).
     """
     if seq_lens is None and query_start_loc is None:
@@ -217,7 +225,7 @@ def check_mask_args(
         raise ValueError(
             "query_start_loc must contain one boundary per sequence: got "
             f"{query_start_loc.shape[0]} boundaries for {seq_lens.shape[0]} sequences "
-            f"(expected {seq_lens.shape[0] + 1})"
+            f"(len(seq_lens) + 1 = {seq_lens.shape[0] + 1} expected)"
         )
     for name, t in (("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
         if not is_index_dtype(t.dtype):
@@ -229,4 +237,28 @@ def check_mask_args(
             f"seq_lens ({seq_lens.device}) and query_start_loc ({query_start_loc.device}) must "
             f"be on the LSE's device {device}"
         )
+    if check_state.enabled and host_checkable():
+        _check_mask_values(seq_lens, query_start_loc, num_rows)
     return True
+
+
+def _check_mask_values(
+    seq_lens: torch.Tensor, query_start_loc: torch.Tensor, num_rows: int | None
+) -> None:
+    """Check mode: the values of the mask arguments, read on the host."""
+    lens = seq_lens.to(torch.int64).tolist()
+    qsl = query_start_loc.to(torch.int64).tolist()
+    if (i := next((i for i, v in enumerate(lens) if v < 0), -1)) >= 0:
+        raise ValueError(f"seq_lens[{i}] = {lens[i]}: lengths must be >= 0 (check mode)")
+    if qsl[0] < 0:
+        raise ValueError(f"query_start_loc[0] = {qsl[0]}: offsets must be >= 0 (check mode)")
+    if (i := next((i for i in range(1, len(qsl)) if qsl[i] < qsl[i - 1]), -1)) >= 0:
+        raise ValueError(
+            f"query_start_loc decreases at index {i} ({qsl[i - 1]} -> {qsl[i]}): it must be "
+            "non-decreasing (check mode)"
+        )
+    if num_rows is not None and qsl[-1] > num_rows:
+        raise ValueError(
+            f"query_start_loc[{len(qsl) - 1}] = {qsl[-1]} is beyond the batch of {num_rows} "
+            "rows (check mode)"
+        )

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from cpattn_common.alloc import empty_output
-from cpattn_common.checks import check_bool
+from cpattn_common.checks import check_bool, check_state
 from cpattn_common.dispatch import must_dispatch
 from cpattn_common.group import CPGroupLike
 from cpattn_dcp.comm.collectives import all_gather_lse, all_reduce_, reduce_scatter_heads
@@ -24,7 +24,12 @@ from cpattn_dcp.comm.groups import (
     resolve_group,
 )
 from cpattn_dcp.context import CPTritonContext
-from cpattn_dcp.ops._collective_common import combine_op, traced_combine, validate_combine_args
+from cpattn_dcp.ops._collective_common import (
+    check_combine_agreement,
+    combine_op,
+    traced_combine,
+    validate_combine_args,
+)
 from cpattn_dcp.ops.correct_attn_out import launch_correct
 from cpattn_dcp.ops.mask_empty_shards import masked_lse_copy
 
@@ -172,6 +177,10 @@ def _ag_entry(
         query_start_loc,
         heads_divisible=reduce_scatter,
     )
+    if check_state.enabled:  # check mode: the ranks' calls agree
+        check_combine_agreement(
+            name, group, cp_attn_out, cp_attn_lse, return_lse, is_lse_base_on_e, seq_lens
+        )
     out, lse = ag_combine_fwd(
         cp_attn_out,
         cp_attn_lse,

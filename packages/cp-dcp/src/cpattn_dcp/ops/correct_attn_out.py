@@ -16,7 +16,7 @@ import functools
 import torch
 
 from cpattn_common.alloc import new_output
-from cpattn_common.checks import check_bool, check_no_neg_bit
+from cpattn_common.checks import check_bool, check_no_neg_bit, check_no_overlap, overlaps
 from cpattn_common.device import foreign_cuda_device
 from cpattn_common.dispatch import mark_written_in_place, must_dispatch, refuse_grad_in_place
 from cpattn_common.launch import CachedKernel, Specialization
@@ -108,6 +108,7 @@ def _validate(out: torch.Tensor, lses: torch.Tensor, cp_rank: int) -> None:
     if out_shape[2] == 0:
         raise ValueError(f"out {tuple(out.shape)} has head_dim 0; D must be >= 1")
     check_no_neg_bit("correct_attn_out", out=out, lses=lses)
+    check_no_overlap("correct_attn_out", "out", out=out, lses=lses)
     if shares_elements(out):
         raise ValueError(
             f"out (shape {tuple(out.shape)}, strides {out.stride()}) has elements that share "
@@ -146,6 +147,7 @@ def _valid_fast(out: torch.Tensor, lses: torch.Tensor, cp_rank: int) -> bool:
         and out.device == lses.device
         and not out.is_neg()
         and not lses.is_neg()
+        and not overlaps(out, lses)
     )
 
 
@@ -426,7 +428,7 @@ def correct_attn_out(
 
     Raises:
         ValueError: shapes that disagree, ``D == 0``, an ``out`` whose elements share memory
-            (an expanded view), tensors on different devices, ``cp_rank`` out of range, a
+            (an expanded view) or that overlaps ``lses`` in memory, tensors on different devices, ``cp_rank`` out of range, a
             floating dtype other than fp16/bf16/fp32, an argument with torch's negative bit
             (a lazily negated view, ``cpattn_common.checks.check_no_neg_bit``).
         TypeError: non-tensor or non-floating arguments, a ``cp_rank`` that is not an int, an

@@ -16,7 +16,7 @@ import functools
 import torch
 
 from cpattn_common.alloc import new_output
-from cpattn_common.checks import check_no_neg_bit
+from cpattn_common.checks import check_no_neg_bit, check_no_overlap, overlaps
 from cpattn_common.device import foreign_cuda_device
 from cpattn_common.dispatch import mark_written_in_place, must_dispatch, refuse_grad_in_place
 from cpattn_common.launch import CachedKernel, Specialization
@@ -92,6 +92,7 @@ def _valid_fast(lse: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torc
         and 0 not in lse.stride()  # possibly shared elements: _check_writable decides
         and not lse.is_neg()
         and mask_args_proven(lse, seq_lens, query_start_loc)
+        and not overlaps(lse, seq_lens, query_start_loc)
     )
 
 
@@ -275,8 +276,10 @@ def mask_dcp_empty_shards_(
         ValueError: ``lse`` not 2-D or of a floating dtype other than fp32/fp16/bf16; exactly
             one of ``seq_lens``/``query_start_loc`` is ``None``, they are not 1-D,
             ``len(query_start_loc) != len(seq_lens) + 1``, devices differ, or (masking on)
-            ``lse`` has elements that share memory (an expanded view) or torch's negative bit
-            (``checks.check_no_neg_bit``).
+            ``lse`` has elements that share memory (an expanded view), overlaps ``seq_lens`` or
+            ``query_start_loc`` in memory or has torch's negative bit
+            (``checks.check_no_neg_bit``); in check mode (``cpattn_common.checks``), negative
+            ``seq_lens``, a decreasing ``query_start_loc`` or one past the B rows.
         TypeError: ``lse`` not a floating tensor; ``seq_lens``/``query_start_loc`` not
             tensors or not of an integer dtype (bool, floating and complex are not).
         RuntimeError: (masking on) grad mode is on and ``lse`` requires grad: the op has no
@@ -301,9 +304,11 @@ def mask_dcp_empty_shards_(
         mark_written_in_place(lse)
         return lse
     _check_lse(lse)
-    if not check_mask_args(seq_lens, query_start_loc, lse.device):
+    if not check_mask_args(seq_lens, query_start_loc, lse.device, lse.shape[0]):
         return lse
     _check_writable(lse)
+    check_no_overlap("mask_dcp_empty_shards_", "lse", lse=lse, seq_lens=seq_lens,
+                     query_start_loc=query_start_loc)  # fmt: skip
     assert seq_lens is not None
     assert query_start_loc is not None
     if dispatch:
