@@ -751,3 +751,13 @@ def test_a_wrapper_without_weak_references_is_not_memoised() -> None:
     assert payload() is None
     # The two-GPU run saw 7 -> 0 here when the count was taken before that first collection.
     assert len(_SHARED) == entries
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"group": 3}, "group must be a torch.distributed.ProcessGroup"),
+     ({"native_collectives": "yes"}, "native_collectives must be a bool")],
+)  # fmt: skip
+def test_cpgroup_refuses_bad_arguments_by_name(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(TypeError, match=match):
+        CPGroup(**kwargs)

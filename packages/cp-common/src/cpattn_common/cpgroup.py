@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, SupportsIndex, TypeVar
 import torch
 import torch.distributed as dist
 
-from cpattn_common.checks import check_tensors, is_bool_scalar
+from cpattn_common.checks import check_bool, check_tensors, is_bool_scalar
 from cpattn_common.dispatch import refuse_grad
 
 if TYPE_CHECKING:
@@ -192,6 +192,16 @@ class CPGroup:
     """
 
     def __init__(self, group: ProcessGroup | None = None, *, native_collectives: bool = True):
+        native_collectives = check_bool("native_collectives", native_collectives)
+        # new_group() hands a non-member its NON_GROUP_MEMBER marker: refused below by name.
+        if (
+            group is not None
+            and not isinstance(group, dist.ProcessGroup)
+            and (group is not getattr(dist.GroupMember, "NON_GROUP_MEMBER", None))
+        ):
+            raise TypeError(
+                f"group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}"
+            )
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("CPGroup needs torch.distributed to be initialised")
         pg = group if group is not None else dist.group.WORLD
