@@ -58,7 +58,7 @@ def test_every_path_generates_the_reference_tokens(device: torch.device, world_s
     cfg = dataclasses.replace(SMALL, world_size=world_size)
     per_rank = run_distributed(rank_main, world_size, args=(cfg,), timeout=600)
     results = summarize(cfg, per_rank)
-    assert [r.path for r in results] == [f"{v}/{p}" for v in demo.VARIANTS for p in demo.PATHS]
+    assert [r.path for r in results] == demo.all_path_names()
     for r in results:
         if r.path.endswith("/direct"):  # the capability gate never allows it on a CPU
             reason = "needs at least two ranks" if world_size == 1 else "not a CUDA device"
@@ -105,7 +105,7 @@ def test_cli_runs_and_reports(
     assert status_of == {"gqa/ag_ar": "pass", "gqa/direct": "skipped"}
     assert "cpattn demo: 2 ranks (gloo, CPU), float32" in text
     assert "skipped: gqa/direct: device cpu is not a CUDA device" in text
-    assert "OK: 1 paths generated the reference's tokens (1 skipped)" in text
+    assert "OK: every checked path (1) generated the reference's tokens, 1 skipped" in text
 
 
 def test_two_torchrun_nodes_generate_the_reference_tokens(
@@ -140,7 +140,7 @@ def test_two_torchrun_nodes_generate_the_reference_tokens(
     assert [(r["status"], r["ranks"], r["tokens"]) for r in payload["results"]] == [
         ("pass", 4, "24/24 identical")
     ] * 3, text
-    assert "OK: 3 paths generated the reference's tokens" in text
+    assert "OK: every checked path (3) generated the reference's tokens" in text
 
 
 @pytest.mark.multigpu(2)
@@ -160,11 +160,19 @@ def test_nccl_demo() -> None:
             assert r["status"] == "pass" or r["path"].endswith("/direct"), r
 
 
+def test_list_names_every_row(capsys: pytest.CaptureFixture[str]) -> None:
+    assert demo.main(["--list"]) == 0
+    assert capsys.readouterr().out.split() == demo.all_path_names()
+    assert "mla/manager" in demo.all_path_names()
+
+
 def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert demo.main(["--heads", "6", "--world-size", "4"]) == 2
     assert "heads 6 must be divisible by the world size 4" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         demo.main(["--paths", "ag_rs,nope"])
+    assert demo.main(["--backend", "nccl", "--world-size", "64"]) == 2
+    assert "--backend nccl needs one GPU per rank: 64 ranks" in capsys.readouterr().err
 
 
 def test_gloo_without_the_interpreter_exits_2(

@@ -15,7 +15,7 @@ Ranks come from :func:`cpattn_testing.launcher.run_distributed` (gloo on the CPU
 (``docs/multi-node.md``).
 """
 
-from cpattn_testing.demo.cli import _interpreted, build_parser, format_table, main
+from cpattn_testing.demo.cli import _interpreted, all_path_names, build_parser, format_table, main
 from cpattn_testing.demo.generate import PATHS
 from cpattn_testing.demo.model import VARIANTS
 from cpattn_testing.demo.run import DemoConfig, PathResult, rank_main, summarize
@@ -26,6 +26,7 @@ __all__ = [
     "DemoConfig",
     "PathResult",
     "_interpreted",
+    "all_path_names",
     "build_parser",
     "format_table",
     "main",

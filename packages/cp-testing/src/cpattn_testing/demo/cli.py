@@ -48,8 +48,8 @@ def format_table(results: Sequence[PathResult]) -> str:
     elif checked == 0:
         lines.append("NOTHING CHECKED: every path was skipped")
     else:
-        lines.append(f"OK: {checked} paths generated the reference's tokens "
-                     f"({len(results) - checked} skipped)")  # fmt: skip
+        lines.append(f"OK: every checked path ({checked}) generated the reference's tokens, "
+                     f"{len(results) - checked} skipped")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -118,21 +118,35 @@ def build_parser() -> argparse.ArgumentParser:
     a("--json", default=None, metavar="FILE", help="also write the results as JSON ('-': stdout)")
     a("--timeout", type=float, default=600.0, help="seconds before the ranks are killed")
     a("--quiet", action="store_true", help="no progress lines")
-    a("--plant-fault", type=_csv("paths", [f"{v}/{p}" for v in VARIANTS for p in PATHS]),
+    a("--list", action="store_true", help="list the variant/path rows and exit")
+    a("--plant-fault", type=_csv("paths", all_path_names()),
       default=(), help=argparse.SUPPRESS)  # fmt: skip
     return p
 
 
-def config_from_args(args: argparse.Namespace, world_size: int | None = None) -> DemoConfig:
-    """The :class:`DemoConfig` of the parsed command line (``ValueError`` if inconsistent)."""
+def all_path_names(variants: Sequence[str] = VARIANTS) -> list[str]:
+    """Every ``variant/path`` row the demo can print, in run order."""
+    return [f"{v}/{p}" for v in variants for p in PATHS]
+
+
+def config_from_args(args: argparse.Namespace) -> DemoConfig:
+    """The :class:`DemoConfig` of the parsed command line (``ValueError`` if inconsistent).
+
+    Under torchrun (``TORCHELASTIC_RUN_ID`` set) the world size is torchrun's ``WORLD_SIZE``.
+    """
     import torch
 
-    n = world_size or args.world_size
-    if n is None:
-        n = torch.cuda.device_count() if args.backend == "nccl" else 4
-    if args.backend == "nccl" and torch.cuda.device_count() < n:
-        raise ValueError(f"--backend nccl needs one GPU per rank: {n} ranks, "
-                         f"{torch.cuda.device_count()} GPUs")  # fmt: skip
+    gpus = torch.cuda.device_count()
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        n = int(os.environ["WORLD_SIZE"])
+        if args.world_size not in (None, n):
+            raise ValueError(f"--world-size {args.world_size}, but torchrun started {n} ranks")
+        if args.backend == "nccl" and int(os.environ["LOCAL_RANK"]) >= gpus:
+            raise ValueError(f"local rank {os.environ['LOCAL_RANK']} has no GPU ({gpus} visible)")
+    else:
+        n = args.world_size or (gpus if args.backend == "nccl" else 4)
+        if args.backend == "nccl" and not 0 < n <= gpus:
+            raise ValueError(f"--backend nccl needs one GPU per rank: {n} ranks, {gpus} GPUs")
     fields = {f.name for f in dataclasses.fields(DemoConfig)}
     values = {k: v for k, v in vars(args).items() if k in fields and k != "world_size"}
     return DemoConfig(world_size=n, progress=not args.quiet, fault=args.plant_fault, **values)
@@ -157,38 +171,48 @@ def _report(cfg: DemoConfig, results: list[PathResult], elapsed: float, json_to:
     return 0 if ok else 1
 
 
-def _torchrun_main(args: argparse.Namespace) -> int:
-    """One rank started by torchrun: the process group from its environment (``env://``)."""
+def _torchrun_main(cfg: DemoConfig, json_to: str | None) -> int:
+    """One rank started by torchrun: the process group from its environment (``env://``);
+    global rank 0 gathers every rank's results and reports."""
     import torch
     import torch.distributed as dist
 
     from cpattn_testing.interpreter import apply_interpreter_fixes
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if args.backend == "nccl":
+    rank = int(os.environ["RANK"])
+    if cfg.backend == "nccl":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    cfg = dataclasses.replace(config_from_args(args, world), progress=not args.quiet)
     apply_interpreter_fixes()
+    if rank == 0:
+        _header(cfg, json_to)
     start = time.perf_counter()
-    dist.init_process_group(args.backend)
+    dist.init_process_group(cfg.backend)
     try:
-        mine = rank_main(rank, world, cfg)
-        gathered: list[Any] | None = [None] * world if rank == 0 else None
+        mine = rank_main(rank, cfg.world_size, cfg)
+        gathered: list[Any] | None = [None] * cfg.world_size if rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
     finally:
         dist.destroy_process_group()
     if gathered is None:
         return 0
-    return _report(cfg, summarize(cfg, gathered), time.perf_counter() - start, args.json)
+    return _report(cfg, summarize(cfg, gathered), time.perf_counter() - start, json_to)
+
+
+def _header(cfg: DemoConfig, json_to: str | None) -> None:
+    where = "one GPU per rank" if cfg.backend == "nccl" else "CPU"
+    print(f"cpattn demo: {cfg.world_size} ranks ({cfg.backend}, {where}), {cfg.dtype}, "
+          f"prompts {list(cfg.prompt_lens)}, {cfg.new_tokens} new tokens, interleave "
+          f"{cfg.interleave}", file=sys.stderr if json_to == "-" else sys.stdout, flush=True)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(all_path_names()))
+        return 0
     try:
-        if "TORCHELASTIC_RUN_ID" in os.environ:
-            return _torchrun_main(args)
         cfg = config_from_args(args)
     except ValueError as exc:
         parser.print_usage(sys.stderr)
@@ -199,13 +223,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               "only under Triton's interpreter: set TRITON_INTERPRET=1 (and pip install "
               "numpy), or pass --backend nccl on GPUs", file=sys.stderr)  # fmt: skip
         return 2
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return _torchrun_main(cfg, args.json)
 
     from cpattn_testing.launcher import DistributedError, run_distributed
 
-    where = "one GPU per rank" if cfg.backend == "nccl" else "CPU"
-    print(f"cpattn demo: {cfg.world_size} ranks ({cfg.backend}, {where}), {cfg.dtype}, "
-          f"prompts {list(cfg.prompt_lens)}, {cfg.new_tokens} new tokens, interleave "
-          f"{cfg.interleave}", file=sys.stderr if args.json == "-" else sys.stdout, flush=True)  # fmt: skip
+    _header(cfg, args.json)
     start = time.perf_counter()
     try:
         per_rank = run_distributed(rank_main, cfg.world_size, cfg.backend, args=(cfg,),

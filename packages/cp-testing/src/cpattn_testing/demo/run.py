@@ -46,7 +46,7 @@ class DemoConfig:
     paths: tuple[str, ...] = PATHS
     prompt_lens: tuple[int, ...] = (1, 5, 37, 64)
     new_tokens: int = 32
-    verify_every: int = 8
+    verify_every: int = 10
     interleave: int = 4
     layers: int = 2
     hidden: int = 256
