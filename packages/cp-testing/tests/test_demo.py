@@ -143,6 +143,13 @@ def test_two_torchrun_nodes_generate_the_reference_tokens(
     assert "OK: every checked path (3) generated the reference's tokens" in text
 
 
+@pytest.mark.gpu
+def test_one_gpu_generates_the_reference_tokens() -> None:
+    cfg = dataclasses.replace(SMALL, world_size=1, backend="nccl")
+    for r in summarize(cfg, run_distributed(rank_main, 1, "nccl", args=(cfg,), timeout=600)):
+        assert r.status == ("skipped" if r.path.endswith("/direct") else "pass"), r
+
+
 @pytest.mark.multigpu(2)
 def test_nccl_demo() -> None:
     """On two GPUs, bf16 (the direct A2A's dtypes): every path passes or is skipped with the

@@ -90,7 +90,8 @@ class DemoConfig:
 
     @property
     def max_len(self) -> int:
-        """Longest sequence: prompt, new tokens, and one spare draft per verify step."""
+        """Positions a request may reach: its prompt, up to twice ``new_tokens`` (accepted
+        drafts run ahead while other requests catch up) and a draft."""
         return max(self.prompt_lens) + 2 * self.new_tokens + 1
 
     def model_config(self, variant: str) -> ModelConfig:
@@ -165,6 +166,7 @@ def rank_main(rank: int, world_size: int, cfg: DemoConfig) -> dict[str, Any]:
                     result["paths"][name] = f"skipped: {exc}"
                     _say(talk, f"{name}: skipped: {exc}")
                     continue
+                _say(talk, f"{name}: decoding {cfg.new_tokens} tokens ...")
                 out = generate(model, shard.clone(), prompts, first, combiner,
                                new_tokens=cfg.new_tokens, verify_every=cfg.verify_every)  # fmt: skip
                 out.note = combiner.describe()
@@ -172,8 +174,8 @@ def rank_main(rank: int, world_size: int, cfg: DemoConfig) -> dict[str, Any]:
                     out.logits = torch.empty(0)
                 result["paths"][name] = out
                 step = statistics.median(out.step_s) * 1e3 if out.step_s else 0.0
-                _say(talk, f"{name}: {cfg.new_tokens} tokens, {len(out.step_s)} decode steps, "
-                     f"{step:.1f} ms per step")  # fmt: skip
+                _say(talk, f"{name}: done, {len(out.step_s)} decode steps, {step:.1f} ms per "
+                     "step")  # fmt: skip
     return result
 
 
@@ -242,8 +244,8 @@ def summarize(cfg: DemoConfig, per_rank: Sequence[dict[str, Any]]) -> list[PathR
             res = PathResult(name, cfg.world_size, "pass", tol=rtol)
             same, total, worst, problem = compare(ref, runs[0], cfg.torch_dtype)
             res.tokens, res.max_rel_err = f"{same}/{total} identical", worst
-            steps = zip(*(g.step_s for g in runs), strict=True)
-            res.step_ms = statistics.median(max(s) for s in steps) * 1e3
+            steps = [max(s) for s in zip(*(g.step_s for g in runs), strict=True)]
+            res.step_ms = statistics.median(steps) * 1e3 if steps else None
             res.drafts = f"{runs[0].accepted}/{runs[0].rejected}"
             res.reason = "; ".join(x for x in (runs[0].note, problem) if x)
             disagree = [r for r, g in enumerate(runs) if g.tokens != runs[0].tokens]
