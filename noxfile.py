@@ -175,10 +175,15 @@ def build(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job: an end-to-end context-parallel attention check (4 ranks on CPU/gloo).
+    """The main job: greedy decoding of a small transformer on context-parallel ranks.
 
-    ``nox -s demo -- --backend nccl`` (one GPU per rank) runs on the machine's CUDA torch and
-    triton instead, like ``gpu_tests``: no install, the packages from source, no interpreter.
+    PCP prefill, a KV cache sharded across DCP ranks, each decode step combined by every path
+    and checked against the same model on one rank; 4 CPU ranks on gloo by default.
+    ``nox -s demo -- --backend nccl`` (one rank per visible GPU) runs on the machine's CUDA
+    torch and triton instead, like ``gpu_tests``: no install, the packages from source, no
+    interpreter. The same without nox: ``PYTHONPATH=<the four packages/*/src> python3 -m
+    cpattn_testing.demo --backend nccl``; under ``torchrun`` on several nodes see
+    ``docs/multi-node.md``.
     """
     args = list(session.posargs)
     joined = " ".join(args)
