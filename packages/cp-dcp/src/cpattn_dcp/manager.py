@@ -82,8 +82,7 @@ _logged_lock = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
-    """A forked child is a process of its own: it logs each message once itself, and must not
-    inherit a lock another thread of the parent held at the fork."""
+    """A forked child logs each message once itself, with a lock no parent thread holds."""
     global _logged_lock
     _logged_lock = threading.Lock()
     _logged.clear()
@@ -104,16 +103,11 @@ def _first_time(key: str) -> bool:
         return True
 
 
-def _log_once(level: int, message: str) -> None:
-    if _first_time(message):
-        logger.log(level, message)
-
-
 def _packed(t: torch.Tensor) -> torch.Tensor:
     """A fresh contiguous copy of ``t`` (a new allocation: 16-byte aligned).
 
-    The direct paths refuse some strides, unaligned data pointers and torch's negative bit.
-    Those are properties of this rank's tensor, not of the call, and a direct call waits for
+    The direct paths refuse some strides, unaligned data pointers and torch's negative bit:
+    those are properties of this rank's tensor, not of the call, and a direct call waits for
     every peer: were this rank to fall back to NCCL alone, both sides would wait for each other
     until the timeout. So the path depends only on what every rank shares (token count, shapes,
     dtypes), and a layout the direct path refuses is mended here, on this rank.
@@ -153,9 +147,8 @@ def _try_direct(
 
 
 def _check_device(device: torch.device, **tensors: torch.Tensor) -> None:
-    """``ValueError`` for a call on another device than the direct workspace's. Only this rank
-    can be wrong there, so it is the caller's mistake, not a fallback: this rank alone would
-    take NCCL while its peers wait in the direct path."""
+    """``ValueError`` for a call on another device than the direct workspace's: this rank's
+    mistake, not a fallback (it alone would take NCCL while its peers wait in the direct path)."""
     for name, tensor in tensors.items():
         if tensor.device != device:
             raise ValueError(
@@ -167,11 +160,9 @@ class DCPManager:
     """Selects and owns the query gather, output combine and KV gather of one DCP layer.
 
     Construction is collective over ``group`` when a direct path is probed or built: every rank
-    must construct its managers with the same arguments in the same order (and the same
-    multicast environment variables, ``cpattn_common.capability.MULTICAST_ENV_VARS``). A
-    per-call error raised on one rank only (an input on another device than the direct path's,
-    a non-contiguous ``gathered_kv``, bad mask arguments) leaves its peers waiting: in a direct
-    path until its bounded wait times out (``DirectProtocolError``), in an NCCL path until the
+    constructs its managers with the same arguments in the same order (and the same
+    ``cpattn_common.capability.MULTICAST_ENV_VARS``). A per-call error raised on one rank only
+    leaves its peers waiting until a direct wait's bound (``DirectProtocolError``) or the
     process group's timeout.
 
     Args:
@@ -194,15 +185,13 @@ class DCPManager:
         max_gathered_kv_tokens: capacity of the direct KV gather (0: no direct KV gather).
 
     Raises:
-        TypeError: ``config`` not a ``DCPConfig``; a size that is not an int (a bool or a
-            float is refused, not truncated); a dtype that is not a ``torch.dtype``; an
-            ``is_lse_base_on_e`` that is not a bool.
+        TypeError: ``config`` not a ``DCPConfig``; a size that is not an int (bools and floats
+            included); a dtype that is not a ``torch.dtype``; a non-bool ``is_lse_base_on_e``.
         ValueError: a size < 1 (``max_gathered_kv_tokens`` < 0); ``padded_num_heads < N*H_r``;
             ``use_direct_kv_gather=True`` without ``kv_token_dim`` and
             ``max_gathered_kv_tokens >= 1``; a forced direct path that refuses this setup.
-        DirectPathUnavailable: a forced direct gather that cannot run here (no multicast
-            address, no multicast on some rank, no CUDA), unless the environment disables
-            multicast (then the gather stays off).
+        DirectPathUnavailable: a forced direct gather that cannot run here, unless the
+            environment disables multicast (then the gather stays off).
     """
 
     def __init__(
@@ -224,8 +213,6 @@ class DCPManager:
     ) -> None:
         if not isinstance(config, DCPConfig):
             raise TypeError(f"config must be a DCPConfig, got {type(config).__name__}")
-        # Sizes are checked, never converted: int(2.7) == 2 and int(True) == 1 would build a
-        # manager of another geometry than the caller meant.
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.head_dim = check_positive_int("head_dim", head_dim)
         self.query_head_dim = (
@@ -247,8 +234,7 @@ class DCPManager:
         self.config = config
         self.group = group
         self.cp_group = as_cp_group(group)
-        self.world_size = self.cp_group.world_size
-        self.rank = self.cp_group.rank_in_group
+        self.world_size, self.rank = self.cp_group.world_size, self.cp_group.rank_in_group
         # A single-rank group exchanges nothing: no switch applies there (DCPConfig docstring).
         if (
             config.use_direct_kv_gather is True
@@ -267,8 +253,6 @@ class DCPManager:
         self._combine_row_shape = (self.group_num_heads, self.head_dim)
         self._query_row_shape = (self.num_heads, self.query_head_dim)
         if padded_num_heads is not None:
-            # Checked here, not per call: a capacity below N*H_r fails every query gather, and
-            # a direct workspace refusing it would read as "direct path unavailable" instead.
             check_positive_int("padded_num_heads", padded_num_heads)
             if padded_num_heads < self.group_num_heads:
                 raise ValueError(
@@ -288,65 +272,59 @@ class DCPManager:
             n, self.max_gathered_kv_tokens, self.kv_token_dim is not None, self._direct_kv_gather
         )
         self.selection = DCPSelection(combine, combine_reason, q_path, q_reason, kv_path, kv_reason)
-        #: path taken by the most recent call of each collective that returned (per-call
-        #: fallbacks show here; a call that raised leaves the previous value)
+        #: path of the latest call of each collective that returned (fallbacks show here)
         self.last_combine_path: CombinePath | None = None
         self.last_query_gather_path: QueryGatherPath | None = None
         self.last_kv_gather_path: KVGatherPath | None = None
         #: number of calls of this manager that fell back from a direct path to the NCCL path
         self.num_fallbacks = 0
-        _log_once(
-            logging.INFO,
-            f"DCP collectives (N={self.world_size}, H_r={self.num_heads}, D={self.head_dim}, "
-            f"{self.dtype}, backend={config.comm_backend}, pcp={config.use_pcp}): "
-            + self.selection.describe(),
+        line = (
+            f"DCP collectives (N={n}, H_r={self.num_heads}, D={self.head_dim}, {self.dtype}, "
+            f"backend={config.comm_backend}, pcp={config.use_pcp}): {self.selection.describe()}"
         )
+        if _first_time(line):
+            logger.info(line)
 
     # -- direct paths (collective: every rank in the same order) -----------------------------
     def _direct_a2a(self) -> str | None:
         """Build the direct A2A unless gating says no (``selection.DirectProbe``)."""
-        cfg = self.config
+        cfg, g, dev, use = self.config, self.group, self.device, self.config.use_direct_a2a
         self.direct_a2a, why = _try_direct(
-            lambda: direct_a2a_unavailable_reason(
-                self.group, self.dtype, cfg.use_direct_a2a, device=self.device
-            ),
+            lambda: direct_a2a_unavailable_reason(g, self.dtype, use, device=dev),
             lambda: get_direct_dcp_a2a_workspace(
-                self.group, self.device, cfg.max_num_tokens, self.num_heads, self.head_dim,
-                self.dtype, cfg.num_ubatches, cfg.use_direct_a2a,
+                g, dev, cfg.max_num_tokens, self.num_heads, self.head_dim, self.dtype,
+                cfg.num_ubatches, use,
             ),
-            cfg.use_direct_a2a,
+            use,
         )  # fmt: skip
         return why
 
-    def _direct_q_gather(self) -> str | None:
-        cfg = self.config
+    def _direct_q_gather(self) -> str | None:  # see _direct_a2a
+        cfg, g, dev, use = self.config, self.group, self.device, self.config.use_direct_q_gather
         self.direct_q_gather, why = _try_direct(
             lambda: direct_gather_unavailable_reason(
-                self.group, self.query_dtype, cfg.use_direct_q_gather, what="direct q-gather",
-                device=self.device,
+                g, self.query_dtype, use, what="direct q-gather", device=dev
             ),
             lambda: get_direct_dcp_q_gather_workspace(
-                self.group, self.device, cfg.max_num_tokens, self.num_heads,
-                self.query_head_dim, self.query_dtype, cfg.num_ubatches,
-                self.padded_num_heads, cfg.use_direct_q_gather,
+                g, dev, cfg.max_num_tokens, self.num_heads, self.query_head_dim,
+                self.query_dtype, cfg.num_ubatches, self.padded_num_heads, use,
             ),
-            cfg.use_direct_q_gather,
+            use,
             "use_direct_q_gather",
         )  # fmt: skip
         return why
 
-    def _direct_kv_gather(self) -> str | None:  # asked only with a kv_token_dim
-        cfg = self.config
+    def _direct_kv_gather(self) -> str | None:  # see _direct_a2a; asked with a kv_token_dim
+        cfg, g, dev, use = self.config, self.group, self.device, self.config.use_direct_kv_gather
         self.direct_kv_gather, why = _try_direct(
             lambda: direct_gather_unavailable_reason(
-                self.group, self.kv_dtype, cfg.use_direct_kv_gather, DIRECT_KV_GATHER_DTYPES,
-                what="direct kv-gather", device=self.device,
+                g, self.kv_dtype, use, DIRECT_KV_GATHER_DTYPES, what="direct kv-gather", device=dev
             ),
             lambda: get_direct_dcp_kv_gather_workspace(
-                self.group, self.device, self.max_gathered_kv_tokens, self.kv_token_dim or 0,
-                self.kv_dtype, cfg.num_ubatches, cfg.use_direct_kv_gather,
+                g, dev, self.max_gathered_kv_tokens, self.kv_token_dim or 0, self.kv_dtype,
+                cfg.num_ubatches, use,
             ),
-            cfg.use_direct_kv_gather,
+            use,
             "use_direct_kv_gather",
         )  # fmt: skip
         return why
@@ -368,7 +346,7 @@ class DCPManager:
 
     def _fallback(self, what: str, reason: str) -> None:
         """Count a per-call fallback; log it at INFO the first time this process sees its
-        reason (numbers aside: every layer of a model meets the same oversized step)."""
+        reason, numbers aside."""
         self.num_fallbacks += 1
         if _first_time(f"fallback|{what}|{_NUMBERS.sub('#', reason)}"):
             logger.info(
@@ -384,8 +362,7 @@ class DCPManager:
     def _check_combine_inputs(
         self, partial_output: torch.Tensor, partial_lse: torch.Tensor
     ) -> None:
-        # On every call: one shape read per tensor, compared as tuples (about half the host
-        # time of per-dimension .dim() / .shape[i] reads).
+        # One shape read per tensor, compared as tuples: the cheapest check per call.
         if not (isinstance(partial_output, torch.Tensor) and isinstance(partial_lse, torch.Tensor)):
             raise TypeError(
                 "partial_output and partial_lse must be tensors, got "
@@ -454,8 +431,8 @@ class DCPManager:
             partial_output: ``[T, N*H_r, D]`` partial output of this rank's KV shard.
             partial_lse: ``[T, N*H_r]`` its LSE (base as configured).
             seq_lens: ``[R]`` this rank's local KV length per request (optional, with
-                ``query_start_loc``: empty-shard and padding rows contribute nothing).
-            query_start_loc: ``[R+1]`` cumulative query offsets.
+                ``query_start_loc [R+1]``: empty-shard and padding rows contribute nothing).
+            query_start_loc: see ``seq_lens``.
             return_lse: also return the combined LSE.
 
         Returns:
@@ -464,13 +441,9 @@ class DCPManager:
         Raises:
             TypeError: a non-tensor input (and what the combine ops raise).
             ValueError: ``partial_output`` not ``[T, N*H_r, D]`` (with PCP: ``[T, H, D]``, any
-                H) for this manager's N, H_r and D, or ``partial_lse`` not its ``[T, H]``,
-                whichever path is selected; an input on another device than the direct
-                path's (and what the combine ops raise: dtypes, ``seq_lens`` /
-                ``query_start_loc``, ...).
-            RuntimeError: grad mode is on and an input requires grad, on every path (no
-                autograd formula: ``cpattn_common.dispatch.refuse_grad``; the direct A2A
-                refuses, the NCCL combine ops would only fail in ``backward``).
+                H) or ``partial_lse`` not its ``[T, H]``, whichever path is selected; an input
+                on another device than the direct path's (and what the combine ops raise).
+            RuntimeError: grad mode is on and an input requires grad, on every path.
         """
         refuse_grad("DCPManager.combine", partial_output=partial_output, partial_lse=partial_lse)
         path = self.selection.combine
@@ -478,9 +451,8 @@ class DCPManager:
         if path == "direct_a2a":
             ws = self.direct_a2a
             assert ws is not None
-            # The workspace was built for this manager's geometry, so an input it takes as it
-            # is needs no other check (the hot path; lse_reduce checks the LSE against it).
-            # Anything else is checked as a caller mistake first, then mended or sent to NCCL.
+            # What the workspace takes as it is needs no other check (the hot path); anything
+            # else is checked as a caller mistake first, then mended or sent to NCCL.
             reason = (
                 ws.unsupported_reason(partial_output, partial_lse)
                 if isinstance(partial_output, torch.Tensor)
@@ -506,8 +478,7 @@ class DCPManager:
         else:
             self._check_combine_inputs(partial_output, partial_lse)
         if not torch.compiler.is_compiling():  # dynamo cannot trace is_neg()
-            # The NCCL ops refuse torch's negative bit (their kernels read memory); a copy
-            # holds the values, as on the direct path, so every path takes such an input.
+            # The NCCL ops refuse torch's negative bit; a copy holds the values (as direct).
             if partial_output.is_neg():
                 partial_output = partial_output.resolve_neg()
             if partial_lse.is_neg():
@@ -534,19 +505,15 @@ class DCPManager:
         """All heads of the group's query: ``[T, H_r, D_q]`` -> ``[T, N*H_r, D_q]`` (rank-major).
 
         With the direct gather the result is a view of a persistent buffer that the peers
-        write into: it is valid until this rank enters this layer's combine (the next
-        rendezvous across ranks). Once every rank has contributed to that combine, a faster
-        peer may finish it and start its next gather on this ubatch, overwriting the buffer
-        before this rank calls ``query_gather`` again; copy the result if it is needed after
-        the combine.
+        write into, valid until this rank enters this layer's combine (a faster peer may then
+        start its next gather): copy the result if it is needed after the combine.
 
         Raises:
             RuntimeError: PCP is on (``has_query_gather`` is False); grad mode is on and
-                ``query`` requires grad (every path refuses it).
+                ``query`` requires grad.
             TypeError: ``query`` is not a tensor.
-            ValueError: ``query`` is not ``[T, H_r, D_q]`` for this manager's H_r and D_q,
-                whichever path is selected; ``query`` on another device than the direct
-                path's.
+            ValueError: ``query`` is not ``[T, H_r, D_q]`` for this manager, whichever path is
+                selected; ``query`` on another device than the direct path's.
         """
         path = self.selection.query_gather
         if path == "none":
@@ -557,8 +524,7 @@ class DCPManager:
         if path == "direct":
             ws = self.direct_q_gather
             assert ws is not None
-            # As in combine: what the workspace takes as it is needs no other check.
-            reason = (
+            reason = (  # as in combine: the hot path first
                 ws.unsupported_reason(query) if isinstance(query, torch.Tensor) else "not a tensor"
             )
             if reason is not None:
@@ -585,22 +551,17 @@ class DCPManager:
                 device as ``local_kv``.
             local_kv: ``[T, D]`` this rank's rows (``D = kv_token_dim`` where one is given).
 
-        Returns:
-            The written view ``gathered_kv[:N*T]``.
-
         Raises:
             TypeError: a non-tensor argument.
             ValueError: a buffer with fewer than N*T rows, row shapes that differ, a row width
                 other than ``kv_token_dim``, a dtype / device mismatch or a non-contiguous
                 buffer, whichever path is selected.
-            RuntimeError: grad mode is on and either tensor requires grad (every path refuses
-                it).
+            RuntimeError: grad mode is on and either tensor requires grad.
         """
         if self.selection.kv_gather == "direct":
             ws = self.direct_kv_gather
             assert ws is not None
-            # As in combine: what the workspace takes as it is needs no other check.
-            if (
+            if (  # as in combine: the hot path first
                 isinstance(gathered_kv, torch.Tensor)
                 and isinstance(local_kv, torch.Tensor)
                 and local_kv.dim() >= 1
@@ -615,16 +576,11 @@ class DCPManager:
                     return target
             self._check_kv(gathered_kv, local_kv)
             _check_device(ws.device, local_kv=local_kv)  # gathered_kv: same (_check_kv)
-            # 2-D here: the direct path exists only with a kv_token_dim, checked above.
-            target = gathered_kv[: self.world_size * local_kv.shape[0]]
-            reason = ws.unsupported_reason(target, local_kv)
-            if reason is None:  # T = 0 into a buffer the checks above accepted
-                ws.gather(target, local_kv, checked=True)
-                self.last_kv_gather_path = "direct"
-                return target
-            if ws.unsupported_reason(target, local_kv, layout=False) is None:
-                # Only this rank's layouts stand in the way (see _packed): mend what is off, a
-                # packed copy of the rows and / or a fresh buffer copied into the caller's.
+            target = gathered_kv[: self.world_size * local_kv.shape[0]]  # 2-D: kv_token_dim
+            reason = ws.unsupported_reason(target, local_kv, layout=False)
+            if reason is None:
+                # At most this rank's layouts stand in the way (see _packed): mend what is off,
+                # a packed copy of the rows and / or a fresh buffer copied into the caller's.
                 local = local_kv if ws.layout_ok(local_kv) else _packed(local_kv)
                 if ws.layout_ok(target):
                     ws.gather(target, local, checked=True)
