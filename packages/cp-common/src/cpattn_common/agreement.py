@@ -1,19 +1,13 @@
 """Agreement of a group's ranks on a rank-local step before the next collective step.
 
-A symmetric allocation is a local step (``empty``: it can fail on one rank only, out of memory
-after a KV cache took the rest) followed by a collective one (``rendezvous``). If the failing
-rank raised at once, its peers would wait in the rendezvous for good. ``agree_on_local_step``
-sits between the two: one all-gather of a flag per rank, after which every rank knows whether
-all of them succeeded, and all raise ``SymmetricAllocationError`` together if not.
-``agreed_symmetric_empty`` is that local step and agreement in one, used by
-``DirectCPWorkspace.allocate`` and the capability probe's rendezvous. ``gather_rank_values``
-is the all-gather itself, for decisions that must come out the same on every rank (the probe's
-multicast answer, a workspace's multicast addresses).
-
-An agreement allocates nothing: its all-gather sends from and receives into the scratch of
-``agreement_flag``, allocated by the caller before its first collective step. An allocation
-inside the agreement could itself fail on one rank only, and that rank would then leave the
-all-gather its peers are in.
+A symmetric allocation is a local step (``empty``: it can fail on one rank only, out of memory)
+followed by a collective one (``rendezvous``); were the failing rank to raise at once, its
+peers would wait in the rendezvous for good. ``agree_on_local_step`` sits between the two: one
+all-gather of a flag per rank, after which all raise ``SymmetricAllocationError`` together if
+any failed. ``agreed_symmetric_empty`` is the allocation and its agreement in one;
+``gather_rank_values`` is the all-gather itself, for decisions that must come out the same on
+every rank. An agreement allocates nothing: it gathers through the scratch of
+``agreement_flag``, allocated by the caller before its first collective step.
 """
 
 from __future__ import annotations
@@ -35,10 +29,9 @@ __all__ = [
 
 
 class SymmetricAllocationError(RuntimeError):
-    """A symmetric allocation failed on at least one rank of the group; raised on every rank
-    (``failed_ranks`` names them, in group ranks). Raised before the rendezvous when the local
-    allocation failed, after it when a rank-local step following it did (no handle, the peer
-    table). On a rank that failed, ``__cause__`` is its own error."""
+    """A symmetric allocation (or a rank-local step after its rendezvous) failed on at least one
+    rank; raised on every rank (``failed_ranks``, in group ranks). On a rank that failed,
+    ``__cause__`` is its own error."""
 
     def __init__(self, message: str, failed_ranks: list[int]):
         super().__init__(message)
@@ -46,17 +39,14 @@ class SymmetricAllocationError(RuntimeError):
 
 
 class AgreementError(RuntimeError):
-    """The all-gather of an agreement failed on this rank (``__cause__``: the collective's
-    error). Unlike a failed local step, this cannot be agreed: the ranks may be out of step,
-    so it propagates (the group is broken) instead of being answered as an agreed failure."""
+    """The all-gather of an agreement failed on this rank (``__cause__``): the ranks may be out
+    of step, so the group is broken; this is no agreed failure."""
 
 
 def agreement_flag(group: CPGroupLike, device: torch.device) -> torch.Tensor:
     """The int64 ``[1 + N]`` scratch that ``gather_rank_values`` and ``agree_on_local_step``
-    gather through (element 0: this rank's value; elements 1..N: every rank's): on ``device``,
-    except for a gloo group (host tensors). Allocate it before the local step and before the
-    first collective it is meant to agree: an out-of-memory device may refuse even a few bytes
-    after it, and an agreement allocates nothing of its own."""
+    gather through (element 0: this rank's value; 1..N: every rank's), on ``device`` (host for
+    gloo). Allocate it before the local step it is meant to agree."""
     on_host = getattr(group, "backend", None) == "gloo"
     return torch.empty(1 + group.world_size, dtype=torch.int64, device="cpu" if on_host else device)
 
@@ -64,9 +54,7 @@ def agreement_flag(group: CPGroupLike, device: torch.device) -> torch.Tensor:
 def gather_rank_values(group: CPGroupLike, flag: torch.Tensor, value: int) -> list[int]:
     """Collective: every rank's ``value`` (an int64), in group rank order.
 
-    One all-gather over ``group`` from ``flag[:1]`` into ``flag[1:]`` (``flag`` is the scratch
-    of ``agreement_flag``), so nothing is allocated on the device: a decision taken from the
-    result is the same on every rank.
+    One all-gather from ``flag[:1]`` into ``flag[1:]`` (``agreement_flag``'s scratch).
 
     Raises:
         ValueError: ``flag`` is not such a scratch for this group.
@@ -94,14 +82,9 @@ def agree_on_local_step(
 ) -> None:
     """Collective: raise ``SymmetricAllocationError`` on every rank if ``failure`` is set on any.
 
-    Call it after a rank-local step that may fail on some ranks only (an allocation) and before
-    the next collective step, so a failing rank does not leave its peers waiting in that step.
-
-    Args:
-        group: the group whose ranks must agree (one all-gather over it).
-        flag: the scratch tensor of ``agreement_flag``.
-        failure: this rank's error of the local step, or ``None``.
-        what: the step, named in the message.
+    Call it after a rank-local step that may fail on some ranks only and before the next
+    collective step. ``failure``: this rank's error of the step, or ``None``; ``what`` names
+    the step in the message; ``flag``: ``agreement_flag``'s scratch.
 
     Raises:
         SymmetricAllocationError: on every rank, when the step failed on any.
@@ -134,14 +117,11 @@ def agreed_symmetric_empty(
     (collective: the ranks agree before the caller's rendezvous).
 
     Args:
-        symm_mem: ``torch.distributed._symmetric_memory`` (the caller's handle on it).
+        symm_mem: ``torch.distributed._symmetric_memory``.
         group: the group that will rendezvous on the buffer.
         shape / dtype / device: of the buffer.
         what: the allocation, named in the error.
-        flag: the scratch tensor of ``agreement_flag``, allocated by the caller before its
-            first collective step. ``None`` allocates one here; that allocation is the only
-            step that can fail outside the agreement (the rank then raises without taking
-            part, and its peers wait in the all-gather until the group's timeout).
+        flag: ``agreement_flag``'s scratch (``None``: allocated here, outside the agreement).
 
     Raises:
         SymmetricAllocationError: on every rank, when the allocation failed on any.

@@ -1,14 +1,9 @@
 """LSE merge of partial attention states in plain torch, and the checks of its inputs.
 
-The Triton op is ``cpattn_common.ops.merge_attn_states.merge_attn_states``; it falls back to
-this module's twin where Triton cannot run (the CPU without ``TRITON_INTERPRET=1``).
-
-- ``merge_attn_states_torch``: the readable math in plain torch: the formula, guards and
-  fp32 arithmetic of the Triton kernel (``cpattn_common.kernels.merge_attn_states``; weights
-  as ``b^(l - m) * (1 / S)``). Results can differ from the kernel's in the last bit (the
-  order of the sum over N, the rounding of ``exp`` / ``log``): fp32 outputs by a few ulps of
-  ``sum_n |w_n o_n|`` (more ulps of the result where the partials cancel), 16-bit outputs by
-  one unit of their last place. See ``docs/packages/common.md`` for the formula.
+``merge_attn_states_torch`` is the Triton op's twin (``ops.merge_attn_states`` falls back to it
+where Triton cannot run): the formula, guards and fp32 arithmetic of the kernel, weights as
+``b^(l - m) * (1 / S)``. Results can differ from the kernel's in the last bit (the order of the
+sum over N, the rounding of ``exp`` / ``log``). The formula: ``docs/packages/common.md``.
 """
 
 from __future__ import annotations
@@ -87,8 +82,7 @@ def merge_attn_states_torch(
     Raises:
         ValueError: shapes other than ``[N, B, H, D]`` / ``[N, B, H]`` or that disagree,
             ``N == 0``, ``D == 0``, tensors on different devices.
-        TypeError: non-tensor or non-floating arguments; an ``is_lse_base_on_e`` that is not
-            a bool (``None`` or ``"False"`` would select a base silently).
+        TypeError: non-tensor or non-floating arguments; a non-bool ``is_lse_base_on_e``.
     """
     is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
     validate_merge_inputs(partial_outs, partial_lses, any_float=True)

@@ -7,22 +7,13 @@ it with identical shapes in identical order) and returns the local storage plus 
 (the first dim of every workspace shape is the ubatch dim ``U``). ``epoch`` holds one int64
 counter per ubatch slot for the signal protocol of the ops built on top.
 
-Allocation backends:
-
-- a group that provides ``allocate_symmetric(shape, dtype, device) -> (storage, peer_views)``
-  (the in-process simulated groups of cpattn_testing) is used as is;
-- otherwise ``torch.distributed._symmetric_memory``: ``empty`` + zero-fill + device sync (so a
-  peer never observes uninitialised signal memory; epoch 0 is never a published epoch), then
-  the ranks agree that every one of them allocated (one all-gather of a flag), then
-  ``rendezvous`` on the group's name, ``get_buffer`` per peer and the peer table, a second
-  agreement that every rank got a handle and built its table, then ``barrier``.
-
-The agreement is what keeps a rank-local failure (out of memory on one rank, typically after a
-KV cache took the rest) from splitting the group: without it, the failing rank raised while its
-peers waited in the rendezvous for good. With it, every rank raises
-``SymmetricAllocationError`` naming the ranks that failed, so callers that fall back (the
-direct paths of cp-dcp) fall back together. The flag both agreements gather is allocated with
-the workspace (``agreement_flag``), so no allocation falls outside an agreement.
+A group that provides ``allocate_symmetric(shape, dtype, device) -> (storage, peer_views)``
+(the simulated groups of cpattn_testing) allocates; otherwise
+``torch.distributed._symmetric_memory``: ``empty`` + zero-fill + device sync (epoch 0 is never a
+published epoch), an agreement that every rank allocated, ``rendezvous``, the peer table, a
+second agreement, ``barrier``. The agreements keep a rank-local failure (out of memory on one
+rank) from splitting the group: every rank raises ``SymmetricAllocationError`` naming the ranks
+that failed, so callers fall back together.
 
 ``close()`` (or leaving the ``with`` block) drops every buffer so a workspace can be rebuilt.
 """
@@ -72,9 +63,8 @@ class DirectCPWorkspace:
     Attributes:
         group, world_size (N), rank, device, num_ubatches (U);
         epoch: int64 ``[U]`` zeros on ``device`` (one signal epoch per ubatch slot);
-        agreement_flag: the int64 ``[1 + N]`` scratch of the ranks' agreements
-            (``cpattn_common.agreement``), allocated here so that the agreements of
-            ``allocate`` allocate nothing.
+        agreement_flag: the int64 ``[1 + N]`` scratch of the ranks' agreements, allocated
+            here so that the agreements of ``allocate`` allocate nothing.
     """
 
     def __init__(self, group: Any, device: torch.device | str, num_ubatches: int = 1):
@@ -140,8 +130,6 @@ class DirectCPWorkspace:
         """
         if self._closed:
             raise RuntimeError("DirectCPWorkspace is closed")
-        # Checked first: the message below iterates the shape (an int or None raised "'int'
-        # object is not iterable"); a string would be split into characters, bytes read as ints.
         if isinstance(shape, (str, bytes, bytearray)) or not isinstance(shape, Sequence):
             raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
         try:  # a float or a string is an error, not a truncated size
@@ -204,11 +192,8 @@ class DirectCPWorkspace:
             symm_mem, self.group, shape, dtype, self.device, what, flag
         )
         handle: Any = symm_mem.rendezvous(storage, pg.group_name)
-        # What follows the rendezvous is rank-local again (mapping the peers' buffers, the peer
-        # table's copy to the device): agreed before the barrier, so a rank that failed there
-        # does not leave its peers waiting in it. (A missing handle is agreed the same way;
-        # torch's CUDA backend returns None only for a buffer it did not allocate, before its
-        # exchange, so it cannot follow the symm_mem.empty above.)
+        # What follows the rendezvous is rank-local again: agreed before the barrier, so a rank
+        # that failed there does not leave its peers waiting in it.
         failure: Exception | None = None
         views: list[torch.Tensor] = []  # bound on every rank for the del below
         try:
@@ -221,9 +206,7 @@ class DirectCPWorkspace:
         try:
             agree_on_local_step(self.group, flag, failure, f"rendezvous of the {what}")
         except SymmetricAllocationError:
-            # Freed now on every rank, not with the frames of the traceback (which a caller
-            # may keep for a different time on each rank).
-            del storage, handle, views
+            del storage, handle, views  # freed now, not with the traceback's frames
             raise
         barrier = getattr(handle, "barrier", None)
         if barrier is not None:
@@ -235,8 +218,8 @@ class DirectCPWorkspace:
         """Per-ubatch multicast addresses of ``storage`` (a buffer from ``allocate``).
 
         A store through such an address lands in every rank's copy. All zeros when the
-        environment disables multicast (nothing is asked of the handle then), the storage is
-        unknown, the allocation has no multicast address, or anything fails.
+        environment disables multicast (the handle is not asked), the storage is unknown, the
+        allocation has no multicast address, or anything fails.
         """
         zeros = [0] * self.num_ubatches
         if multicast_disabled_by_env():

@@ -21,27 +21,17 @@ so each partial element is read exactly once. ``N`` and ``D`` are constexpr: the
 is unrolled and the D mask folds away when ``D == BLOCK_D``. Offsets are int64; per-source
 pointers advance by addition so ``n * stride`` never overflows 32 bits.
 
-Host cost: every int parameter is annotated (``tl.int32`` / ``tl.int64``) and listed in
-``do_not_specialize``, so Triton's specialization (and ``cpattn_common.launch``'s cache key)
-depends only on the tensors and the constexprs. What value specialization used to give comes
-back through constexprs: ``VEC`` (the widest power-of-two element count, at most 16 bytes,
-dividing the N / B / H strides; the kernel multiplies the strides by it, so the compiler knows
-each row start is ``VEC``-aligned and emits 16-byte vector loads) and ``D_CONTIG``
-(``stride_po_d == 1``).
+Host cost: every int parameter is annotated and listed in ``do_not_specialize``, so Triton's
+specialization depends only on the tensors and the constexprs: ``VEC`` (the widest
+power-of-two element count, at most 16 bytes, dividing the N / B / H strides, which arrive in
+its units: 16-byte vector loads) and ``D_CONTIG`` (``stride_po_d == 1``).
 
-Two variants (``EAGER``):
-
-- ``EAGER`` (latency-bound grids, e.g. decode): every load first in program order (N partial
-  tiles, then N LSE rows; ptxas keeps them ahead of the weight math at the decode tiles'
-  four warps, and may sink some partial loads at wider vectors), then the weights, then
-  ``sum_n where(w_n == 0, 0, w_n * o_n)``. (Volatile loads, which pin that order, measured
-  slower at every decode size: ``docs/performance-notes.md``, "The merge at decode sizes".)
-- otherwise (large grids): the LSE passes first, then one weighted pass that loads a partial
-  only where its weight is nonzero (saves the bandwidth of empty shards; other programs on the
-  SM hide the LSE round trip).
+``EAGER`` (latency-bound decode grids): every load first in program order (N partial tiles,
+then N LSE rows), then the weights, then ``sum_n where(w_n == 0, 0, w_n * o_n)``. Otherwise
+(large grids): the LSE passes first, then one weighted pass that loads a partial only where its
+weight is nonzero (saves the bandwidth of empty shards).
 
 Local-name prefixes: ``o_`` offsets, ``m_`` masks, ``p_`` pointers, ``b_`` block values.
-Written for this project (no adapted code).
 """
 
 from __future__ import annotations
