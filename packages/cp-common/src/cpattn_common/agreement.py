@@ -1,13 +1,19 @@
 """Agreement of a group's ranks on a rank-local step before the next collective step.
 
-A symmetric allocation is a local step (``empty``: it can fail on one rank only, out of memory)
-followed by a collective one (``rendezvous``); were the failing rank to raise at once, its
-peers would wait in the rendezvous for good. ``agree_on_local_step`` sits between the two: one
-all-gather of a flag per rank, after which all raise ``SymmetricAllocationError`` together if
-any failed. ``agreed_symmetric_empty`` is the allocation and its agreement in one;
-``gather_rank_values`` is the all-gather itself, for decisions that must come out the same on
-every rank. An agreement allocates nothing: it gathers through the scratch of
-``agreement_flag``, allocated by the caller before its first collective step.
+A symmetric allocation is a local step (``empty``: it can fail on one rank only, out of memory
+after a KV cache took the rest) followed by a collective one (``rendezvous``). If the failing
+rank raised at once, its peers would wait in the rendezvous for good. ``agree_on_local_step``
+sits between the two: one all-gather of a flag per rank, after which every rank knows whether
+all of them succeeded, and all raise ``SymmetricAllocationError`` together if not.
+``agreed_symmetric_empty`` is that local step and agreement in one, used by
+``DirectCPWorkspace.allocate`` and the capability probe's rendezvous. ``gather_rank_values``
+is the all-gather itself, for decisions that must come out the same on every rank (the probe's
+multicast answer, a workspace's multicast addresses).
+
+An agreement allocates nothing: its all-gather sends from and receives into the scratch of
+``agreement_flag``, allocated by the caller before its first collective step. An allocation
+inside the agreement could itself fail on one rank only, and that rank would then leave the
+all-gather its peers are in.
 """
 
 from __future__ import annotations
