@@ -4,16 +4,12 @@ A row ``i`` of a DCP decode batch is *empty* on this rank when it is a padding r
 (``i >= query_start_loc[R]``) or its request ``s`` has no local KV (``seq_lens[s] == 0``),
 where ``s = min(#{k in 1..R : query_start_loc[k] <= i}, R - 1)``. Empty rows get LSE -inf.
 
-The request index ``#{k : query_start_loc[k] <= i}`` is counted directly over all ``R``
-boundaries, loaded together with all ``R`` lengths (one round of independent loads, the
-length picked by a one-hot reduction: lowest latency at decode sizes) when
-``R < 2^COUNT_MAX_STEPS``, and found by a branchless 16-ary search over the sorted boundaries
-otherwise (``ceil(SEARCH_STEPS / 4)`` rounds of 16 independent loads; a binary search took
-``SEARCH_STEPS`` dependent rounds: H200, fused into the A2A pack at B = R = 4096, 0.80-0.82
-of the copy bandwidth against 0.84-0.86). Only ``SEARCH_STEPS = log2(next_pow2(R + 1))`` is
-a compile-time constant, never ``R``.
-``_row_is_empty`` is shared with the A2A pack kernel, which makes the fused mask
-bit-identical to ``mask_dcp_empty_shards_``.
+The request index is counted directly over all ``R`` boundaries (one round of independent
+loads, the length picked by a one-hot reduction) when ``R < 2^COUNT_MAX_STEPS``, else found by
+a branchless 16-ary search (docs/design.md, "Empty shards: where they are masked"). Only
+``SEARCH_STEPS = log2(next_pow2(R + 1))`` is a compile-time constant, never ``R``.
+``_row_is_empty`` is shared with the A2A pack kernel, so the fused mask is bit-identical to
+``mask_dcp_empty_shards_``.
 """
 
 import triton
