@@ -3,31 +3,19 @@
 A result passes :func:`assert_close_to_ref` when all of these hold:
 
 - same shape;
-- wherever the reference is finite, the result is finite (a NaN where the reference has a
-  number always fails: poisoned outputs that a kernel forgot to write show up here);
-- wherever the reference is ±inf (e.g. LSE -inf of an empty row), the result is the same inf;
+- wherever the reference is finite, the result is finite (poisoned outputs a kernel forgot to
+  write fail here); wherever the reference is ±inf, the result is the same inf;
 - elementwise ``|actual - ref| <= atol + rtol * |ref|`` on the finite entries;
 - relative norm error ``||actual - ref|| / ||ref|| <= max_rel_norm`` over the finite entries,
-  give or take one subnormal spacing of ``dtype`` per entry (a result stored in the subnormal
-  range cannot be closer: an fp16 value of 6e-6 is only 2**-24 apart from its neighbours)
-  (skipped when ``||ref|| <= 1e-3 * atol * sqrt(n)``: for an essentially zero reference the
-  elementwise ``atol`` is the meaningful bound; a reference merely small next to ``atol``,
-  such as an attention output averaged over a long context, is still held to it, or an all-zero
-  result would pass).
+  give or take one subnormal spacing of ``dtype`` per entry; skipped for an essentially zero
+  reference (``||ref|| <= 1e-3 * atol * sqrt(n)``), where ``atol`` is the meaningful bound.
 
-A merged LSE ``L = m + log(sum_n exp(l_n - m))`` (``m`` the largest LSE) carries an absolute
-rounding error of about ``eps * (|m| + 1)`` whatever its value: an fp32 LSE near 0 (``m = 0``
-and a small ``log`` of a sum near 1) fails a tolerance relative to ``|L|`` alone. Pass
-``scale=lse_magnitude(lses)`` (``|m| + 1``) when checking one, and ``|ref|`` above becomes
-``max(|ref|, scale)`` in both the elementwise and the norm criteria.
-
-Entries where the reference itself is NaN are not checked.
-
-``dtype`` names the precision the result was *computed or stored* in (bf16 output -> bf16
-tolerances), which is usually ``actual.dtype``. For sums over a long axis pass its length as
-``reduction_len``: ``atol`` then grows with ``sqrt(reduction_len)`` (rounding errors of a
-sum grow like a random walk). The same thresholds apply on every machine; there is no
-CI-only softening.
+A merged LSE carries an absolute rounding error of about ``eps * (|m| + 1)`` (``m`` the largest
+LSE merged) whatever its value: pass ``scale=lse_magnitude(lses)`` when checking one, and
+``|ref|`` above becomes ``max(|ref|, scale)``. Entries where the reference is NaN are not
+checked. ``dtype`` names the precision the result was computed or stored in; for sums over a
+long axis pass its length as ``reduction_len`` (``atol`` grows with its square root). The same
+thresholds apply on every machine.
 """
 
 from __future__ import annotations
@@ -76,12 +64,8 @@ def tolerance(dtype: torch.dtype) -> tuple[float, float, float]:
 
 
 def coarsest(*dtypes: torch.dtype) -> torch.dtype:
-    """The dtype with the loosest tolerance among ``dtypes``.
-
-    A combine's output carries the error of both its output dtype and its LSE dtype (a bf16 LSE
-    perturbs the weights by about ``2**-8 * |lse|``), so check it under
-    ``coarsest(out_dtype, lse_dtype)``.
-    """
+    """The dtype with the loosest tolerance among ``dtypes``: check a combine's output under
+    ``coarsest(out_dtype, lse_dtype)`` (a bf16 LSE perturbs the weights too)."""
     if not dtypes:
         raise ValueError("coarsest() needs at least one dtype")
     return max(dtypes, key=lambda dt: tolerance(dt))
@@ -96,13 +80,9 @@ def _fmt_index(flat: int, shape: torch.Size) -> tuple[int, ...]:
 
 
 def lse_magnitude(lses: torch.Tensor, dim: int = 0) -> torch.Tensor:
-    """``|m| + 1`` with ``m`` the largest finite entry of ``lses`` along ``dim`` (1 where
-    there is none), float64: the size of the terms a merged LSE is computed from.
-
-    Pass it as ``scale`` to :func:`assert_close_to_ref` when checking a merged LSE (e.g.
-    ``lses [N, B, H]`` of the sources -> ``[B, H]``): ``m + log(s)`` with ``s`` in ``[1, N]``
-    leaves about ``eps * (|m| + 1)`` of absolute error in any precision.
-    """
+    """``|m| + 1`` with ``m`` the largest finite entry of ``lses`` along ``dim`` (0 where
+    there is none), float64: pass it as ``scale`` to :func:`assert_close_to_ref` when checking
+    a merged LSE (``lses [N, B, H]`` of the sources -> ``[B, H]``)."""
     l64 = lses.detach().to(torch.float64)
     m = torch.where(torch.isfinite(l64), l64, -math.inf).amax(dim=dim)
     return torch.where(torch.isfinite(m), m.abs(), 0.0) + 1.0
@@ -141,8 +121,7 @@ class _Comparison:
 
 
 def _subnormal_spacing(dtype: torch.dtype) -> float:
-    """The spacing of ``dtype``'s subnormals: the absolute error a value stored below its
-    smallest normal may carry whatever its size (fp16: 2**-24, about 6e-8)."""
+    """The spacing of ``dtype``'s subnormals (fp16: 2**-24)."""
     info = torch.finfo(dtype)
     return float(info.smallest_normal * info.eps)
 
@@ -158,13 +137,10 @@ def _norm_verdict(
     """``(relative norm error, whether it is checked, whether it passes)``."""
     ref_norm, err_norm = math.sqrt(ref_sq), math.sqrt(err_sq)
     rel_norm = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
-    # A reference that is essentially zero has no meaningful relative error: atol governs.
-    # "Essentially zero" is far below atol (an rms of atol itself is a legitimate small
-    # result: attention over 128k tokens of unit-variance values has an rms of about 5e-3).
+    # An essentially zero reference (far below atol) has no meaningful relative error.
     root_n = math.sqrt(max(1, n_finite))
     checked = ref_norm > _ZERO_FRACTION_OF_ATOL * atol * root_n
-    # Values in dtype's subnormal range carry up to one subnormal spacing of error each, which
-    # no relative bound can ask less of (hypothesis: an fp16 output of about 6e-6, 2e-8 off).
+    # Values in dtype's subnormal range carry up to one subnormal spacing of error each.
     allowed = max_rel_norm * ref_norm + _subnormal_spacing(dtype) * root_n
     return rel_norm, checked, err_norm <= allowed or not checked
 
@@ -265,10 +241,9 @@ def assert_close_to_ref(
 class ChunkedAgreement:
     """:func:`assert_close_to_ref` for a result checked one chunk at a time.
 
-    For results too large to hold next to a float64 copy (tensors past 2**31 elements): call
-    :meth:`add` with each chunk and its float64 reference, then :meth:`check`. The elementwise
-    and non-finite criteria apply to every chunk, the relative norm error to the whole
-    result. The work stays on the chunks' device (no copy to the host).
+    For results too large to hold next to a float64 copy: :meth:`add` each chunk with its
+    float64 reference, then :meth:`check` (the norm criterion over the whole result). The work
+    stays on the chunks' device.
 
     Example::
 
