@@ -74,11 +74,9 @@ class DCPConfig:
             ``pcp_world_size`` says that the DCP group is the PCP group.
         pcp_world_size: the PCP group's size ``N_pcp`` (only with ``use_pcp``; default
             unknown). When it equals the DCP group's size, the DCP group is the PCP group and
-            ``comm_backend="a2a"`` keeps the A2A, as vLLM and ``cpattn_pcp.resolve_dcp_combine``
-            do: each rank ends with its ``H/N`` output heads, which
-            ``cpattn_pcp.finalize_mla_pcp_decode`` gathers back over PCP. Otherwise (unknown,
-            or a DCP group spanning TP x PCP, where that gather would collect the wrong heads)
-            the combine all-reduces. The DCP size must be a multiple of it.
+            ``comm_backend="a2a"`` keeps the A2A (as ``cpattn_pcp.resolve_dcp_combine``;
+            ``finalize_mla_pcp_decode`` gathers the heads back); otherwise the combine
+            all-reduces. The DCP size must be a multiple of it.
         max_num_tokens: row capacity T_max of the direct A2A and direct Q-gather workspaces
             (decode batch incl. speculative tokens and CUDA-graph padding).
         num_ubatches: micro-batch slots (dual-batch overlap: 2).
@@ -89,19 +87,16 @@ class DCPConfig:
         use_direct_kv_gather: switch of the direct (multicast) KV gather (needs the manager's
             ``kv_token_dim`` and ``max_gathered_kv_tokens``).
 
-    Each ``use_direct_*`` switch is ``None`` (auto: capability probing decides, and never picks
-    a direct path for a non-CUDA device), ``True`` (force: a configuration the direct path
-    cannot serve raises instead of falling back) or ``False`` (off). Where NVLS multicast is
-    disabled by the environment the direct gathers stay off even when forced. A single-rank
-    group exchanges nothing, so no switch applies there (a configuration that contradicts
-    itself, below, still raises).
+    Each ``use_direct_*`` switch is ``None`` (auto: capability probing decides, never on a
+    non-CUDA device), ``True`` (force: a configuration the direct path cannot serve raises) or
+    ``False`` (off). Where the environment disables NVLS multicast the direct gathers stay off
+    even when forced; a single-rank group exchanges nothing, so no switch applies there.
 
     Raises:
         ValueError: an unknown ``comm_backend``, a count < 1, ``pcp_world_size`` without
-            ``use_pcp`` or equal to 1 (no PCP), ``use_direct_a2a=True`` with
-            ``comm_backend="ag_rs"`` or with ``use_pcp=True`` but no ``pcp_world_size`` or
-            with ``"auto"`` (PCP: AG+AR), ``use_direct_q_gather=True`` with ``use_pcp=True``
-            (a forced path the configuration never uses).
+            ``use_pcp`` or equal to 1, or a forced path the configuration never uses
+            (``use_direct_a2a=True`` with ``"ag_rs"``, or with PCP unless ``"a2a"`` and
+            ``pcp_world_size``; ``use_direct_q_gather=True`` with PCP).
         TypeError: a count that is not an int, a switch that is not a bool (or ``None``).
     """
 

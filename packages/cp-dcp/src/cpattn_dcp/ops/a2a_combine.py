@@ -124,12 +124,8 @@ def dcp_a2a_lse_reduce(
     seq_lens: torch.Tensor | None = None,
     query_start_loc: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """DCP combine by one packed all-to-all: rank r ends with heads ``[r*H/N, (r+1)*H/N)``.
-
-    Wire format: per-call send/recv buffers ``[N, B, H/N, D + P]`` of the output dtype
-    (``P = 2`` 16-bit lanes per fp32 LSE for fp16/bf16, 1 for fp32), one contiguous block
-    per destination: the ``B * H/N`` payload rows, then their fp32 LSE bits
-    (``a2a_buffer_views``).
+    """DCP combine by one packed all-to-all: rank r ends with heads ``[r*H/N, (r+1)*H/N)``
+    (wire format: ``a2a_pack``).
 
     Args:
         cp_attn_out: ``[B, H, D]`` this rank's partial output (fp16/bf16/fp32, any strides).
@@ -146,13 +142,11 @@ def dcp_a2a_lse_reduce(
         runs the single-source combine (empty rows → 0 / -inf) without communication.
 
     Raises:
-        ValueError: ``H % N != 0`` ("H=<H> must be divisible by DCP world size <N>."), an
-            output dtype other than fp16/bf16/fp32, bad shapes, device mismatch, inconsistent
-            ``seq_lens``/``query_start_loc`` (one ``None``, not 1-D, lengths), an input with
-            torch's negative bit (a lazily negated view, ``checks.check_no_neg_bit``).
-        TypeError: non-floating tensors; ``seq_lens``/``query_start_loc`` not tensors or
-            not of an integer dtype (as for ``mask_dcp_empty_shards_``); an
-            ``is_lse_base_on_e`` or ``return_lse`` that is not a bool.
+        ValueError: ``H % N != 0``, an output dtype other than fp16/bf16/fp32, bad shapes,
+            device mismatch, inconsistent ``seq_lens``/``query_start_loc``, an input with
+            torch's negative bit.
+        TypeError: non-floating tensors; ``seq_lens``/``query_start_loc`` not integer
+            tensors; a non-bool flag.
 
     Inference only (no autograd formula): see ``cpattn_common.dispatch``.
 

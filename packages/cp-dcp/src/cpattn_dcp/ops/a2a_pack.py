@@ -77,12 +77,10 @@ def a2a_buffer_views(buf: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, to
         ``(payload [N, B, H_r, D], lse_lanes [N, B, H_r, P])``: ``payload[n, b, j]`` is the
         partial output of token b, head ``n * H_r + j`` of the rank that packed block n;
         ``lse_lanes[n, b, j]`` its fp32 LSE bits (``.view(torch.float32)`` of a contiguous
-        copy gives ``[N, B, H_r, 1]`` fp32 LSEs; for 16-bit dtypes the two lanes are the low
-        and high halves and are not numbers).
+        copy gives the LSEs; 16-bit lanes hold the low and high halves).
 
     Raises:
-        ValueError: ``buf`` is not a contiguous 4-D buffer whose last dim is ``D + P``, or
-            its dtype is a float other than fp16/bf16/fp32.
+        ValueError: not a contiguous 4-D buffer of last dim ``D + P``; another float dtype.
         TypeError: ``buf`` is not a floating tensor, ``head_dim`` is not an int.
     """
     n, b, hr, width = _buffer_shape(buf, head_dim, "buf")
@@ -339,10 +337,8 @@ def a2a_pack(
 
     Raises:
         ValueError / TypeError: as :func:`dcp_a2a_lse_reduce` for the same arguments; a
-            ``send`` of another shape, dtype or device, not contiguous or with torch's
-            negative bit (``ValueError``).
-        RuntimeError: grad mode is on and ``send`` requires grad (the op writes it in place
-            and has no autograd formula).
+            ``send`` of another shape, dtype or device, not contiguous or negated.
+        RuntimeError: grad mode is on and ``send`` requires grad (written in place).
 
     Inference only (no autograd formula): see ``cpattn_common.dispatch``. Registered as
     ``torch.ops.cpattn_dcp.a2a_pack`` and, with ``send``, ``a2a_pack_into``.

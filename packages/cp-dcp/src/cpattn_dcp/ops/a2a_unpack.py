@@ -170,11 +170,10 @@ def a2a_unpack_combine(
         ``(out [B, H_r, D]`` in ``recv.dtype``, ``lse [B, H_r]`` fp32 or ``None)``.
 
     Raises:
-        TypeError: ``recv`` is not a floating tensor, ``head_dim`` is not an int, an
-            ``is_lse_base_on_e`` or ``return_lse`` that is not a bool.
-        ValueError: a float dtype other than fp16/bf16/fp32, ``recv`` not 4-D or not
-            contiguous, its last dim not ``D + P`` for ``head_dim``, or torch's negative bit
-            on it.
+        TypeError: ``recv`` is not a floating tensor, ``head_dim`` is not an int, a non-bool
+            flag.
+        ValueError: another float dtype, ``recv`` not 4-D, not contiguous, of last dim other
+            than ``D + P``, or negated.
 
     Inference only (no autograd formula): see ``cpattn_common.dispatch``. Registered as
     ``torch.ops.cpattn_dcp.a2a_unpack_combine`` (its LSE is empty without ``return_lse``).
