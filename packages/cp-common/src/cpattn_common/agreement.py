@@ -118,16 +118,11 @@ def agreed_symmetric_empty(
     what: str,
     flag: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """A zero-filled ``symm_mem.empty(shape)`` on ``device``, synchronized so that no peer can
-    see it uninitialised, on every rank, or ``SymmetricAllocationError`` on every rank
-    (collective: the ranks agree before the caller's rendezvous).
-
-    Args:
-        symm_mem: ``torch.distributed._symmetric_memory``.
-        group: the group that will rendezvous on the buffer.
-        shape / dtype / device: of the buffer.
-        what: the allocation, named in the error.
-        flag: ``agreement_flag``'s scratch (``None``: allocated here, outside the agreement).
+    """A zero-filled, synchronized ``symm_mem.empty(shape)`` (``symm_mem``:
+    ``torch.distributed._symmetric_memory``) on every rank of ``group``, or
+    ``SymmetricAllocationError`` naming ``what`` on every rank (collective: the ranks agree
+    before the caller's rendezvous). ``flag``: ``agreement_flag``'s scratch (``None``:
+    allocated here, outside the agreement).
 
     Raises:
         SymmetricAllocationError: on every rank, when the allocation failed on any.

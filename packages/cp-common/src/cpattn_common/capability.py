@@ -362,18 +362,10 @@ def direct_cp_disabled_reason(
     *,
     multicast: bool = False,
 ) -> str | None:
-    """Why the direct path (``multicast=True``: the multicast path) is off; ``None`` if on.
-
-    Args:
-        group: the CP group (``ProcessGroup``, ``DeviceMesh`` or ``CPGroupLike``).
-        dtype: the dtype the path would move.
-        use_direct: ``True`` / ``False`` force the unicast decision; ``None`` decides.
-        supported_dtypes: the dtypes the path supports (``None``: any).
-        multicast: ask about the multicast variant.
-
-    Raises:
-        TypeError: ``use_direct`` is not ``True``, ``False`` or ``None``.
-    """
+    """Why the direct path (``multicast=True``: the multicast path) is off for ``group`` and
+    ``dtype``; ``None`` if on. ``use_direct`` ``True`` / ``False`` forces the unicast decision
+    (``None`` decides); ``supported_dtypes`` ``None`` means any. ``TypeError`` for a
+    ``use_direct`` other than ``True``, ``False`` or ``None``."""
     _check_use_direct(use_direct)
     supported = None if supported_dtypes is None else tuple(supported_dtypes)  # read once
     if multicast:
@@ -409,15 +401,9 @@ def direct_cp_enabled(
     use_direct: bool | None,
     supported_dtypes: Any = None,
 ) -> bool:
-    """May ``group`` use the direct symmetric-memory collectives for ``dtype``?
-
-    An explicit ``use_direct`` (True/False) is returned as is. ``None`` decides: symmetric
-    memory importable, CUDA available, ``dtype`` in ``supported_dtypes`` (if given), and a
-    symmetric-memory rendezvous over the group working (collective probe, cached).
-
-    Raises:
-        TypeError: ``use_direct`` is not ``True``, ``False`` or ``None``.
-    """
+    """May ``group`` use the direct symmetric-memory collectives for ``dtype``? An explicit
+    ``use_direct`` is returned as is; ``None`` decides (symmetric memory, CUDA, a supported
+    dtype, a working rendezvous: a cached collective probe). ``TypeError`` as above."""
     _check_use_direct(use_direct)
     if use_direct is not None:
         return bool(use_direct)
@@ -430,14 +416,9 @@ def direct_cp_multicast_enabled(
     use_direct: bool | None,
     supported_dtypes: Any = None,
 ) -> bool:
-    """``direct_cp_enabled(...)`` and NVLink multicast available for the group.
-
-    False without any multicast call when the environment disables multicast; a forced
-    ``use_direct=True`` on a fabric without multicast gives False (fall back), not an error.
-
-    Raises:
-        TypeError: ``use_direct`` is not ``True``, ``False`` or ``None``.
-    """
+    """``direct_cp_enabled(...)`` and NVLink multicast available for the group: False without
+    any multicast call where the environment disables it, and False (not an error) for a forced
+    ``use_direct=True`` without multicast. ``TypeError`` as above."""
     _check_use_direct(use_direct)
     if multicast_disabled_by_env():
         return False

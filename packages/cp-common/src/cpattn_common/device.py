@@ -19,11 +19,21 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["current_device", "foreign_cuda_device"]
+__all__ = ["current_device", "foreign_cuda_device", "indexed_device"]
 
 # torch.cuda.current_device without its Python wrapper (called only once CUDA is initialised:
 # for a CUDA tensor). CPU-only builds lack the binding and never reach the call.
 current_device: Callable[[], int] = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+
+
+def indexed_device(device: torch.device | str) -> torch.device:
+    """``device`` with an explicit index: a bare ``"cuda"`` becomes the current CUDA device, so
+    comparisons with a tensor's (always indexed) ``.device`` hold."""
+    dev = torch.device(device)
+    index: int | None = dev.index  # the stubs say int; a bare device has None
+    if dev.type == "cuda" and index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return dev
 
 
 def foreign_cuda_device(t: torch.Tensor) -> int:

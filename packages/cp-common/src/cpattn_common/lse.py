@@ -67,17 +67,11 @@ def merge_attn_states_torch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact N-way LSE merge of partial attention states, in plain torch.
 
-    Args:
-        partial_outs: ``[N, B, H, D]`` partial outputs (any float dtype, any strides).
-        partial_lses: ``[N, B, H]`` their log-sum-exps (base e, or base 2 when
-            ``is_lse_base_on_e`` is False).
-        is_lse_base_on_e: the LSE base.
-
-    Returns:
-        ``(out [B, H, D]`` in ``partial_outs.dtype``, ``lse [B, H]`` fp32; fp64, and fp64
-        math, when either input is fp64).
-        NaN / +inf LSEs count as -inf; a row whose LSEs are all -inf gets output 0 and LSE -inf;
-        a source with weight 0 contributes exactly 0 even if its partial holds NaN.
+    ``partial_outs [N, B, H, D]`` (any float dtype, any strides) and their LSEs
+    ``partial_lses [N, B, H]`` (base e, or 2 without ``is_lse_base_on_e``) give ``(out [B, H,
+    D]`` in ``partial_outs.dtype``, ``lse [B, H]`` fp32; fp64 math when an input is fp64).
+    NaN / +inf LSEs count as -inf; an all -inf row gets output 0 and LSE -inf; a source of
+    weight 0 contributes exactly 0 even if its partial holds NaN.
 
     Raises:
         ValueError: shapes other than ``[N, B, H, D]`` / ``[N, B, H]`` or that disagree,

@@ -1,21 +1,12 @@
 """``DirectCPWorkspace``: symmetric allocations, peer-pointer tables, per-ubatch epochs.
 
-The base of every direct (symmetric-memory) collective: each rank owns a buffer that every
-peer can address. ``allocate(shape, dtype)`` is **collective** (every rank of the group calls
-it with identical shapes in identical order) and returns the local storage plus an int64
-``[U, N]`` table whose entry ``(u, p)`` is the device address of peer p's copy at ubatch slot u
-(the first dim of every workspace shape is the ubatch dim ``U``). ``epoch`` holds one int64
-counter per ubatch slot for the signal protocol of the ops built on top.
-
-A group that provides ``allocate_symmetric(shape, dtype, device) -> (storage, peer_views)``
-(the simulated groups of cpattn_testing) allocates; otherwise
-``torch.distributed._symmetric_memory``: ``empty`` + zero-fill + device sync (epoch 0 is never a
-published epoch), an agreement that every rank allocated, ``rendezvous``, the peer table, a
-second agreement, ``barrier``. The agreements keep a rank-local failure (out of memory on one
-rank) from splitting the group: every rank raises ``SymmetricAllocationError`` naming the ranks
-that failed, so callers fall back together.
-
-``close()`` (or leaving the ``with`` block) drops every buffer so a workspace can be rebuilt.
+``allocate(shape, dtype)`` is **collective** (identical shapes in identical order on every
+rank) and returns the local storage plus an int64 ``[U, N]`` table of the peers' addresses
+per ubatch slot (the first dim of every shape is the ubatch dim ``U``); ``epoch`` holds one
+int64 counter per slot. A group with ``allocate_symmetric`` (the simulated groups) allocates
+itself; otherwise ``torch.distributed._symmetric_memory``, with agreements around the
+rendezvous so that a rank-local failure raises ``SymmetricAllocationError`` on every rank
+together (docs/direct-internals.md, "Symmetric allocations"). ``close()`` drops every buffer.
 """
 
 from __future__ import annotations
@@ -37,6 +28,7 @@ from cpattn_common.agreement import (
 )
 from cpattn_common.capability import multicast_disabled_by_env, propagate_multicast_off
 from cpattn_common.checks import check_dtype
+from cpattn_common.device import indexed_device
 from cpattn_common.group import CPGroupLike, as_cp_group
 
 __all__ = ["DirectCPWorkspace", "SymmetricAllocationError"]
@@ -75,10 +67,7 @@ class DirectCPWorkspace:
         self.group: CPGroupLike = as_cp_group(group)
         self.world_size = self.group.world_size
         self.rank = self.group.rank_in_group
-        self.device = torch.device(device)
-        index: int | None = self.device.index
-        if self.device.type == "cuda" and index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = indexed_device(device)
         self.num_ubatches = num_ubatches
         self.epoch = torch.zeros(num_ubatches, dtype=torch.int64, device=self.device)
         self.agreement_flag = agreement_flag(self.group, self.device)

@@ -1,27 +1,12 @@
 """Which implementation serves each DCP collective of a layer: ``DCPConfig`` and pure rules.
 
 ``select_combine``, ``select_query_gather`` and ``select_kv_gather`` map a configuration, the
-DCP group's size and a direct path's availability to a path and the reason for it.
-``DCPManager`` applies them once per layer and owns the workspaces they choose.
-
-Combine (``H_r`` = heads per rank after the combine):
-
-=============  =================================  ================================================
-use_pcp        comm_backend                        combine
-=============  =================================  ================================================
-True           any, but see the next row           ``cp_lse_ag_out_ar`` (all ranks need all H heads)
-True           ``"a2a"``, ``pcp_world_size == N``  as ``"a2a"`` without PCP (the DCP group is the
-                                                   PCP group; ``finalize_mla_pcp_decode`` gathers
-                                                   the heads back)
-False          ``"ag_rs"``                         ``cp_lse_ag_out_rs``
-False          ``"a2a"`` / ``"auto"``              direct A2A if gating allows, else packed NCCL
-                                                   ``dcp_a2a_lse_reduce``
-=============  =================================  ================================================
-
-Query gather: none with PCP (the PCP package gathers over its own group); the direct
-(multicast) gather when gating allows, else an all-gather along the head axis. KV gather: the
-direct (multicast) gather when configured and allowed, else ``all_gather_into_tensor`` into the
-caller's buffer. A group of one rank exchanges nothing and takes no direct path.
+DCP group's size and a direct path's availability to a path and the reason for it;
+``DCPManager`` applies them once per layer and owns the workspaces they choose. Combine: with
+PCP an all-reduce (every rank keeps every head) unless ``"a2a"`` and the DCP group is the PCP
+group; ``"ag_rs"``; else the direct A2A where gating allows, the packed NCCL A2A otherwise.
+Query gather: none with PCP, else direct (multicast) or an all-gather. KV gather: direct when
+configured and allowed, else ``all_gather_into_tensor``. See docs/packages/dcp.md.
 """
 
 from __future__ import annotations

@@ -14,14 +14,8 @@ LSE conventions (shared with every combine of the project):
 - in a combine, NaN and +inf LSEs count as -inf, a source of weight 0 contributes exactly 0
   even if its output holds NaN, and a row with no contribution has output 0 and LSE -inf.
 
-KV sharding of one request of ``S`` tokens across ``N`` ranks:
-
-- contiguous: rank r holds one block; block sizes differ by at most one, earlier ranks larger
-  (``torch.tensor_split`` of ``arange(S)`` into N parts);
-- interleaved by ``I``: global token ``t`` lives on rank ``(t // I) % N``, kept in order;
-- DualChunkSwap (prefill): pad ``S`` up to a multiple of ``2N``, cut into ``2N`` chunks of
-  ``c`` tokens; rank r holds chunk r followed by chunk ``2N-1-r`` (padding positions ``>= S``
-  dropped unless asked for).
+KV sharding of one request across ranks: contiguous blocks, interleaved by ``I`` (token ``t``
+on rank ``(t // I) % N``), or DualChunkSwap (prefill).
 """
 
 from __future__ import annotations
@@ -174,14 +168,11 @@ def attention_ref(
     GQA: ``Hq`` must be a multiple of ``Hkv`` (MHA: ``Hq == Hkv``; MLA-style: ``Hkv = 1``).
 
     Args:
-        q: ``[T, Hq, Dk]``.
-        k: ``[S, Hkv, Dk]``.
-        v: ``[S, Hkv, Dv]``.
+        q / k / v: ``[T, Hq, Dk]`` / ``[S, Hkv, Dk]`` / ``[S, Hkv, Dv]``.
         scale: softmax scale (usually ``Dk ** -0.5``).
         causal: apply the position mask.
-        q_pos: ``[T]`` positions of the queries; default: the last T positions of the sequence,
-            ``arange(S - T, S)`` (decode / prefill with a prefix).
-        k_pos: ``[S]`` positions of the keys; default ``arange(S)``.
+        q_pos: ``[T]`` query positions; default the last T of the sequence, ``arange(S - T, S)``.
+        k_pos: ``[S]`` key positions; default ``arange(S)``.
         is_lse_base_on_e: LSE base of the result.
 
     Returns:
@@ -236,19 +227,10 @@ def partial_attention_ref(
     q_pos: torch.Tensor | None = None,
     is_lse_base_on_e: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of ``q`` against the shard of the keys at ``positions`` (one rank's part).
-
-    Args:
-        q: ``[T, Hq, Dk]``.
-        k: the whole request's keys ``[S, Hkv, Dk]``.
-        v: the whole request's values ``[S, Hkv, Dv]``.
-        positions: ``[S_local]`` global key positions held by the shard (any order).
-        scale, causal, is_lse_base_on_e: as in :func:`attention_ref`.
-        q_pos: ``[T]`` query positions; default the last T positions of the whole request.
-
-    Returns:
-        ``(out [T, Hq, Dv], lse [T, Hq])`` float64; an empty shard (or a query that sees no key
-        of it) gives out 0 and LSE -inf.
+    """Attention of ``q`` against the shard of the whole request's ``k`` / ``v`` at global key
+    ``positions [S_local]`` (one rank's part); arguments and result as :func:`attention_ref`
+    (``q_pos`` defaults to the last T positions of the whole request). An empty shard (or a
+    query that sees no key of it) gives out 0 and LSE -inf.
     """
     s_len = k.shape[0]
     if q_pos is None:
@@ -301,17 +283,9 @@ def dual_chunk_swap_positions(
 ) -> torch.Tensor:
     """Global positions of ``rank``'s DualChunkSwap (zigzag) share of a prefill.
 
-    The sequence is padded to ``Lp = ceil(S / 2N) * 2N`` and cut into ``2N`` chunks of
-    ``c = Lp / 2N`` tokens; rank r takes chunk r, then chunk ``2N - 1 - r``.
-
-    Args:
-        seq_len: S, tokens of the request.
-        world_size: N.
-        rank: r.
-        keep_padding: keep the padding positions ``>= S`` (every rank then holds ``Lp / N``).
-
-    Returns:
-        int64 ``[S_local]`` in local order (head chunk, then tail chunk).
+    The sequence of ``seq_len = S`` tokens is padded to ``Lp = ceil(S / 2N) * 2N`` and cut
+    into ``2N`` chunks; rank r takes chunk r, then chunk ``2N - 1 - r``. Returns int64
+    ``[S_local]`` in that local order; ``keep_padding`` keeps the positions ``>= S``.
     """
     _check_int("seq_len", seq_len, 0)
     _check_rank(world_size, rank)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from cpattn_common.checks import check_positive_int
+from cpattn_common.device import indexed_device
 from cpattn_common.dispatch import refuse_grad
 from cpattn_common.group import (
     check_all_gather_into_tensor_args,
@@ -244,10 +245,7 @@ class SimulatedWorld:
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         self.world_size = world_size
-        self.device = torch.device(device)
-        index: int | None = self.device.index  # None for a bare "cuda"
-        if self.device.type == "cuda" and index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = indexed_device(device)
         self.timeout = timeout
         self._rendezvous = _Rendezvous(world_size, timeout)
         self._run_lock = threading.Lock()

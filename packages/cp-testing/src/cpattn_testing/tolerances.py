@@ -1,21 +1,13 @@
 """The project's one tolerance policy: per-dtype thresholds and a checker with a useful message.
 
-A result passes :func:`assert_close_to_ref` when all of these hold:
-
-- same shape;
-- wherever the reference is finite, the result is finite (poisoned outputs a kernel forgot to
-  write fail here); wherever the reference is ±inf, the result is the same inf;
-- elementwise ``|actual - ref| <= atol + rtol * |ref|`` on the finite entries;
-- relative norm error ``||actual - ref|| / ||ref|| <= max_rel_norm`` over the finite entries,
-  give or take one subnormal spacing of ``dtype`` per entry; skipped for an essentially zero
-  reference (``||ref|| <= 1e-3 * atol * sqrt(n)``), where ``atol`` is the meaningful bound.
-
-A merged LSE carries an absolute rounding error of about ``eps * (|m| + 1)`` (``m`` the largest
-LSE merged) whatever its value: pass ``scale=lse_magnitude(lses)`` when checking one, and
-``|ref|`` above becomes ``max(|ref|, scale)``. Entries where the reference is NaN are not
-checked. ``dtype`` names the precision the result was computed or stored in; for sums over a
-long axis pass its length as ``reduction_len`` (``atol`` grows with its square root). The same
-thresholds apply on every machine.
+A result passes :func:`assert_close_to_ref` when it has the reference's shape, is finite where
+the reference is finite and the same inf where it is ±inf, meets ``|actual - ref| <= atol +
+rtol * |ref|`` elementwise and ``||actual - ref|| / ||ref|| <= max_rel_norm`` over the finite
+entries (plus one subnormal spacing per entry; not checked for an essentially zero reference,
+``||ref|| <= 1e-3 * atol * sqrt(n)``). NaN reference entries are not checked. A merged LSE is
+checked with ``scale=lse_magnitude(lses)``: ``|ref|`` becomes ``max(|ref|, scale)``. For sums
+over a long axis, ``reduction_len`` grows ``atol`` with its square root. See
+docs/packages/testing.md, "One tolerance policy".
 """
 
 from __future__ import annotations

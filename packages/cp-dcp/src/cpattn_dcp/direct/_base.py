@@ -28,7 +28,7 @@ import triton
 
 from cpattn_common.agreement import agree_on_local_step, agreement_flag
 from cpattn_common.checks import check_nonnegative_int, check_positive_int
-from cpattn_common.device import foreign_cuda_device
+from cpattn_common.device import foreign_cuda_device, indexed_device
 from cpattn_common.group import CPGroupLike, as_cp_group
 from cpattn_common.ubatch import current_ubatch_id
 from cpattn_common.workspace import DirectCPWorkspace, SymmetricAllocationError
@@ -87,16 +87,6 @@ class DirectPathUnavailable(RuntimeError):
 
 class DirectProtocolError(RuntimeError):
     """A direct collective's bounded wait timed out: a peer never made the matching call."""
-
-
-def indexed_device(device: torch.device | str) -> torch.device:
-    """``device`` with an explicit index: a bare ``"cuda"`` becomes the current CUDA device, so
-    comparisons with a tensor's (always indexed) ``.device`` hold."""
-    dev = torch.device(device)
-    index: int | None = dev.index  # the stubs say int; a bare device has None
-    if dev.type == "cuda" and index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return dev
 
 
 def error_record_width(world_size: int) -> int:
