@@ -76,27 +76,12 @@ _INT_PARAMS = [
 
 @triton.jit(do_not_specialize=_INT_PARAMS)
 def _merge_attn_states_fwd_kernel(
-    out_ptr,
-    out_lse_ptr,
-    partial_out_ptr,
-    partial_lse_ptr,
-    H: tl.int32,
-    stride_po_n: tl.int64,
-    stride_po_b: tl.int64,
-    stride_po_h: tl.int64,
-    stride_po_d: tl.int64,
-    stride_pl_n: tl.int64,
-    stride_pl_b: tl.int64,
-    stride_pl_h: tl.int64,
-    N: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    VEC: tl.constexpr,
-    D_CONTIG: tl.constexpr,
-    EAGER: tl.constexpr,
-    IS_BASE_E: tl.constexpr,
-):
+    out_ptr, out_lse_ptr, partial_out_ptr, partial_lse_ptr, H: tl.int32, stride_po_n: tl.int64,
+    stride_po_b: tl.int64, stride_po_h: tl.int64, stride_po_d: tl.int64, stride_pl_n: tl.int64,
+    stride_pl_b: tl.int64, stride_pl_h: tl.int64,
+    N: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    VEC: tl.constexpr, D_CONTIG: tl.constexpr, EAGER: tl.constexpr, IS_BASE_E: tl.constexpr,
+):  # fmt: skip
     i_b = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
 

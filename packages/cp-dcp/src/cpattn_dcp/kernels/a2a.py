@@ -51,34 +51,13 @@ from cpattn_dcp.kernels.tiles import _chunk_mask
 
 @triton.jit
 def _a2a_pack_kernel(
-    out_ptr,
-    stride_out_b,
-    stride_out_h,
-    stride_out_d,
-    lse_ptr,
-    stride_lse_b,
-    stride_lse_h,
-    send_ptr,
-    seq_lens_ptr,
-    qsl_ptr,
-    num_seqs,
-    num_tokens,
-    num_pay_programs,
-    HEADS_PER_RANK: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    VEC: tl.constexpr,
-    PACK: tl.constexpr,
-    UNIT_D: tl.constexpr,
-    IN_ALIGN: tl.constexpr,
-    DST_ALIGN: tl.constexpr,
-    LSE_WORD: tl.constexpr,
-    IDX64: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    HR_POW2: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-):
+    out_ptr, stride_out_b, stride_out_h, stride_out_d, lse_ptr, stride_lse_b, stride_lse_h,
+    send_ptr, seq_lens_ptr, qsl_ptr, num_seqs, num_tokens, num_pay_programs,
+    HEADS_PER_RANK: tl.constexpr, HEAD_DIM: tl.constexpr, VEC: tl.constexpr, PACK: tl.constexpr,
+    UNIT_D: tl.constexpr, IN_ALIGN: tl.constexpr, DST_ALIGN: tl.constexpr, LSE_WORD: tl.constexpr,
+    IDX64: tl.constexpr, HAS_MASK: tl.constexpr, SEARCH_STEPS: tl.constexpr, BLOCK_V: tl.constexpr,
+    HR_POW2: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
     """Grid ``(num_pay_programs + cdiv(B, BLOCK_T), N)``; ``send_ptr`` the contiguous block
     buffer (module docstring), ``R = num_tokens * HEADS_PER_RANK``. An LSE program takes the
     ``[BLOCK_T, HR_POW2]`` tile of ``BLOCK_T`` tokens' LSEs (one empty-row search per token).
@@ -200,23 +179,12 @@ def _wsum(b_acc, b_x, b_w):
 
 @triton.jit
 def _a2a_unpack_combine_fwd_kernel(
-    recv_ptr,
-    dst_ptr,
-    lse_out_ptr,
-    num_rows,
-    N: tl.constexpr,
-    N_POW2: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    PACK: tl.constexpr,
-    PAY_ALIGN: tl.constexpr,
-    LSE_WORD: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    IS_BASE_E: tl.constexpr,
-    HAS_LSE_OUT: tl.constexpr,
-    OUT_CACHE: tl.constexpr = "",
+    recv_ptr, dst_ptr, lse_out_ptr, num_rows,
+    N: tl.constexpr, N_POW2: tl.constexpr, HEAD_DIM: tl.constexpr, PACK: tl.constexpr,
+    PAY_ALIGN: tl.constexpr, LSE_WORD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_BASE_E: tl.constexpr, HAS_LSE_OUT: tl.constexpr, OUT_CACHE: tl.constexpr = "",
     PAY_EVICT: tl.constexpr = "",
-):
+):  # fmt: skip
     """Grid ``(cdiv(R, BLOCK_R),)``; ``recv`` the contiguous block buffer of N sources
     (module docstring), ``R = num_rows = B * H_r``.
 

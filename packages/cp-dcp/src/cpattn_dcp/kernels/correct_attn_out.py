@@ -80,35 +80,13 @@ def _lse_weight_rows(lses_ptr, stride_n, o_l, m_r, cp_rank, N: tl.constexpr,
 
 @triton.jit
 def _correct_attn_out_fwd_kernel(
-    src_ptr,
-    stride_src_b,
-    stride_src_h,
-    dst_ptr,
-    stride_dst_b,
-    stride_dst_g,
-    stride_dst_h,
-    lses_ptr,
-    stride_lses_n,
-    stride_lses_b,
-    stride_lses_h,
-    lse_out_ptr,
-    num_tokens,
-    num_heads,
-    lse_h0,
-    lse_hn,
-    cp_rank,
-    cp_world_size,
-    HEAD_DIM: tl.constexpr,
-    HEADS_PER_GROUP: tl.constexpr,
-    N_POW2: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    SRC_ALIGN: tl.constexpr,
-    DST_ALIGN: tl.constexpr,
-    IS_BASE_E: tl.constexpr,
-    HAS_LSE_OUT: tl.constexpr,
-):
+    src_ptr, stride_src_b, stride_src_h, dst_ptr, stride_dst_b, stride_dst_g, stride_dst_h,
+    lses_ptr, stride_lses_n, stride_lses_b, stride_lses_h, lse_out_ptr, num_tokens, num_heads,
+    lse_h0, lse_hn, cp_rank, cp_world_size,
+    HEAD_DIM: tl.constexpr, HEADS_PER_GROUP: tl.constexpr, N_POW2: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SRC_ALIGN: tl.constexpr,
+    DST_ALIGN: tl.constexpr, IS_BASE_E: tl.constexpr, HAS_LSE_OUT: tl.constexpr,
+):  # fmt: skip
     """General form (any row strides, grouped destination: the AG+RS / AG+AR paths):
     ``dst[b, h // G, h % G, :] = w * src[b, h, :]`` (``G = HEADS_PER_GROUP``; ``G = 0``:
     ``dst[b, h, :]`` with strides ``(stride_dst_b, stride_dst_h)``); the head dim is
@@ -166,20 +144,10 @@ def _correct_attn_out_fwd_kernel(
 
 @triton.jit
 def _correct_attn_out_contig_kernel(
-    out_ptr,
-    lses_ptr,
-    lse_out_ptr,
-    num_rows,
-    cp_rank,
-    HEAD_DIM: tl.constexpr,
-    N: tl.constexpr,
-    N_POW2: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    ALIGN: tl.constexpr,
-    IS_BASE_E: tl.constexpr,
-    LSE_ROWS: tl.constexpr,
-):
+    out_ptr, lses_ptr, lse_out_ptr, num_rows, cp_rank,
+    HEAD_DIM: tl.constexpr, N: tl.constexpr, N_POW2: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr, ALIGN: tl.constexpr, IS_BASE_E: tl.constexpr, LSE_ROWS: tl.constexpr,
+):  # fmt: skip
     """Lean form for ``correct_attn_out``: contiguous ``out [B, H, D]`` scaled in place,
     contiguous ``lses [N, B, H]``, ``lse_out [B, H]``; ``num_rows = B * H``.
 

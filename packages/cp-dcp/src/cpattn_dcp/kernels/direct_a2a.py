@@ -38,35 +38,12 @@ from cpattn_dcp.kernels.lse_math import _lse_f32, _lse_from, _max_sum, _weight
 
 @triton.jit
 def _direct_a2a_publish_kernel(
-    out_ptr,
-    stride_out_t,
-    stride_out_h,
-    stride_out_d,
-    lse_ptr,
-    stride_lse_t,
-    stride_lse_h,
-    seq_lens_ptr,
-    qsl_ptr,
-    num_seqs,
-    peer_out_ptrs,
-    peer_lse_ptrs,
-    peer_sig_ptrs,
-    counter_ptr,
-    epoch_ptr,
-    err_ptr,
-    grp_err_ptr,
-    T,
-    T_MAX,
-    rank,
-    NUM_PUB,
-    N: tl.constexpr,
-    H_R: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_HD: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    NUM_SEQS_POW2: tl.constexpr,
-):
+    out_ptr, stride_out_t, stride_out_h, stride_out_d, lse_ptr, stride_lse_t, stride_lse_h,
+    seq_lens_ptr, qsl_ptr, num_seqs, peer_out_ptrs, peer_lse_ptrs, peer_sig_ptrs, counter_ptr,
+    epoch_ptr, err_ptr, grp_err_ptr, T, T_MAX, rank, NUM_PUB,
+    N: tl.constexpr, H_R: tl.constexpr, D: tl.constexpr, BLOCK_HD: tl.constexpr,
+    BLOCK_H: tl.constexpr, HAS_MASK: tl.constexpr, NUM_SEQS_POW2: tl.constexpr,
+):  # fmt: skip
     # Sticky: after a timeout of this workspace or of any of its group's, never write into a
     # peer again.
     if _failed(err_ptr, grp_err_ptr):
@@ -122,31 +99,12 @@ def _direct_a2a_publish_kernel(
 
 @triton.jit
 def _direct_a2a_combine_kernel(
-    recv_out_ptr,
-    recv_lse_ptr,
-    sig_ptr,
-    epoch_ptr,
-    done_ptr,
-    err_ptr,
-    grp_err_ptr,
-    res_ptr,
-    stride_res_t,
-    stride_res_h,
-    res_lse_ptr,
-    stride_res_lse_t,
-    T_MAX,
-    max_spins,
-    num_programs,
-    N: tl.constexpr,
-    N_POW2: tl.constexpr,
-    H_R: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    D_PER_PROG: tl.constexpr,
-    IS_BASE_E: tl.constexpr,
-    HAS_LSE_OUT: tl.constexpr,
-):
+    recv_out_ptr, recv_lse_ptr, sig_ptr, epoch_ptr, done_ptr, err_ptr, grp_err_ptr, res_ptr,
+    stride_res_t, stride_res_h, res_lse_ptr, stride_res_lse_t, T_MAX, max_spins, num_programs,
+    N: tl.constexpr, N_POW2: tl.constexpr, H_R: tl.constexpr, D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, D_PER_PROG: tl.constexpr,
+    IS_BASE_E: tl.constexpr, HAS_LSE_OUT: tl.constexpr,
+):  # fmt: skip
     i_t = tl.program_id(0).to(tl.int64)
     i_hb = tl.program_id(1).to(tl.int64)
     i_db = tl.program_id(2)

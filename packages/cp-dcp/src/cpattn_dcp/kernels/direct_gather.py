@@ -94,24 +94,10 @@ def _store_nan_bits(ptr, offs, mask, NAN_BITS: tl.constexpr):
 
 @triton.jit
 def _direct_gather_publish_kernel(
-    src_ptr,
-    stride_src_t,
-    peer_dst_ptrs,
-    peer_sig_ptrs,
-    counter_ptr,
-    epoch_ptr,
-    err_ptr,
-    grp_err_ptr,
-    T,
-    rank,
-    dst_parity_stride,
-    dst_rank_stride,
-    dst_row_stride,
-    NUM_PUB,
-    N: tl.constexpr,
-    W: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-):
+    src_ptr, stride_src_t, peer_dst_ptrs, peer_sig_ptrs, counter_ptr, epoch_ptr, err_ptr,
+    grp_err_ptr, T, rank, dst_parity_stride, dst_rank_stride, dst_row_stride, NUM_PUB,
+    N: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr,
+):  # fmt: skip
     # Sticky: after a timeout of this workspace or of any of its group's, never write into a
     # peer again.
     if _failed(err_ptr, grp_err_ptr):
@@ -139,23 +125,11 @@ def _direct_gather_publish_kernel(
 
 @triton.jit
 def _direct_gather_wait_kernel(
-    sig_ptr,
-    epoch_ptr,
-    done_ptr,
-    err_ptr,
-    grp_err_ptr,
-    slot_ptr,
-    dst_ptr,
-    num_elems,
-    slot_parity_stride,
-    max_spins,
-    num_programs,
-    N: tl.constexpr,
-    N_POW2: tl.constexpr,
-    HAS_COPY: tl.constexpr,
-    BLOCK: tl.constexpr,
+    sig_ptr, epoch_ptr, done_ptr, err_ptr, grp_err_ptr, slot_ptr, dst_ptr, num_elems,
+    slot_parity_stride, max_spins, num_programs,
+    N: tl.constexpr, N_POW2: tl.constexpr, HAS_COPY: tl.constexpr, BLOCK: tl.constexpr,
     NAN_BITS: tl.constexpr,
-):
+):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     e, parity = _call_epoch(epoch_ptr)
     ok = _checked_wait(sig_ptr + parity * N, err_ptr, grp_err_ptr, e, max_spins, N, N_POW2)

@@ -67,24 +67,11 @@ def _row_is_empty(i_row, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS: tl.const
 
 @triton.jit
 def _mask_empty_shards_kernel(
-    src_ptr,
-    stride_src_b,
-    stride_src_h,
-    dst_ptr,
-    stride_dst_b,
-    stride_dst_h,
-    seq_lens_ptr,
-    qsl_ptr,
-    num_seqs,
-    num_rows,
-    num_heads,
-    HAS_MASK: tl.constexpr,
-    IS_COPY: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr,
-    ROW32: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-):
+    src_ptr, stride_src_b, stride_src_h, dst_ptr, stride_dst_b, stride_dst_h, seq_lens_ptr,
+    qsl_ptr, num_seqs, num_rows, num_heads,
+    HAS_MASK: tl.constexpr, IS_COPY: tl.constexpr, SEARCH_STEPS: tl.constexpr, ROW32: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
     """``dst[b, h] = -inf if row b is empty else src[b, h]`` for ``[B, H]`` LSEs.
 
     ``IS_COPY=False`` is the in-place mask (``dst is src``; only empty rows are stored).
@@ -125,19 +112,9 @@ def _mask_empty_shards_kernel(
 
 @triton.jit
 def _mask_empty_shards_inplace_kernel(
-    lse_ptr,
-    stride_b,
-    stride_h,
-    seq_lens_ptr,
-    qsl_ptr,
-    num_seqs,
-    num_rows,
-    num_heads,
-    SEARCH_STEPS: tl.constexpr,
-    ROW32: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-):
+    lse_ptr, stride_b, stride_h, seq_lens_ptr, qsl_ptr, num_seqs, num_rows, num_heads,
+    SEARCH_STEPS: tl.constexpr, ROW32: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
     """Lean in-place form of ``_mask_empty_shards_kernel`` (fewer launch arguments)."""
     _mask_empty_shards_kernel(
         lse_ptr, stride_b, stride_h, lse_ptr, stride_b, stride_h, seq_lens_ptr, qsl_ptr,
