@@ -119,13 +119,9 @@ def _subnormal_spacing(dtype: torch.dtype) -> float:
 
 
 def _norm_verdict(
-    ref_sq: float,
-    err_sq: float,
-    n_finite: int,
-    atol: float,
-    max_rel_norm: float,
+    ref_sq: float, err_sq: float, n_finite: int, atol: float, max_rel_norm: float,
     dtype: torch.dtype,
-) -> tuple[float, bool, bool]:
+) -> tuple[float, bool, bool]:  # fmt: skip
     """``(relative norm error, whether it is checked, whether it passes)``."""
     ref_norm, err_norm = math.sqrt(ref_sq), math.sqrt(err_sq)
     rel_norm = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
@@ -145,17 +141,9 @@ def _scaled_tolerance(dtype: torch.dtype, reduction_len: int | None) -> tuple[fl
 
 
 def _summary(
-    label: str,
-    dtype: torch.dtype,
-    tol: tuple[float, float, float],
-    shape: str,
-    rel_norm: float,
-    norm_checked: bool,
-    max_abs: str,
-    n_elem_bad: int,
-    total: int,
-    n_nonfinite_bad: int,
-) -> list[str]:
+    label: str, dtype: torch.dtype, tol: tuple[float, float, float], shape: str, rel_norm: float,
+    norm_checked: bool, max_abs: str, n_elem_bad: int, total: int, n_nonfinite_bad: int,
+) -> list[str]:  # fmt: skip
     atol, rtol, max_rel_norm = tol
     return [
         f"{label}not close to the reference under {dtype} tolerance "

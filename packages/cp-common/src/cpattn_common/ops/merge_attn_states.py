@@ -175,14 +175,9 @@ def merge_attn_states_fwd(
 
 @functools.lru_cache(maxsize=1024)
 def _specialization(
-    n: int,
-    d: int,
-    cfg: tuple[int, int, int, bool],
-    vec: int,
-    d_contig: bool,
-    base_e: bool,
+    n: int, d: int, cfg: tuple[int, int, int, bool], vec: int, d_contig: bool, base_e: bool,
     eager: bool | None,
-) -> Specialization:
+) -> Specialization:  # fmt: skip
     """The merge kernel specialized for one configuration (shared by batch sizes)."""
     block_h, block_d, num_warps, eager_cfg = cfg
     return _merge_kernel.specialize(

@@ -192,12 +192,9 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         )
 
     def _validate(
-        self,
-        partial_output: torch.Tensor,
-        partial_lse: torch.Tensor,
-        seq_lens: torch.Tensor | None,
-        query_start_loc: torch.Tensor | None,
-    ) -> None:
+        self, partial_output: torch.Tensor, partial_lse: torch.Tensor,
+        seq_lens: torch.Tensor | None, query_start_loc: torch.Tensor | None,
+    ) -> None:  # fmt: skip
         check_tensors(self.name, partial_output=partial_output, partial_lse=partial_lse)
         if partial_output.dim() != 3 or partial_lse.dim() != 2:
             raise ValueError(

@@ -70,16 +70,10 @@ def a2a_combine_fwd(
 
 @torch.library.custom_op("cpattn_dcp::dcp_a2a_lse_reduce", mutates_args=())
 def _a2a_op(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    group_tok: str,
-    world_size: int,
-    rank: int,
-    return_lse: bool,
-    is_lse_base_on_e: bool,
-    seq_lens: torch.Tensor | None,
+    cp_attn_out: torch.Tensor, cp_attn_lse: torch.Tensor, group_tok: str, world_size: int,
+    rank: int, return_lse: bool, is_lse_base_on_e: bool, seq_lens: torch.Tensor | None,
     query_start_loc: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     out, lse = a2a_combine_fwd(
         cp_attn_out,
         cp_attn_lse,
@@ -96,16 +90,10 @@ def _a2a_op(
 
 @_a2a_op.register_fake
 def _(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    group_tok: str,
-    world_size: int,
-    rank: int,
-    return_lse: bool,
-    is_lse_base_on_e: bool,
-    seq_lens: torch.Tensor | None,
+    cp_attn_out: torch.Tensor, cp_attn_lse: torch.Tensor, group_tok: str, world_size: int,
+    rank: int, return_lse: bool, is_lse_base_on_e: bool, seq_lens: torch.Tensor | None,
     query_start_loc: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     b, h, d = cp_attn_out.shape
     hr = h // world_size
     out = cp_attn_out.new_empty((b, hr, d))

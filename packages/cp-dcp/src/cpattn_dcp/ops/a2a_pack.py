@@ -133,17 +133,9 @@ def _pack_spec(consts: tuple[tuple[str, int | bool], ...]) -> Specialization:
 
 @functools.lru_cache(maxsize=1024)
 def _pack_plan(
-    b: int,
-    h: int,
-    n: int,
-    d: int,
-    size: int,
-    num_seqs: int,
-    has_mask: bool,
-    s_out: tuple[int, int, int],
-    s_lse: tuple[int, int],
-    lse_word: bool,
-) -> tuple[tuple[int, int], int, Specialization]:
+    b: int, h: int, n: int, d: int, size: int, num_seqs: int, has_mask: bool,
+    s_out: tuple[int, int, int], s_lse: tuple[int, int], lse_word: bool,
+) -> tuple[tuple[int, int], int, Specialization]:  # fmt: skip
     """Grid, number of payload programs and kernel specialization (memoised per shape)."""
     vec = 16 // size
     p = 4 // size
@@ -190,13 +182,9 @@ def _pack_plan(
 
 
 def _launch_pack(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    send: torch.Tensor,
-    n: int,
-    seq_lens: torch.Tensor | None,
-    query_start_loc: torch.Tensor | None,
-) -> None:
+    cp_attn_out: torch.Tensor, cp_attn_lse: torch.Tensor, send: torch.Tensor, n: int,
+    seq_lens: torch.Tensor | None, query_start_loc: torch.Tensor | None,
+) -> None:  # fmt: skip
     """Fill ``send`` (validated arguments; the mask is fused when ``seq_lens`` is given)."""
     if (index := foreign_cuda_device(cp_attn_out)) >= 0:
         with torch.cuda.device(index):
@@ -241,14 +229,10 @@ def _check_send(send: torch.Tensor, cp_attn_out: torch.Tensor, cp_world_size: in
 
 
 def _pack(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    cp_world_size: int,
-    seq_lens: torch.Tensor | None,
-    query_start_loc: torch.Tensor | None,
-    send: torch.Tensor | None,
+    cp_attn_out: torch.Tensor, cp_attn_lse: torch.Tensor, cp_world_size: int,
+    seq_lens: torch.Tensor | None, query_start_loc: torch.Tensor | None, send: torch.Tensor | None,
     has_mask: bool,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """``a2a_pack`` after validation: allocate ``send`` unless given (checked), launch."""
     if send is None:
         send = new_output(cp_attn_out, _send_shape(cp_attn_out, cp_world_size))
@@ -261,12 +245,9 @@ def _pack(
 
 @torch.library.custom_op("cpattn_dcp::a2a_pack", mutates_args=())
 def _a2a_pack_op(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    cp_world_size: int,
-    seq_lens: torch.Tensor | None,
-    query_start_loc: torch.Tensor | None,
-) -> torch.Tensor:
+    cp_attn_out: torch.Tensor, cp_attn_lse: torch.Tensor, cp_world_size: int,
+    seq_lens: torch.Tensor | None, query_start_loc: torch.Tensor | None,
+) -> torch.Tensor:  # fmt: skip
     # Validated by a2a_pack; masking is on when the masks are passed.
     return _pack(cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, None,
                  seq_lens is not None)  # fmt: skip
@@ -274,37 +255,26 @@ def _a2a_pack_op(
 
 @_a2a_pack_op.register_fake
 def _(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    cp_world_size: int,
-    seq_lens: torch.Tensor | None,
-    query_start_loc: torch.Tensor | None,
-) -> torch.Tensor:
+    cp_attn_out: torch.Tensor, cp_attn_lse: torch.Tensor, cp_world_size: int,
+    seq_lens: torch.Tensor | None, query_start_loc: torch.Tensor | None,
+) -> torch.Tensor:  # fmt: skip
     return cp_attn_out.new_empty(_send_shape(cp_attn_out, cp_world_size))
 
 
 @torch.library.custom_op("cpattn_dcp::a2a_pack_into", mutates_args=("send",))
 def _a2a_pack_into_op(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    cp_world_size: int,
-    seq_lens: torch.Tensor | None,
-    query_start_loc: torch.Tensor | None,
-    send: torch.Tensor,
-) -> None:
+    cp_attn_out: torch.Tensor, cp_attn_lse: torch.Tensor, cp_world_size: int,
+    seq_lens: torch.Tensor | None, query_start_loc: torch.Tensor | None, send: torch.Tensor,
+) -> None:  # fmt: skip
     _pack(cp_attn_out, cp_attn_lse, cp_world_size, seq_lens, query_start_loc, send,
           seq_lens is not None)  # fmt: skip
 
 
 @_a2a_pack_into_op.register_fake
 def _(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    cp_world_size: int,
-    seq_lens: torch.Tensor | None,
-    query_start_loc: torch.Tensor | None,
-    send: torch.Tensor,
-) -> None:
+    cp_attn_out: torch.Tensor, cp_attn_lse: torch.Tensor, cp_world_size: int,
+    seq_lens: torch.Tensor | None, query_start_loc: torch.Tensor | None, send: torch.Tensor,
+) -> None:  # fmt: skip
     return None
 
 
