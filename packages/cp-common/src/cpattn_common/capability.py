@@ -159,13 +159,10 @@ def propagate_multicast_off() -> None:
 class GroupProbe:
     """What the (cached) probe found about one group.
 
-    Attributes:
-        same_node: every rank of the group runs on one host.
-        symm_mem_reaches_group: a symmetric-memory rendezvous over the group succeeded.
-        multicast: a multicast address is available for the group (always False when the
-            environment disables multicast).
-        reason: why ``symm_mem_reaches_group`` or ``multicast`` is False, if one of them is.
-        rendezvous_failed: a symmetric-memory rendezvous over the group was tried and failed.
+    ``same_node``: every rank runs on one host; ``symm_mem_reaches_group``: a rendezvous over
+    the group succeeded (``rendezvous_failed``: one was tried and failed); ``multicast``: a
+    multicast address is available (never where the environment disables multicast);
+    ``reason``: why one of them is False.
     """
 
     same_node: bool
@@ -323,13 +320,9 @@ def _probe_group(group: CPGroupLike, flag: torch.Tensor | None) -> GroupProbe:
 def group_probe(group: Any) -> GroupProbe:
     """The cached probe of ``group`` (a ``ProcessGroup``, mesh or ``CPGroupLike``); collective.
 
-    A failing probe step reports False with a reason, the same on every rank.
-
-    Raises:
-        Whatever allocating the probe's agreement scratch (8 (N + 1) bytes on the current CUDA
-        device) raises: a rank without it cannot take part in the agreements (its peers wait
-        until the group's timeout).
-        AgreementError: one of the probe's all-gathers failed on this rank (a broken group).
+    A failing probe step reports False with a reason, the same on every rank. Raises what
+    allocating the probe's scratch (8 (N + 1) bytes) raises (the peers then wait until the
+    group's timeout), and ``AgreementError`` when an all-gather failed on this rank.
     """
     try:
         cp_group = shared_cp_group(group)

@@ -46,17 +46,10 @@ class _Allocation:
 class DirectCPWorkspace:
     """Symmetric buffers of one CP group, with per-ubatch slots and epoch counters.
 
-    Args:
-        group: the CP group (``ProcessGroup``, ``DeviceMesh`` or ``CPGroupLike``; a group with
-            ``allocate_symmetric`` is used for allocations).
-        device: the device of the buffers (CUDA for real symmetric memory).
-        num_ubatches: ``U`` >= 1, the number of micro-batch slots.
-
-    Attributes:
-        group, world_size (N), rank, device, num_ubatches (U);
-        epoch: int64 ``[U]`` zeros on ``device`` (one signal epoch per ubatch slot);
-        agreement_flag: the int64 ``[1 + N]`` scratch of the ranks' agreements, allocated
-            here so that the agreements of ``allocate`` allocate nothing.
+    ``group``: a ``ProcessGroup``, ``DeviceMesh`` or ``CPGroupLike``; ``device``: CUDA for real
+    symmetric memory; ``num_ubatches``: ``U >= 1`` slots. Attributes: ``group``, ``world_size``
+    (N), ``rank``, ``device``, ``num_ubatches``, ``epoch`` (int64 ``[U]`` zeros) and
+    ``agreement_flag`` (the int64 ``[1 + N]`` scratch of the agreements of ``allocate``).
     """
 
     def __init__(self, group: Any, device: torch.device | str, num_ubatches: int = 1):
@@ -107,16 +100,9 @@ class DirectCPWorkspace:
     def allocate(
         self, shape: Sequence[int], dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Allocate a zero-filled symmetric buffer ``[U, ...]`` (collective over the group).
-
-        Args:
-            shape: the buffer shape; ``shape[0]`` must equal ``num_ubatches``.
-            dtype: the element dtype.
-
-        Returns:
-            ``(storage [U, ...]`` local copy on ``device``, ``peer_ptrs`` int64 ``[U, N]`` on
-            ``device``: entry ``(u, p)`` is the address of peer p's copy at slot u).
-        """
+        """Allocate a zero-filled symmetric buffer of ``shape = [U, ...]`` and ``dtype``
+        (collective): ``(storage`` on ``device``, ``peer_ptrs`` int64 ``[U, N]``: entry
+        ``(u, p)`` is the address of peer p's copy at slot u)."""
         if self._closed:
             raise RuntimeError("DirectCPWorkspace is closed")
         if isinstance(shape, (str, bytes, bytearray)) or not isinstance(shape, Sequence):

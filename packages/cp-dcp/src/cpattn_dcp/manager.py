@@ -166,23 +166,17 @@ class DCPManager:
     process group's timeout.
 
     Args:
-        config: the ``DCPConfig``.
-        group: the DCP group (``ProcessGroup`` or ``CPGroupLike``), N ranks.
-        device: device of the layer (a bare ``"cuda"`` means the current CUDA device). The
-            automatic choice (``use_direct_* = None``) takes a direct path only on CUDA.
-        num_heads: H_r, the attention heads each rank owns (query heads before the gather,
-            output heads after the combine; the combine input has N*H_r heads).
-        head_dim: D of the attention output (MLA: the latent dim, e.g. 512).
-        dtype: attention output dtype.
-        query_head_dim: D of the query (MLA: 576); default ``head_dim``.
-        query_dtype: query dtype (e.g. fp8); default ``dtype``.
+        config / group: the ``DCPConfig`` and the DCP group (N ranks).
+        device: device of the layer (a bare ``"cuda"``: the current CUDA device).
+        num_heads: H_r, the attention heads each rank owns (the combine input has N*H_r).
+        head_dim / dtype: D and dtype of the attention output (MLA: the latent dim, 512).
+        query_head_dim / query_dtype: of the query (MLA: 576; e.g. fp8); default the output's.
         padded_num_heads: head capacity ``>= N*H_r`` of the gathered query's storage
             (fixed-head kernels); default: no padding.
         is_lse_base_on_e: LSE base of the attention backend (FlashInfer: base 2 → False).
-        kv_token_dim: row width D of the KV gather (MLA: 576); needed for a direct KV gather.
-            When given, ``kv_gather`` takes ``[T, kv_token_dim]`` rows only.
-        kv_dtype: KV gather dtype; default ``dtype``.
-        max_gathered_kv_tokens: capacity of the direct KV gather (0: no direct KV gather).
+        kv_token_dim / kv_dtype: row width (MLA: 576) and dtype of the KV gather; with a
+            width, ``kv_gather`` takes ``[T, kv_token_dim]`` rows only.
+        max_gathered_kv_tokens: capacity of the direct KV gather (0: none).
 
     Raises:
         TypeError: ``config`` not a ``DCPConfig``; a size that is not an int (bools and floats

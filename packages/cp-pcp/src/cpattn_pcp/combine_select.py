@@ -49,19 +49,11 @@ def resolve_dcp_combine(
     exchange), as ``cpattn_dcp.DCPManager`` reads ``DCPConfig(comm_backend="auto")``;
     otherwise ``"ag_rs"``.
 
-    Args:
-        dcp_world_size: ``N_dcp >= 1``.
-        pcp_world_size: ``N_pcp >= 1``.
-        comm_backend: ``"ag_rs"`` (default), ``"a2a"``, ``"auto"`` or ``None``
-            (= ``"ag_rs"``).
-
-    Returns:
-        ``"ag_rs"``, ``"ag_ar"`` or ``"a2a"``.
+    ``comm_backend``: ``"ag_rs"`` (default; also ``None``), ``"a2a"`` or ``"auto"``.
 
     Raises:
-        ValueError: sizes below 1, a layout the package does not support (with PCP, DCP must
-            equal PCP or be a multiple of it: the same error as ``dcp_q_gather_size``), an
-            unknown backend, or ``"a2a"`` with ``N_dcp == 1``.
+        ValueError: sizes below 1, a layout the package does not support (as
+            ``dcp_q_gather_size``), an unknown backend, or ``"a2a"`` with ``N_dcp == 1``.
         TypeError: sizes that are not ints.
 
     Example:

@@ -104,15 +104,8 @@ class _Rendezvous:
 
 
 class SimulatedGroup:
-    """One virtual rank's view of a :class:`SimulatedWorld` (a ``CPGroupLike``).
-
-    Attributes:
-        world_size: N.
-        rank_in_group: this virtual rank, in ``[0, N)``.
-        device_group: always ``None`` (there is no ``ProcessGroup``).
-        device: the device of the world (used by ``allocate_symmetric`` by default).
-        ranks: ``[0, ..., N-1]``.
-    """
+    """One virtual rank's view of a :class:`SimulatedWorld` (a ``CPGroupLike`` whose
+    ``device_group`` is ``None`` and ``ranks`` are ``[0, ..., N-1]``)."""
 
     backend = "simulated"
 

@@ -167,19 +167,12 @@ def assert_close_to_ref(
 ) -> None:
     """Assert ``actual`` matches the float64 ``ref`` under ``dtype``'s tolerance (see module doc).
 
-    Args:
-        actual: the result under test (any float dtype, any device).
-        ref: the reference, same shape (usually float64).
-        dtype: the dtype whose tolerance applies.
-        name: what is compared, for the message.
-        reduction_len: length of a summed axis; scales ``atol`` by ``sqrt(reduction_len)``.
-        scale: size of the terms the result was computed from (broadcastable to ``ref``,
-            finite, >= 0; for a merged LSE :func:`lse_magnitude` of the LSEs it merges):
-            tolerances are relative to ``max(|ref|, scale)`` instead of ``|ref|``.
-
-    Raises:
-        AssertionError: with the relative norm error, max abs error (and where), and the counts
-            of elementwise mismatches and non-finite mismatches.
+    ``actual`` (any float dtype and device) against ``ref`` of the same shape; ``dtype``: the
+    tolerance's; ``name`` for the message; ``reduction_len``: a summed axis' length (``atol``
+    times its square root); ``scale``: size of the terms the result was computed from
+    (broadcastable, finite, >= 0; :func:`lse_magnitude` for a merged LSE). The
+    ``AssertionError`` names the relative norm error, the max abs error and where, and the
+    counts of elementwise and non-finite mismatches.
     """
     tol = _scaled_tolerance(dtype, reduction_len)
     atol, rtol, max_rel_norm = tol
@@ -307,17 +300,11 @@ def assert_close_by_row_chunks(
 ) -> None:
     """Check results row chunk by row chunk against references computed per chunk.
 
-    Args:
-        actual: results that share their row count (dim 0), e.g. ``(out [B, H, D], lse [B, H])``.
-        reference: ``reference(s, e)`` returns the references of rows ``[s, e)`` of each
-            result, in the same order (usually float64, computed on the chunk only).
-        checks: one :class:`ChunkedAgreement` per result (its dtype and name).
-        chunk_rows: rows per chunk (bounds the float64 temporaries).
-
-    Raises:
-        AssertionError: as :meth:`ChunkedAgreement.check`, for the first result that fails.
-        ValueError: ``actual`` and ``checks`` differ in length, the results differ in row
-            count, or ``chunk_rows < 1``.
+    ``actual``: results sharing their row count, e.g. ``(out [B, H, D], lse [B, H])``;
+    ``reference(s, e)``: the references of rows ``[s, e)`` of each, in order; ``checks``: one
+    :class:`ChunkedAgreement` per result; ``chunk_rows`` bounds the float64 temporaries.
+    ``AssertionError`` as :meth:`ChunkedAgreement.check`; ``ValueError`` for mismatched
+    lengths or row counts, or ``chunk_rows < 1``.
     """
     if len(actual) != len(checks) or not actual:
         raise ValueError(f"{len(actual)} results for {len(checks)} checks")

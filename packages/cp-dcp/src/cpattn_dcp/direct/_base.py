@@ -165,15 +165,12 @@ class DirectWorkspaceBase:
 
     Args:
         name: human name used in messages ("Direct DCP A2A", ...).
-        group: the DCP group (``ProcessGroup`` or ``CPGroupLike``; simulated groups need
-            ``allocate_symmetric``). Construction is collective over the group.
-        device: the device the buffers live on (a bare ``"cuda"`` means the current CUDA
-            device; ``self.device`` is always indexed on CUDA).
+        group: the DCP group (a ``ProcessGroup`` or ``CPGroupLike``; construction is collective).
+        device: the buffers' device (a bare ``"cuda"``: the current CUDA device).
         num_ubatches: micro-batch slots U (validated by the subclass).
-        max_spins: polls before a wait gives up and records an error, 1 to
-            ``MAX_SPINS_LIMIT`` (2**31 - 1).
+        max_spins: polls before a wait gives up and records an error, 1 to ``MAX_SPINS_LIMIT``.
         error_check_interval: eager CUDA calls between non-blocking error-record copies (0:
-            only ``check_error()`` reports on CUDA; the CPU always reports at the next call).
+            only ``check_error()`` reports on CUDA).
     """
 
     def __init__(

@@ -55,16 +55,13 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
     ``recv_lse [U, 2, N, T_max, H_r]`` fp32, ``recv_signal [U, 2, N]`` int64.
 
     Args:
-        group: the DCP group (``ProcessGroup`` or ``CPGroupLike``).
-        device: device of the buffers.
+        group / device: the DCP group and the buffers' device.
         max_num_tokens: row capacity T_max of one call.
-        heads_per_rank: H_r, the heads each rank owns after the combine (input has N*H_r).
-        head_dim: D.
+        heads_per_rank / head_dim: H_r, the heads each rank owns after the combine (the input
+            has N*H_r), and D.
         dtype: output dtype, float16 or bfloat16.
         num_ubatches: micro-batch slots (``cpattn_common.ubatch``).
-        max_spins: polls before a wait gives up (then ``DirectProtocolError`` on the host),
-            1 to ``MAX_SPINS_LIMIT``.
-        error_check_interval: eager calls between non-blocking error-record checks (>= 0).
+        max_spins / error_check_interval: see ``DirectWorkspaceBase``.
 
     Raises:
         ValueError: unsupported dtype, sizes < 1, rows that are not 16-byte multiples, fewer
@@ -341,14 +338,12 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         """Combine this rank's partial attention with all peers' into its own heads.
 
         Args:
-            partial_output: ``[T, H, D]`` (H = N*H_r) partial output of this rank's KV shard,
-                workspace dtype; last dim unit stride; 16-byte-aligned base and row strides
-                (padded-head views ``[:, :H]`` of wider storage are fine).
+            partial_output: ``[T, H, D]`` (H = N*H_r), workspace dtype; last dim unit stride;
+                16-byte-aligned base and row strides.
             partial_lse: ``[T, H]`` LSE (fp32/fp16/bf16, any strides).
             is_lse_base_on_e: LSE base (True: e, False: 2).
-            seq_lens: ``[R]`` this rank's local KV length per request (optional; with
-                ``query_start_loc [R+1]``, empty-shard and padding rows contribute nothing).
-            query_start_loc: see ``seq_lens``.
+            seq_lens / query_start_loc: optional ``[R]`` local KV lengths and ``[R+1]`` query
+                offsets: empty-shard and padding rows contribute nothing.
             return_lse: also return the combined LSE ``[T, H_r]`` fp32.
             ubatch_id: micro-batch slot (default ``cpattn_common.current_ubatch_id()``).
 

@@ -52,14 +52,10 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
     ``signal [U, 2, N]`` int64.
 
     Args:
-        group: the DCP group.
-        device: device of the buffers.
+        group / device / num_ubatches / max_spins / error_check_interval / require_multicast:
+            as ``DirectDCPQGatherWorkspace``.
         max_gathered_tokens: G, capacity of one gathered chunk (N*T <= G); divisible by N.
-        token_dim: D (576 for DeepSeek-style MLA: 512 latent + 64 rope).
-        dtype: float16, bfloat16 or float8_e4m3fn.
-        num_ubatches: micro-batch slots.
-        require_multicast: see ``DirectDCPQGatherWorkspace``.
-        max_spins / error_check_interval: see ``DirectDCPA2AWorkspace``.
+        token_dim: D (576 for DeepSeek-style MLA); dtype: float16, bfloat16 or float8_e4m3fn.
     """
 
     def __init__(

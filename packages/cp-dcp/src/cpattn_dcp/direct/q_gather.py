@@ -92,19 +92,15 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
     ``signal [U, 2, N]`` int64.
 
     Args:
-        group: the DCP group.
-        device: device of the buffers.
-        max_num_tokens: T_max.
-        heads_per_rank: H_r, this rank's query heads.
-        head_dim: D (e.g. 576 for MLA).
+        group / device / num_ubatches / max_spins / error_check_interval: as
+            ``DirectDCPA2AWorkspace``.
+        max_num_tokens / heads_per_rank / head_dim: T_max, this rank's query heads H_r, D.
         dtype: query dtype (any 1-, 2- or 4-byte floating dtype with a NaN encoding, fp8
-            included, float8_e8m0fnu too).
-        num_ubatches: micro-batch slots.
+            included).
         padded_num_heads: head capacity S >= N*H_r of the returned tensor's storage, for
             fixed-head attention kernels (``None``: N*H_r).
         require_multicast: raise ``DirectPathUnavailable`` unless multicast spans the group
             (``False`` only for tests with simulated peers).
-        max_spins / error_check_interval: see ``DirectDCPA2AWorkspace``.
     """
 
     def __init__(
@@ -286,11 +282,10 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         """All-gather the query heads of the DCP group.
 
         Args:
-            local_query: ``[T, H_r, D]``; heads packed, rows 16-byte aligned (token stride may
-                exceed H_r*D).
+            local_query: ``[T, H_r, D]``; heads packed, rows 16-byte aligned.
             ubatch_id: micro-batch slot (default ``cpattn_common.current_ubatch_id()``).
             checked: the caller has just found ``unsupported_reason(local_query)`` to be
-                ``None`` (``DCPManager`` does, to choose the path), so it is not run again.
+                ``None``, so it is not run again.
 
         Returns:
             ``[T, N*H_r, D]`` contiguous view (rank-major heads) of the persistent buffer, with
