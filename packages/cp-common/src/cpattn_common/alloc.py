@@ -1,8 +1,7 @@
 """Output allocation: the one helper every launcher uses, with an optional poison fill.
 
 Tests turn poisoning on (``poison_outputs()`` / ``set_output_poison(nan)``) so that an output
-element a kernel forgets to write shows up as NaN instead of silently holding stale memory.
-Poisoning is off by default: ``empty_output`` is then exactly ``torch.empty``.
+element a kernel forgets to write shows up as NaN; off by default (``torch.empty``).
 """
 
 from __future__ import annotations

@@ -50,13 +50,8 @@ def _arg_key(arg: Any) -> Any:
 
 
 class CachedKernel:
-    """A ``@triton.jit`` kernel whose compiled handles are reused (see the module docstring).
-
-    Example:
-        >>> merge = CachedKernel(_merge_kernel)  # doctest: +SKIP
-        >>> spec = merge.specialize(BLOCK_D=128, num_warps=4)  # doctest: +SKIP
-        >>> spec((batch, heads), out, lse, partial_outs, partial_lses, heads)  # doctest: +SKIP
-    """
+    """A ``@triton.jit`` kernel whose compiled handles are reused (see the module docstring):
+    ``CachedKernel(k).specialize(BLOCK_D=128, num_warps=4)((batch, heads), out, lse, ...)``."""
 
     def __init__(self, kernel: Any):
         self.kernel = kernel
@@ -72,12 +67,8 @@ class CachedKernel:
 
 
 class Specialization:
-    """``CachedKernel.specialize(...)``: call as ``spec(grid, *runtime_args)``.
-
-    Attributes:
-        kernel: the ``@triton.jit`` kernel.
-        constexprs: the fixed keyword arguments (constexprs and launch options).
-    """
+    """``CachedKernel.specialize(...)``: call as ``spec(grid, *runtime_args)``. ``kernel``: the
+    ``@triton.jit`` kernel; ``constexprs``: the fixed keyword arguments."""
 
     def __init__(self, cached: CachedKernel, constexprs: dict[str, Any]):
         self.kernel = cached.kernel

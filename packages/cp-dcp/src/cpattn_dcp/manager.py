@@ -104,14 +104,9 @@ def _first_time(key: str) -> bool:
 
 
 def _packed(t: torch.Tensor) -> torch.Tensor:
-    """A fresh contiguous copy of ``t`` (a new allocation: 16-byte aligned).
-
-    The direct paths refuse some strides, unaligned data pointers and torch's negative bit:
-    those are properties of this rank's tensor, not of the call, and a direct call waits for
-    every peer: were this rank to fall back to NCCL alone, both sides would wait for each other
-    until the timeout. So the path depends only on what every rank shares (token count, shapes,
-    dtypes), and a layout the direct path refuses is mended here, on this rank.
-    """
+    """A fresh contiguous (16-byte aligned) copy of ``t``. A layout the direct path refuses
+    (strides, alignment, the negative bit) is this rank's own, and a direct call waits for every
+    peer: it is mended here rather than sending this rank alone to NCCL."""
     return t.clone(memory_format=torch.contiguous_format)
 
 
@@ -124,14 +119,10 @@ def _try_direct(
     forced: bool | None,
     switch: str | None = None,
 ) -> tuple[_W | None, str | None]:
-    """``(workspace, None)``, or ``(None, why not)``: ``gate`` says why the direct path cannot
-    run here (``None``: it can), ``build`` makes the workspace (``None`` where gating said no).
-
-    A forced path raises instead: ``build``'s ``ValueError`` / ``DirectPathUnavailable`` (a
-    workspace that refuses this setup), and for a gather (``switch``) ``DirectPathUnavailable``
-    when ``gate`` says no, unless the environment disables multicast (the gathers then stay
-    off even when forced). The gate agrees across ranks, so every rank raises.
-    """
+    """``(workspace, None)`` or ``(None, why not)`` from ``gate`` (why the direct path cannot
+    run, or ``None``) and ``build`` (the workspace, or ``None`` where gating said no). A forced
+    path raises instead (for a gather, ``switch``, unless the environment disables multicast);
+    the gate agrees across ranks, so every rank raises."""
     reason = gate()
     if reason is not None:
         if switch is not None and forced is True and not multicast_disabled_by_env():

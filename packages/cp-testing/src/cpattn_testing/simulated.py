@@ -108,31 +108,16 @@ class SimulatedGroup:
     ``device_group`` is ``None`` and ``ranks`` are ``[0, ..., N-1]``)."""
 
     backend = "simulated"
+    device_group: ProcessGroup | None = None
 
     def __init__(self, world: SimulatedWorld, rank: int) -> None:
         self._world = world
         self._rank = rank
+        self.world_size = world.world_size
+        self.rank_in_group = rank
+        self.device = world.device
+        self.group_name = f"simulated-{id(world):x}"
         self.ranks = list(range(world.world_size))
-
-    @property
-    def world_size(self) -> int:
-        return self._world.world_size
-
-    @property
-    def rank_in_group(self) -> int:
-        return self._rank
-
-    @property
-    def device_group(self) -> ProcessGroup | None:
-        return None
-
-    @property
-    def device(self) -> torch.device:
-        return self._world.device
-
-    @property
-    def group_name(self) -> str:
-        return f"simulated-{id(self._world):x}"
 
     def __repr__(self) -> str:
         return f"SimulatedGroup(world_size={self.world_size}, rank_in_group={self._rank})"

@@ -10,16 +10,11 @@ For one (row b, head h) and sources n = 0..N-1 with partial outputs ``o_n [D]`` 
     O     = sum_n w_n * o_n, where a source with w_n == 0 contributes exactly 0
             (NaN / garbage in the partials of empty shards never leaks)
 
-Layout: ``partial_out [N, B, H, D]`` and ``partial_lse [N, B, H]`` with arbitrary strides
-(the partial's N / B / H strides arrive in units of ``VEC`` elements, see below),
-``out [B, H, D]`` and ``out_lse [B, H]`` (fp32) contiguous (the launcher allocates them).
-Math in fp32.
-
-Tiling: program (pid_b, pid_h) handles row ``pid_b`` and heads
-``[pid_h * BLOCK_H, (pid_h + 1) * BLOCK_H)`` with ``BLOCK_D >= D`` (power of two, masked),
-so each partial element is read exactly once. ``N`` and ``D`` are constexpr: the source loop
-is unrolled and the D mask folds away when ``D == BLOCK_D``. Offsets are int64; per-source
-pointers advance by addition so ``n * stride`` never overflows 32 bits.
+Layout: ``partial_out [N, B, H, D]`` and ``partial_lse [N, B, H]`` with any strides, ``out
+[B, H, D]`` and fp32 ``out_lse [B, H]`` contiguous; math in fp32. Program (pid_b, pid_h)
+handles row ``pid_b`` and ``BLOCK_H`` heads with ``BLOCK_D >= D`` (power of two, masked), so
+each partial element is read once; ``N`` and ``D`` are constexpr (the source loop unrolled).
+Offsets are int64; per-source pointers advance by addition.
 
 Host cost: every int parameter is annotated and listed in ``do_not_specialize``, so Triton's
 specialization depends only on the tensors and the constexprs: ``VEC`` (the widest

@@ -115,40 +115,24 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         # Per-ubatch launch arguments that never change (fewer host operations per call).
         self._pub_static: list[dict[str, Any]] = [
             {
-                "peer_out_ptrs": self._out_ptrs[u],
-                "peer_lse_ptrs": self._lse_ptrs[u],
-                "peer_sig_ptrs": self._sig_ptrs[u],
-                "counter_ptr": self._pub_counter[u],
-                "epoch_ptr": self.epoch[u:],
-                "err_ptr": self._error[u],
-                "grp_err_ptr": self._group_failure,
-                "T_MAX": t_max,
-                "rank": self.rank,
-                "N": n,
-                "H_R": h_r,
-                "D": d,
-                "BLOCK_HD": self._block_hd,
-                "BLOCK_H": self._block_h_pub,
+                "peer_out_ptrs": self._out_ptrs[u], "peer_lse_ptrs": self._lse_ptrs[u],
+                "peer_sig_ptrs": self._sig_ptrs[u], "counter_ptr": self._pub_counter[u],
+                "epoch_ptr": self.epoch[u:], "err_ptr": self._error[u],
+                "grp_err_ptr": self._group_failure, "T_MAX": t_max, "rank": self.rank, "N": n,
+                "H_R": h_r, "D": d, "BLOCK_HD": self._block_hd, "BLOCK_H": self._block_h_pub,
             }
             for u in range(num_ubatches)
-        ]
+        ]  # fmt: skip
         self._comb_static: list[dict[str, Any]] = [
             {
-                "recv_out_ptr": self.recv_out[u],
-                "recv_lse_ptr": self.recv_lse[u],
-                "sig_ptr": self.recv_signal[u],
-                "epoch_ptr": self.epoch[u:],
-                "done_ptr": self._wait_done[u:],
-                "err_ptr": self._error[u],
-                "grp_err_ptr": self._group_failure,
-                "T_MAX": t_max,
-                "N": n,
-                "N_POW2": self._n_pow2,
-                "H_R": h_r,
-                "D": d,
+                "recv_out_ptr": self.recv_out[u], "recv_lse_ptr": self.recv_lse[u],
+                "sig_ptr": self.recv_signal[u], "epoch_ptr": self.epoch[u:],
+                "done_ptr": self._wait_done[u:], "err_ptr": self._error[u],
+                "grp_err_ptr": self._group_failure, "T_MAX": t_max, "N": n, "N_POW2": self._n_pow2,
+                "H_R": h_r, "D": d,
             }
             for u in range(num_ubatches)
-        ]
+        ]  # fmt: skip
 
     @property
     def num_heads(self) -> int:
@@ -249,22 +233,15 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         num_seqs = seq_lens.numel() if seq_lens is not None else 0
         num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
         _direct_a2a_publish_kernel[(self.world_size, num_pub)](
-            **self._pub_static[u],
-            out_ptr=partial_output,
-            stride_out_t=partial_output.stride(0),
-            stride_out_h=partial_output.stride(1),
-            stride_out_d=partial_output.stride(2),
-            lse_ptr=partial_lse,
-            stride_lse_t=partial_lse.stride(0),
+            **self._pub_static[u], out_ptr=partial_output, stride_out_t=partial_output.stride(0),
+            stride_out_h=partial_output.stride(1), stride_out_d=partial_output.stride(2),
+            lse_ptr=partial_lse, stride_lse_t=partial_lse.stride(0),
             stride_lse_h=partial_lse.stride(1),
             seq_lens_ptr=seq_lens if seq_lens is not None else partial_lse,
             qsl_ptr=query_start_loc if query_start_loc is not None else partial_lse,
-            num_seqs=num_seqs,
-            T=t,
-            NUM_PUB=num_pub,
-            HAS_MASK=has_mask,
+            num_seqs=num_seqs, T=t, NUM_PUB=num_pub, HAS_MASK=has_mask,
             NUM_SEQS_POW2=next_pow2(num_seqs),
-        )
+        )  # fmt: skip
 
     @on_workspace_device
     def wait_and_combine(
@@ -305,21 +282,13 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
             else:
                 d_per_prog, n_db, num_warps = -(-d // block_d) * block_d, 1, 4
             _direct_a2a_combine_kernel[(t, n_hb, n_db)](
-                **self._comb_static[u],
-                res_ptr=out,
-                stride_res_t=out.stride(0),
-                stride_res_h=out.stride(1),
-                res_lse_ptr=lse if lse is not None else out,
-                stride_res_lse_t=lse.stride(0) if lse is not None else 0,
-                max_spins=self.max_spins,
-                num_programs=t * n_hb * n_db,
-                BLOCK_H=block_h,
-                BLOCK_D=block_d,
-                D_PER_PROG=d_per_prog,
-                num_warps=num_warps,
-                IS_BASE_E=is_lse_base_on_e,
+                **self._comb_static[u], res_ptr=out, stride_res_t=out.stride(0),
+                stride_res_h=out.stride(1), res_lse_ptr=lse if lse is not None else out,
+                stride_res_lse_t=lse.stride(0) if lse is not None else 0, max_spins=self.max_spins,
+                num_programs=t * n_hb * n_db, BLOCK_H=block_h, BLOCK_D=block_d,
+                D_PER_PROG=d_per_prog, num_warps=num_warps, IS_BASE_E=is_lse_base_on_e,
                 HAS_LSE_OUT=lse is not None,
-            )
+            )  # fmt: skip
             self._after_call()
         return (out, lse) if lse is not None else out
 

@@ -211,24 +211,12 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         d = self.token_dim
         num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
         _direct_gather_publish_kernel[(self.world_size, num_pub)](
-            src_ptr=local_kv,
-            stride_src_t=local_kv.stride(0),
-            peer_dst_ptrs=self._kv_ptrs[u],
-            peer_sig_ptrs=self._sig_ptrs[u],
-            counter_ptr=self._pub_counter[u],
-            epoch_ptr=self.epoch[u:],
-            err_ptr=self._error[u],
-            grp_err_ptr=self._group_failure,
-            T=t,
-            rank=self.rank,
-            dst_parity_stride=self.max_gathered_tokens * d,
-            dst_rank_stride=t * d,
-            dst_row_stride=d,
-            NUM_PUB=num_pub,
-            N=self.world_size,
-            W=d,
-            BLOCK_W=self._block_w,
-        )
+            src_ptr=local_kv, stride_src_t=local_kv.stride(0), peer_dst_ptrs=self._kv_ptrs[u],
+            peer_sig_ptrs=self._sig_ptrs[u], counter_ptr=self._pub_counter[u],
+            epoch_ptr=self.epoch[u:], err_ptr=self._error[u], grp_err_ptr=self._group_failure, T=t,
+            rank=self.rank, dst_parity_stride=self.max_gathered_tokens * d, dst_rank_stride=t * d,
+            dst_row_stride=d, NUM_PUB=num_pub, N=self.world_size, W=d, BLOCK_W=self._block_w,
+        )  # fmt: skip
 
     @on_workspace_device
     def wait(
@@ -249,23 +237,13 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             return
         grid = (-(-num_elems // _COPY_BLOCK),)
         _direct_gather_wait_kernel[grid](
-            sig_ptr=self.recv_signal[u],
-            epoch_ptr=self.epoch[u:],
-            done_ptr=self._wait_done[u:],
-            err_ptr=self._error[u],
-            grp_err_ptr=self._group_failure,
-            slot_ptr=self.received_kv[u],
-            dst_ptr=gathered_kv,
-            num_elems=num_elems,
-            slot_parity_stride=self.max_gathered_tokens * self.token_dim,
-            max_spins=self.max_spins,
-            num_programs=grid[0],
-            N=self.world_size,
-            N_POW2=self._n_pow2,
-            HAS_COPY=True,
-            BLOCK=_COPY_BLOCK,
-            NAN_BITS=self._nan_bits,
-        )
+            sig_ptr=self.recv_signal[u], epoch_ptr=self.epoch[u:], done_ptr=self._wait_done[u:],
+            err_ptr=self._error[u], grp_err_ptr=self._group_failure, slot_ptr=self.received_kv[u],
+            dst_ptr=gathered_kv, num_elems=num_elems,
+            slot_parity_stride=self.max_gathered_tokens * self.token_dim, max_spins=self.max_spins,
+            num_programs=grid[0], N=self.world_size, N_POW2=self._n_pow2, HAS_COPY=True,
+            BLOCK=_COPY_BLOCK, NAN_BITS=self._nan_bits,
+        )  # fmt: skip
         # As all_gather_into_tensor does through the dispatcher.
         mark_written_in_place(gathered_kv)
         self._after_call()

@@ -216,24 +216,12 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
         src = local_query if self._publish_view is None else local_query.view(self._publish_view)
         _direct_gather_publish_kernel[(n, num_pub)](
-            src_ptr=src,
-            stride_src_t=local_query.stride(0),
-            peer_dst_ptrs=self._q_ptrs[u],
-            peer_sig_ptrs=self._sig_ptrs[u],
-            counter_ptr=self._pub_counter[u],
-            epoch_ptr=self.epoch[u:],
-            err_ptr=self._error[u],
-            grp_err_ptr=self._group_failure,
-            T=t,
-            rank=self.rank,
-            dst_parity_stride=0,
-            dst_rank_stride=w,
-            dst_row_stride=n * w,
-            NUM_PUB=num_pub,
-            N=n,
-            W=w,
-            BLOCK_W=self._block_w,
-        )
+            src_ptr=src, stride_src_t=local_query.stride(0), peer_dst_ptrs=self._q_ptrs[u],
+            peer_sig_ptrs=self._sig_ptrs[u], counter_ptr=self._pub_counter[u],
+            epoch_ptr=self.epoch[u:], err_ptr=self._error[u], grp_err_ptr=self._group_failure, T=t,
+            rank=self.rank, dst_parity_stride=0, dst_rank_stride=w, dst_row_stride=n * w,
+            NUM_PUB=num_pub, N=n, W=w, BLOCK_W=self._block_w,
+        )  # fmt: skip
 
     @on_workspace_device
     def wait(
@@ -249,25 +237,16 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
             if not 0 <= t <= self.max_num_tokens:
                 raise ValueError(f"{self.name}: num_tokens {t} not in [0, {self.max_num_tokens}]")
         u = self._resolve_ubatch(ubatch_id)
-        if t > 0:
+        if t > 0:  # dst: written (NaN) only on a failure, there is nothing to copy
             _direct_gather_wait_kernel[(1,)](
-                sig_ptr=self.recv_signal[u],
-                epoch_ptr=self.epoch[u:],
-                done_ptr=self._wait_done[u:],
-                err_ptr=self._error[u],
-                grp_err_ptr=self._group_failure,
-                slot_ptr=self.recv_signal[u],
-                dst_ptr=self._final_query_bits[u],  # NaN only on a failure: nothing to copy
-                num_elems=t * self.storage_heads * self.head_dim,
-                slot_parity_stride=0,
-                max_spins=self.max_spins,
-                num_programs=1,
-                N=self.world_size,
-                N_POW2=self._n_pow2,
-                HAS_COPY=False,
-                BLOCK=_NAN_FILL_BLOCK,
-                NAN_BITS=self._nan_bits,
-            )
+                sig_ptr=self.recv_signal[u], epoch_ptr=self.epoch[u:],
+                done_ptr=self._wait_done[u:], err_ptr=self._error[u],
+                grp_err_ptr=self._group_failure, slot_ptr=self.recv_signal[u],
+                dst_ptr=self._final_query_bits[u],
+                num_elems=t * self.storage_heads * self.head_dim, slot_parity_stride=0,
+                max_spins=self.max_spins, num_programs=1, N=self.world_size, N_POW2=self._n_pow2,
+                HAS_COPY=False, BLOCK=_NAN_FILL_BLOCK, NAN_BITS=self._nan_bits,
+            )  # fmt: skip
             self._after_call()
         g = self.world_size * self.heads_per_rank
         buf = self.final_query[u]

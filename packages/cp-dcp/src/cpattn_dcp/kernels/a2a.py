@@ -12,31 +12,21 @@ bit-cast to the 16-bit output dtype (never numbers), i.e. one little-endian 32-b
 padding: every lane is written. Blocks, not records, so that the unpack reads each source's
 payloads of a row tile as one contiguous range (docs/design.md, "The A2A buffer format").
 
-Alignment. Payload row offsets ``n * R * (D + P) + r * D`` carry a ``tl.multiple_of`` hint of
-``PAY_ALIGN`` / ``DST_ALIGN`` elements, the largest power of two <= 16 bytes dividing both
-terms (host-computed from R and D): 16-byte vectors whenever the block size and D allow,
-narrower accesses otherwise, never a misaligned one (Triton's axis analysis can over-state the
-divisibility of index expressions; the hints override it). The LSE words are read and written
-as 32-bit words when ``R * D`` is even (``LSE_WORD``), else as 16-bit lanes.
+Alignment: payload row offsets carry ``tl.multiple_of`` hints of ``PAY_ALIGN`` / ``DST_ALIGN``
+elements, the largest power of two <= 16 bytes dividing the block size and D (from the host):
+16-byte vectors where they are valid, never a misaligned access. LSEs move as 32-bit words when
+``R * D`` is even (``LSE_WORD``), else as 16-bit lanes.
 
-Pack (``_a2a_pack_kernel``, grid ``(payload programs + LSE programs, N)``): a payload program
-copies ``BLOCK_V`` consecutive vectors of ``VEC`` lanes of destination n's payload region
-(contiguous stores; the source rows through their strides, 16-byte loads when the head dim is
-unit-stride and the row strides allow, ``IN_ALIGN``); an LSE program converts ``BLOCK_T``
-tokens' LSEs to fp32, applies the fused empty-row mask (``_row_is_empty``, once per token) and
-stores their words. Index arithmetic is int32 unless an offset could overflow it (``IDX64``).
+Pack (grid ``(payload programs + LSE programs, N)``): a payload program copies ``BLOCK_V``
+vectors of ``VEC`` lanes of destination n's payload region; an LSE program converts
+``BLOCK_T`` tokens' LSEs to fp32, applies the fused empty-row mask once per token and stores
+their words. Index arithmetic is int32 unless an offset could overflow it (``IDX64``).
 
-Unpack-combine: one program per ``BLOCK_R`` consecutive output rows (recv rows and output rows
-are both the flattened (b, j): no index division). For N <= 8 the N payload tiles and the N LSE
-vectors are loaded together (no load depends on a computed value), then the weights
-(element-wise, once per row in a compact layout, moved to the payload rows with
-``tl.gather``), the fp32 weighted sum (zero-weight sources contribute exactly 0) and one store
-of the output rows. LSE math in the LSEs' own base (``lse_math``).
-
-Load order. ``ptxas`` schedules the LSE loads first and starts the LSE math, which waits for
-them, before most payload loads: a second DRAM round trip per program. Each source's weight is
-therefore formed just before its weighted sum, not all N first, so more payload loads are
-issued before the first ``exp2``.
+Unpack-combine: one program per ``BLOCK_R`` consecutive output rows. For N <= 8 the N payload
+tiles and the N LSE vectors are loaded first, then the weights (once per row in a compact
+layout, moved with ``tl.gather``), the fp32 weighted sum and one store. Each source's weight is
+formed just before its weighted sum, not all N first: ``ptxas`` then issues more payload loads
+before the LSE math (one DRAM round trip per program, not two).
 """
 
 from typing import Any  # noqa: F401  (used by type comments in the kernel)

@@ -50,14 +50,9 @@ def a2a_pack_dim(dtype: torch.dtype) -> int:
 
 
 def a2a_record_width(head_dim: int, dtype: torch.dtype) -> int:
-    """Last dim of the all-to-all send/recv buffers ``[N, B, H/N, D + P]``: ``D + P`` with
-    ``P = a2a_pack_dim(dtype)``. The buffers are in the block format (``a2a_buffer_views``),
-    so ``buf[n, b, j]`` is *not* row (b, j)'s payload and LSE; the shape only sizes the buffer.
-
-    Raises:
-        ValueError: ``head_dim < 1`` or a dtype other than fp16/bf16/fp32.
-        TypeError: ``head_dim`` is not an int.
-    """
+    """Last dim ``D + P`` (``P = a2a_pack_dim(dtype)``) of the all-to-all buffers ``[N, B, H/N,
+    D + P]``, which only sizes them (block format: ``a2a_buffer_views``). ``ValueError`` for
+    ``head_dim < 1`` or another dtype, ``TypeError`` for a non-int ``head_dim``."""
     if isinstance(head_dim, bool) or not isinstance(head_dim, int):
         raise TypeError(f"head_dim must be an int, got {type(head_dim).__name__}")
     if head_dim < 1:
@@ -68,10 +63,7 @@ def a2a_record_width(head_dim: int, dtype: torch.dtype) -> int:
 def a2a_buffer_views(buf: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The payloads and LSE lanes of an all-to-all send/recv buffer, as views.
 
-    Args:
-        buf: contiguous ``[N, B, H_r, D + P]`` buffer (``a2a_pack``'s output or a receive
-            buffer), fp16/bf16/fp32.
-        head_dim: D.
+    ``buf``: a contiguous fp16/bf16/fp32 ``[N, B, H_r, D + P]`` buffer; ``head_dim``: D.
 
     Returns:
         ``(payload [N, B, H_r, D], lse_lanes [N, B, H_r, P])``: ``payload[n, b, j]`` is the
@@ -293,17 +285,14 @@ def a2a_pack(
         cp_attn_out: ``[B, H, D]`` partial output (fp16/bf16/fp32, any strides).
         cp_attn_lse: ``[B, H]`` its LSE (fp32/fp16/bf16, any strides), stored as fp32 bits.
         cp_world_size: N; ``H % N == 0``.
-        seq_lens: ``[R]`` local KV lengths, with ``query_start_loc`` ``[R + 1]``: the
+        seq_lens / query_start_loc: ``[R]`` local KV lengths and ``[R + 1]`` query offsets: the
             empty-shard mask is fused (bit-identical to ``mask_dcp_empty_shards_``).
-        query_start_loc: see ``seq_lens``.
         send: optional preallocated contiguous ``[N, B, H/N, D + P]`` buffer to fill.
 
     Returns:
-        ``send [N, B, H/N, D + P]`` in the output dtype (``P = a2a_pack_dim(dtype)``), in the
-        block format: with ``payload, lse_lanes = a2a_buffer_views(send, D)``,
-        ``payload[n, b, j] = cp_attn_out[b, n*H/N + j]`` and ``lse_lanes[n, b, j]`` the
-        (masked) LSE as fp32 bits (low 16 bits first for 16-bit dtypes). Every lane is
-        written.
+        ``send [N, B, H/N, D + P]`` in the output dtype, every lane written: with ``payload,
+        lse_lanes = a2a_buffer_views(send, D)``, ``payload[n, b, j] = cp_attn_out[b, n*H/N +
+        j]`` and ``lse_lanes[n, b, j]`` the (masked) LSE as fp32 bits.
 
     Raises:
         ValueError / TypeError: as :func:`dcp_a2a_lse_reduce` for the same arguments; a
