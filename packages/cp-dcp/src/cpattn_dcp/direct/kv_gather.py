@@ -41,8 +41,8 @@ DIRECT_KV_GATHER_DTYPES: tuple[torch.dtype, ...] = (
     torch.bfloat16,
     torch.float8_e4m3fn,
 )
-_MAX_PUBLISH_PROGRAMS = 32
-_COPY_BLOCK = 2048
+_MAX_PUBLISH_PROGRAMS = 32  # per destination; rows are strided over them
+_COPY_BLOCK = 2048  # elements one wait program copies out of the slot
 
 
 class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):

@@ -50,7 +50,7 @@ from cpattn_dcp.kernels.direct_gather import (
 
 __all__ = ["DirectDCPQGatherWorkspace"]
 
-_MAX_PUBLISH_PROGRAMS = 32
+_MAX_PUBLISH_PROGRAMS = 32  # per destination; rows are strided over them
 # Elements per NaN store of a failed wait (its single program loops over the call's rows).
 _NAN_FILL_BLOCK = 1024
 # Query dtypes the publish passes to Triton as they are; others (float8_e8m0fnu, the fnuz fp8
