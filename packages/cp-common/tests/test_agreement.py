@@ -54,7 +54,7 @@ def test_the_agreement_gathers_every_rank_value_without_allocating(
 ) -> None:
     """An allocation inside the agreement could fail on one rank only (out of memory), and that
     rank would leave the all-gather its peers are in: the gather sends from and receives into
-    the caller's scratch. (It used to allocate its output through ``CPGroup.all_gather``.)"""
+    the caller's scratch."""
     for report in run_ranks(_gather_ranks, world_size, timeout=120.0):
         assert report["values"] == [10 * r - 3 for r in range(world_size)]
         assert report["again"] == [-(2**40) + r for r in range(world_size)]

@@ -171,8 +171,7 @@ def test_env_values_that_keep_multicast_on(
 
 
 # NCCL reads NCCL_NVLS_ENABLE with strtoll(value, NULL, 0): an integer prefix in base 0, and 0
-# when there is none. The gate used to take only 0 / false / no / off as "disabled", so 00,
-# 0x0, -0, disable and n kept multicast on although NCCL had it off.
+# when there is none, so 00, 0x0, -0, disable and n turn multicast off too.
 @pytest.mark.parametrize(
     "value", ["0", "00", "0x0", "-0", " 0 ", "disable", "n", "false", "true", "0x", "08", " "]
 )
@@ -345,8 +344,8 @@ def test_supported_dtypes_may_be_any_iterable(
 def test_a_cached_probe_goes_with_its_group(
     no_multicast_env: None, fake_cuda: dict[str, Any]
 ) -> None:
-    """The cache shares one probe among the wrappers of a process group, and no longer
-    keeps the group alive (it held every group ever probed)."""
+    """The cache shares one probe among the wrappers of a process group and does not keep
+    the group alive."""
     import gc
     import weakref
 
@@ -416,9 +415,7 @@ def test_a_probe_that_cannot_allocate_its_flag_raises_before_any_collective(
 ) -> None:
     """The flag the probe's agreements gather is its one step outside them. Where it cannot be
     allocated, the rank raises before its first collective instead of answering "off" and
-    pairing its next collective with its peers' probe (the flag used to be allocated after
-    the same-node all-gather, and a second one inside the rendezvous step, whose failure the
-    probe turned into an answer)."""
+    pairing its next collective with its peers' probe."""
 
     def oom(*args: Any) -> torch.Tensor:
         raise torch.OutOfMemoryError("CUDA out of memory (stubbed flag)")
@@ -559,9 +556,8 @@ def _probe_with_rank_1_out_of_memory(rank: int, world_size: int) -> str | None:
 def test_a_probe_allocation_failing_on_one_rank_fails_the_probe_on_every_rank(
     run_ranks: Callable[..., list[Any]], device: torch.device
 ) -> None:
-    """Rank 1 used to report "direct off" at once while rank 0 waited in the rendezvous until
-    the store timed out (and then went on, out of step with rank 1's NCCL calls). Now the ranks
-    agree first: both probes fail at once, naming rank 1."""
+    """The ranks agree before the rendezvous: both probes fail at once, naming rank 1 (rank 0
+    does not wait in the rendezvous while rank 1 reports "direct off")."""
     if device.type != "cpu":
         pytest.skip("replaces torch.cuda in its rank processes: a CPU (gloo) test")
     for reason in run_ranks(_probe_with_rank_1_out_of_memory, 2, timeout=60.0):
@@ -608,9 +604,8 @@ def _probe_with_rank_1_unable_to_read_the_multicast_address(
 def test_an_unreadable_multicast_address_costs_multicast_only(
     run_ranks: Callable[..., list[Any]], device: torch.device
 ) -> None:
-    """The rendezvous worked on both ranks; rank 1 could not read the multicast address. That
-    rank used to report "not reached", which turned the plain direct path off on every rank
-    with a false reason ("rendezvous failed ... on rank(s) [1]")."""
+    """The rendezvous worked on both ranks; rank 1 could not read the multicast address: only
+    multicast is off, the plain direct path stays on."""
     if device.type != "cpu":
         pytest.skip("replaces torch.cuda in its rank processes: a CPU (gloo) test")
     results = run_ranks(_probe_with_rank_1_unable_to_read_the_multicast_address, 2, timeout=60.0)
@@ -660,9 +655,8 @@ def test_the_ranks_agree_on_a_rank_local_multicast_answer(
     run_ranks: Callable[..., list[Any]], device: torch.device, case: str
 ) -> None:
     """What one rank finds alone (its multicast query raised, its handle has no multicast
-    address, its rendezvous gave no handle) turns the path off on every rank: rank 0 used to
-    take the direct multicast gather while rank 1 took the NCCL all-gather, each waiting for
-    the other."""
+    address, its rendezvous gave no handle) turns the path off on every rank, so no rank takes
+    the direct gather while another takes the NCCL all-gather."""
     if device.type != "cpu":
         pytest.skip("replaces torch.cuda in its rank processes: a CPU (gloo) test")
     results = run_ranks(_probe_with_a_rank_local_multicast_answer, 2, case, timeout=60.0)

@@ -309,7 +309,7 @@ def _compile_report() -> dict[str, Any]:
 def test_sm90_compile_vector_loads_and_eager_order() -> None:
     """Vector loads / stores everywhere (16-byte ones but for the narrow decode tiles); where
     the configuration picks the EAGER variant on one-head tiles, every load is issued before
-    the first weight computation (one DRAM round trip per program: what made it faster there);
+    the first weight computation (one DRAM round trip per program);
     on EAGER tiles of several heads (8-byte partial loads) at least half of the partial loads
     are (ptxas sinks a few at N=8: 2 of 8 with Triton 3.9's, 3 of 8 with Triton 3.6's; in the
     weight-gated order none would be)."""

@@ -92,8 +92,8 @@ def test_validation(device: torch.device) -> None:
 
 
 def test_allocate_refuses_a_shape_that_is_not_a_sequence(device: torch.device) -> None:
-    """An int or None used to raise "'int' object is not iterable" from the error message
-    itself; a string was split into characters and bytes taken as their values ((2, 4) here)."""
+    """An int, None, a string or bytes is refused with a TypeError (a string is no sequence of
+    sizes, nor are bytes)."""
     ws = DirectCPWorkspace(SimulatedWorld(1, device).groups[0], device, 2)
     bad: tuple[Any, ...] = (4, None, "24", b"\x02\x04")
     for shape in bad:
@@ -331,9 +331,8 @@ def test_a_rank_local_failure_after_the_rendezvous_raises_on_every_rank(
 ) -> None:
     """A rank-local step after the rendezvous failed on rank 1 (its peer table could not be
     built; or a handle was missing, which the stub returns after its exchange: torch's CUDA
-    backend returns None only before its exchange, for a buffer it did not allocate). Rank 1
-    used to raise alone while rank 0 waited in the handle's barrier (until the store's
-    timeout, then out of step). Now the ranks agree before the barrier and raise together."""
+    backend returns None only before its exchange, for a buffer it did not allocate). The
+    ranks agree before the barrier and raise together."""
     if device.type != "cpu":
         pytest.skip("stubs symmetric memory in its rank processes: a CPU (gloo) test")
     for report in run_ranks(_after_rendezvous_failing_ranks, 2, case, timeout=60.0):

@@ -128,8 +128,8 @@ def test_wrapper_entries_die_with_the_wrapper(device: torch.device) -> None:
 
 def test_a_token_of_a_dead_group_never_names_another(device: torch.device) -> None:
     """Tokens are numbered, not derived from ``id()``: a new group that gets a dead group's
-    address gets a new token, and the dead one's raises ``KeyError`` (it used to name the new
-    group, for any compiled graph that still held it)."""
+    address gets a new token, and the dead one's raises ``KeyError`` (a compiled graph that
+    still holds it never reaches the new group)."""
     seen: dict[int, str] = {}
     for _ in range(50):
         group = SimulatedWorld(1, device).groups[0]

@@ -45,8 +45,7 @@ def _resolve_and_destroy(
 def test_wrappers_are_shared_and_keep_no_group_alive(
     run_ranks: Callable[..., list[Any]], device: torch.device
 ) -> None:
-    """The wrapper memo used to hold every process group ever passed (a strong id() table),
-    so destroyed groups were never freed."""
+    """The wrapper memo holds no process group: destroyed groups are freed."""
     for res in run_ranks(_resolve_and_destroy, 2, 3, device.type):
         assert res == {"alive": 0, "same": True}
 

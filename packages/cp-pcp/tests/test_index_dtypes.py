@@ -2,10 +2,8 @@
 
 ``dual_chunk_swap`` (``seq_lens``), ``build_mixed_decode_subset`` (``query_start_loc``) and the
 cache-input gathers (``slot_mapping``) accept exactly ``cpattn_common.checks.INDEX_DTYPES``
-(int8/16/32/64, uint8/16/32/64). Quantized and sub-byte / raw-bits dtypes used to pass the
-package's own rule ("not floating, complex or bool") and then failed later with an unrelated
-error (or, for the gathers, went through unchecked); they now raise the ``TypeError`` that a
-floating index tensor gets.
+(int8/16/32/64, uint8/16/32/64). Quantized and sub-byte / raw-bits dtypes raise the
+``TypeError`` that a floating index tensor gets, up front.
 """
 
 from __future__ import annotations

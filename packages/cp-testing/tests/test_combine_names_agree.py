@@ -1,6 +1,5 @@
 """``cpattn_pcp.resolve_dcp_combine`` names the combine ``cpattn_dcp.DCPManager`` selects, for
-every ``DCPConfig.comm_backend`` and layout both packages support (the docs say they agree;
-``"auto"`` used to be a ``ValueError`` in the former)."""
+every ``DCPConfig.comm_backend`` and layout both packages support, ``"auto"`` included."""
 
 from __future__ import annotations
 

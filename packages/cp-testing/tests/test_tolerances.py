@@ -68,8 +68,8 @@ def test_relative_norm_bound_catches_many_small_errors() -> None:
 
 def test_a_small_reference_is_still_held_to_the_norm_bound() -> None:
     """An attention output averaged over a long context (rms 5e-3, below bf16's atol): an
-    all-zero result or one with heads rotated fails; one within bf16 rounding passes. (The
-    norm criterion used to switch off below an rms of atol: both bad results passed.)"""
+    all-zero result or one with heads rotated fails; one within bf16 rounding passes (the
+    norm criterion stays on below an rms of atol)."""
     gen = torch.Generator().manual_seed(0)
     ref = torch.randn(64, 8, 32, generator=gen, dtype=torch.float64) * 5e-3
     for bad in (torch.zeros_like(ref), ref.roll(1, dims=1)):

@@ -42,10 +42,9 @@ __all__ = [
 
 
 class SymmetricAllocationError(RuntimeError):
-    """A symmetric allocation failed on at least one rank of the group; raised on every rank
-    (``failed_ranks`` names them, in group ranks). Raised before the rendezvous when the local
-    allocation failed, after it when a rank-local step following it did (no handle, the peer
-    table). On a rank that failed, ``__cause__`` is its own error."""
+    """A symmetric allocation (or a rank-local step after its rendezvous) failed on at least one
+    rank; raised on every rank (``failed_ranks``, in group ranks). On a rank that failed,
+    ``__cause__`` is its own error."""
 
     def __init__(self, message: str, failed_ranks: list[int]):
         super().__init__(message)
@@ -53,17 +52,14 @@ class SymmetricAllocationError(RuntimeError):
 
 
 class AgreementError(RuntimeError):
-    """The all-gather of an agreement failed on this rank (``__cause__``: the collective's
-    error). Unlike a failed local step, this cannot be agreed: the ranks may be out of step,
-    so it propagates (the group is broken) instead of being answered as an agreed failure."""
+    """The all-gather of an agreement failed on this rank (``__cause__``): the ranks may be out
+    of step, so the group is broken; this is no agreed failure."""
 
 
 def agreement_flag(group: CPGroupLike, device: torch.device) -> torch.Tensor:
     """The int64 ``[1 + N]`` scratch that ``gather_rank_values`` and ``agree_on_local_step``
-    gather through (element 0: this rank's value; elements 1..N: every rank's): on ``device``,
-    except for a gloo group (host tensors). Allocate it before the local step and before the
-    first collective it is meant to agree: an out-of-memory device may refuse even a few bytes
-    after it, and an agreement allocates nothing of its own."""
+    gather through (element 0: this rank's value; 1..N: every rank's), on ``device`` (host for
+    gloo). Allocate it before the local step it is meant to agree."""
     on_host = getattr(group, "backend", None) == "gloo"
     return torch.empty(1 + group.world_size, dtype=torch.int64, device="cpu" if on_host else device)
 
@@ -71,9 +67,7 @@ def agreement_flag(group: CPGroupLike, device: torch.device) -> torch.Tensor:
 def gather_rank_values(group: CPGroupLike, flag: torch.Tensor, value: int) -> list[int]:
     """Collective: every rank's ``value`` (an int64), in group rank order.
 
-    One all-gather over ``group`` from ``flag[:1]`` into ``flag[1:]`` (``flag`` is the scratch
-    of ``agreement_flag``), so nothing is allocated on the device: a decision taken from the
-    result is the same on every rank.
+    One all-gather from ``flag[:1]`` into ``flag[1:]`` (``agreement_flag``'s scratch).
 
     Raises:
         ValueError: ``flag`` is not such a scratch for this group.
@@ -101,14 +95,9 @@ def agree_on_local_step(
 ) -> None:
     """Collective: raise ``SymmetricAllocationError`` on every rank if ``failure`` is set on any.
 
-    Call it after a rank-local step that may fail on some ranks only (an allocation) and before
-    the next collective step, so a failing rank does not leave its peers waiting in that step.
-
-    Args:
-        group: the group whose ranks must agree (one all-gather over it).
-        flag: the scratch tensor of ``agreement_flag``.
-        failure: this rank's error of the local step, or ``None``.
-        what: the step, named in the message.
+    Call it after a rank-local step that may fail on some ranks only and before the next
+    collective step. ``failure``: this rank's error of the step, or ``None``; ``what`` names
+    the step in the message; ``flag``: ``agreement_flag``'s scratch.
 
     Raises:
         SymmetricAllocationError: on every rank, when the step failed on any.
@@ -136,19 +125,11 @@ def agreed_symmetric_empty(
     what: str,
     flag: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """A zero-filled ``symm_mem.empty(shape)`` on ``device``, synchronized so that no peer can
-    see it uninitialised, on every rank, or ``SymmetricAllocationError`` on every rank
-    (collective: the ranks agree before the caller's rendezvous).
-
-    Args:
-        symm_mem: ``torch.distributed._symmetric_memory`` (the caller's handle on it).
-        group: the group that will rendezvous on the buffer.
-        shape / dtype / device: of the buffer.
-        what: the allocation, named in the error.
-        flag: the scratch tensor of ``agreement_flag``, allocated by the caller before its
-            first collective step. ``None`` allocates one here; that allocation is the only
-            step that can fail outside the agreement (the rank then raises without taking
-            part, and its peers wait in the all-gather until the group's timeout).
+    """A zero-filled, synchronized ``symm_mem.empty(shape)`` (``symm_mem``:
+    ``torch.distributed._symmetric_memory``) on every rank of ``group``, or
+    ``SymmetricAllocationError`` naming ``what`` on every rank (collective: the ranks agree
+    before the caller's rendezvous). ``flag``: ``agreement_flag``'s scratch (``None``:
+    allocated here, outside the agreement).
 
     Raises:
         SymmetricAllocationError: on every rank, when the allocation failed on any.

@@ -1,8 +1,7 @@
 """Output allocation: the one helper every launcher uses, with an optional poison fill.
 
 Tests turn poisoning on (``poison_outputs()`` / ``set_output_poison(nan)``) so that an output
-element a kernel forgets to write shows up as NaN instead of silently holding stale memory.
-Poisoning is off by default: ``empty_output`` is then exactly ``torch.empty``.
+element a kernel forgets to write shows up as NaN; off by default (``torch.empty``).
 """
 
 from __future__ import annotations
@@ -28,14 +27,9 @@ _poison: float | None = None
 
 
 def set_output_poison(value: float | None) -> None:
-    """Set the fill value of every later ``empty_output`` (``None`` turns poisoning off), at
-    once; while ``poison_outputs`` contexts are open it lasts until the newest open one exits
-    (as if that context had been entered with it), so a save / set / restore inside a context
-    and nested contexts both leave the setting as they found it.
-
-    The setting is process-wide and the contexts of all threads form one stack: a call from a
-    thread outside any context, while another thread's context is open, also ends when that
-    context exits."""
+    """Set the fill value of every later ``empty_output`` (``None`` turns poisoning off). While
+    ``poison_outputs`` contexts are open (of any thread: one process-wide stack) it lasts until
+    the newest open one exits, as if that context had been entered with it."""
     global _base
     with _lock:
         v = None if value is None else float(value)
@@ -52,10 +46,8 @@ def get_output_poison() -> float | None:
 
 
 # The open poison_outputs contexts as [token, value, thread ident], in the order they were
-# entered (any thread), and the value outside them; _poison is the newest open context's
-# value, else _base.
-# Contexts of several threads may exit in any order and still leave _poison as it was before
-# them all.
+# entered (any thread, exits in any order), and the value outside them; _poison is the newest
+# open context's value, else _base.
 _base: float | None = None
 _open: list[list[Any]] = []
 
@@ -81,10 +73,8 @@ def poison_outputs(value: float = float("nan")) -> Iterator[None]:
 
 
 def _after_fork_in_child() -> None:
-    # A child forked while another thread held the lock (inside set_output_poison or a
-    # poison_outputs entry or exit) would block on it at its first such call. Only the forking
-    # thread lives on in the child: the contexts other threads had open would never exit, and
-    # would poison every output there.
+    # A fresh lock (another thread may have held it at the fork), and only the forking thread's
+    # contexts: the others' would never exit in the child.
     global _lock
     _lock = threading.Lock()
     me = threading.get_ident()
@@ -101,17 +91,8 @@ def empty_output(
     dtype: torch.dtype,
     device: torch.device | str,
 ) -> torch.Tensor:
-    """Allocate an output tensor (uninitialised, or filled with the poison value when on).
-
-    Args:
-        shape: the output shape.
-        dtype: the output dtype.
-        device: the output device.
-
-    Returns:
-        A contiguous tensor of ``shape``. Integer and bool outputs are poisoned with the
-        dtype's maximum (NaN has no integer form) so that stale values remain visible.
-    """
+    """A contiguous output tensor, uninitialised or filled with the poison value when on
+    (integer outputs with the dtype's maximum, bool outputs with True)."""
     out = torch.empty(shape, dtype=dtype, device=device)
     return _poisoned(out)
 
@@ -119,11 +100,8 @@ def empty_output(
 def new_output(
     like: torch.Tensor, shape: Sequence[int] | torch.Size, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
-    """``empty_output`` on ``like``'s device (in ``like``'s dtype unless ``dtype`` is given).
-
-    Uses ``like.new_empty``, the cheapest eager allocation (no device or dtype argument to
-    parse): the form for launchers on a per-call host path.
-    """
+    """``empty_output`` on ``like``'s device (in ``like``'s dtype unless ``dtype`` is given),
+    through ``like.new_empty``: the cheapest eager allocation."""
     out = like.new_empty(shape) if dtype is None else like.new_empty(shape, dtype=dtype)
     return _poisoned(out)
 

@@ -4,22 +4,15 @@
 this dtype?", ``direct_cp_multicast_enabled`` additionally requires NVLink multicast (NVLS), and
 ``direct_cp_disabled_reason`` says why a path is off. An explicit ``use_direct`` always wins
 for the unicast paths; the automatic decision needs symmetric memory, CUDA, a supported dtype,
-and a group over which a symmetric-memory rendezvous works (a group with no process group,
-such as simulated ranks in one process: on one node).
+and a group over which a symmetric-memory rendezvous works.
 
-Multicast is **never probed** (no ``has_multicast_support``, no multicast rendezvous, no
-``multicast_ptr`` read) when the environment disables it: ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``,
-``NCCL_NVLS_ENABLE=0`` or ``NVSHMEM_DISABLE_NVLS=1``.
+Multicast is **never probed** when the environment disables it
+(``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, ``NCCL_NVLS_ENABLE=0`` or ``NVSHMEM_DISABLE_NVLS=1``).
 
-Probes are collective over the group (every rank must ask the same questions in the same
-order: every guarding condition here is rank-invariant), cached per group, and report a failing
-step as "off" with a reason. What a rank finds on its own (its multicast support, its symmetric
-allocation, its handle and the handle's multicast address) is agreed over the group before the
-probe answers, so every rank gets the same answer. The probe's own collectives (torch's
-rendezvous aside) are all-gathers through one scratch tensor allocated before the first of
-them (the same-node check gathers a hash of each host's name), so none allocates; the
-scratch's allocation is the one step outside the agreement, and a rank that cannot make it
-raises (``group_probe``, "Raises").
+Probes are collective over the group (every rank asks the same questions in the same order),
+cached per group, and report a failing step as "off" with a reason. What a rank finds on its
+own is agreed over the group before the probe answers, through all-gathers into one scratch
+tensor allocated first, so every rank gets the same answer.
 """
 
 from __future__ import annotations
@@ -76,16 +69,13 @@ MULTICAST_ENV_VARS: dict[str, str] = {
 _NOT_DISABLED = {"0", "false", "no", "off", "n", "f"}
 
 
-# strtoll saturates on overflow; past this many digits the value is out of int64 range in any
-# base strtoll reads (and Python's int() refuses decimal strings of more than 4300 digits).
+# strtoll saturates on overflow; past this many digits any base is out of int64 range.
 _INT64_MAX, _MAX_DIGITS = (1 << 63) - 1, 24
 
 
 def _c_integer(text: str) -> int:
-    """The integer C's ``strtoll(text, NULL, 0)`` reads: leading blanks, a sign, then a ``0x``
-    (hex), ``0`` (octal) or decimal prefix of digits; 0 when there are none; saturated to the
-    int64 range on overflow. NCCL reads its ``NCCL_*`` integer variables this way, so ``00``,
-    ``0x0`` and ``disable`` all mean 0."""
+    """The integer C's ``strtoll(text, NULL, 0)`` reads, as NCCL reads its integer variables:
+    ``00``, ``0x0`` and ``disable`` all mean 0; saturated to the int64 range."""
     text = text.lstrip(" \t\n\r\f\v")
     sign = -1 if text[:1] == "-" else 1
     if text[:1] in ("+", "-"):
@@ -107,12 +97,10 @@ def _c_integer(text: str) -> int:
 
 
 def _disables(name: str, value: str) -> bool:
-    """Whether ``name=value`` disables multicast, read the way its owner reads it, and on the
-    safe side where that is unclear (a value that is neither clearly on nor off disables)."""
+    """Whether ``name=value`` disables multicast, read the way its owner reads it; a value
+    that is neither clearly on nor off disables."""
     if name == "NVSHMEM_DISABLE_NVLS":
-        # NVSHMEM's boolean options: set means true unless the value starts with 0, N, n, F or
-        # f; an empty value is set, hence true. A value NVSHMEM reads as false but that is no
-        # clear "no" ("00", "nope") disables too, as for the torch variable.
+        # NVSHMEM: set (even empty) means true unless the value starts with 0, N, n, F or f.
         if value[:1] not in ("0", "N", "n", "F", "f"):
             return True
     elif value == "":
@@ -123,27 +111,21 @@ def _disables(name: str, value: str) -> bool:
 
 
 def multicast_disabled_by_env() -> bool:
-    """Whether the environment disables NVLink multicast (see ``MULTICAST_ENV_VARS``).
-
-    Read on each rank: set the variables the same way on every rank of a group. A rank whose
-    environment disables multicast answers the direct gathers' gate without the collective
-    probe its peers then make."""
+    """Whether the environment disables NVLink multicast (see ``MULTICAST_ENV_VARS``); read
+    on each rank, so set the variables the same way on every rank of a group."""
     return multicast_env_reason() is not None
 
 
 def multicast_env_reason() -> str | None:
     """The setting that disables multicast (e.g. ``"NCCL_NVLS_ENABLE=0"``), or ``None``.
 
-    ``NCCL_NVLS_ENABLE`` disables it when NCCL reads the value as 0 (``0``, ``00``, ``0x0``,
-    ``-0``, but also ``false`` or ``disable``: NCCL parses an integer prefix, and text without
-    one reads as 0; an empty value is ignored, as NCCL ignores it).
+    ``NCCL_NVLS_ENABLE`` disables it when NCCL reads the value as 0 (``0``, ``0x0``, but also
+    ``false``: NCCL parses an integer prefix; an empty value is ignored).
     ``TORCH_SYMM_MEM_DISABLE_MULTICAST`` disables it for any non-empty value other than ``0``,
-    ``false``, ``no``, ``off``, ``n`` or ``f`` (any case, blanks ignored): torch reads only
-    ``1``, so an unclear value is taken as a request to keep multicast off.
-    ``NVSHMEM_DISABLE_NVLS`` disables it where NVSHMEM reads its boolean option as true (set,
-    even to the empty string, unless the value starts with ``0``, ``N``, ``n``, ``F`` or ``f``:
-    ``off`` and `` 0`` disable it) and, like the torch variable, for anything that is no clear
-    ``0`` / ``false`` / ``no`` / ``n`` / ``f``.
+    ``false``, ``no``, ``off``, ``n`` or ``f`` (any case, blanks ignored).
+    ``NVSHMEM_DISABLE_NVLS`` disables it where NVSHMEM reads it as true (set, even empty,
+    unless it starts with ``0``, ``N``, ``n``, ``F`` or ``f``) and for anything that is no
+    clear ``0`` / ``false`` / ``no`` / ``n`` / ``f``.
     """
     for name in MULTICAST_ENV_VARS:
         value = os.environ.get(name)
@@ -152,8 +134,7 @@ def multicast_env_reason() -> str | None:
     return None
 
 
-# What each symmetric-memory backend of torch reads to stay off multicast: its CUDA backend
-# and its NVSHMEM backend (read when NVSHMEM starts up).
+# What torch's CUDA and NVSHMEM symmetric-memory backends read to stay off multicast.
 _SYMM_MEM_MULTICAST_OFF = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
@@ -162,9 +143,7 @@ def propagate_multicast_off() -> None:
     ``NVSHMEM_DISABLE_NVLS=1``.
 
     Each symmetric-memory backend only reads its own variable; without it a plain rendezvous
-    may set up multicast objects on a device that supports them. Called before every
-    rendezvous. (NCCL's own ``NCCL_NVLS_ENABLE`` is the user's to set: it governs their
-    collectives, not ours.)
+    may set up multicast objects. Called before every rendezvous.
     """
     if not multicast_disabled_by_env():
         return
@@ -180,14 +159,10 @@ def propagate_multicast_off() -> None:
 class GroupProbe:
     """What the (cached) probe found about one group.
 
-    Attributes:
-        same_node: every rank of the group runs on one host.
-        symm_mem_reaches_group: a symmetric-memory rendezvous over the group succeeded.
-        multicast: a multicast address is available for the group (always False when the
-            environment disables multicast).
-        reason: why ``symm_mem_reaches_group`` or ``multicast`` is False, if one of them is.
-        rendezvous_failed: a symmetric-memory rendezvous over the group was tried and raised
-            or returned no handle (the direct path's workspaces would fail the same way).
+    ``same_node``: every rank runs on one host; ``symm_mem_reaches_group``: a rendezvous over
+    the group succeeded (``rendezvous_failed``: one was tried and failed); ``multicast``: a
+    multicast address is available (never where the environment disables multicast);
+    ``reason``: why one of them is False.
     """
 
     same_node: bool
@@ -197,20 +172,14 @@ class GroupProbe:
     rendezvous_failed: bool = False
 
 
-# Probes by the process group under a wrapper (``cache_owner``), so that every wrapper of one
-# group shares one probe; an entry goes with its group.
+# Probes by the process group under a wrapper (``cache_owner``): one per group.
 _probes: IdentityMemo[GroupProbe] = IdentityMemo()
 
 
 def clear_capability_cache() -> None:
-    """Forget every cached group probe (tests; a rebuilt group gets probed again).
-
-    Collective in effect: call it on every rank at the same point, or on none. A rank that
-    forgot its probe probes again (collectively) where its peers answer from their cache."""
+    """Forget every cached group probe. Collective in effect: call it on every rank at the
+    same point, or on none."""
     _probes.clear()
-
-
-# ---- individual probes (module-level so tests can replace them) -----------------------------
 
 
 def _host_key() -> int:
@@ -225,9 +194,7 @@ def _host_key() -> int:
 
 def _all_same_node(group: CPGroupLike, flag: torch.Tensor | None) -> bool:
     """Whether every rank of ``group`` runs on this host: one all-gather of a hash of the host
-    name through the probe's scratch ``flag`` (collective; allocates nothing, so it fails on
-    every rank or raises ``AgreementError``). A rank whose host name is unknown makes the
-    answer False on every rank."""
+    name through the probe's scratch ``flag`` (collective). An unknown host name: False."""
     if group.world_size == 1 or group.device_group is None or flag is None:
         return True  # one rank, or simulated ranks in one process
     keys = gather_rank_values(group, flag, _host_key())
@@ -246,19 +213,14 @@ def _device_has_multicast(device: torch.device) -> bool:
 def _rendezvous_probe(
     group: CPGroupLike, device: torch.device, want_multicast: bool, flag: torch.Tensor
 ) -> tuple[bool, bool]:
-    """Rendezvous an 8-byte symmetric buffer over ``group``: ``(reached, multicast)``.
-
-    ``multicast`` is read from the handle only when ``want_multicast`` is True. ``flag`` is the
-    probe's agreement scratch (``agreement_flag``), allocated before the probe's first
-    collective: nothing here allocates outside the allocation's agreement.
-    """
+    """Rendezvous an 8-byte symmetric buffer over ``group``: ``(reached, multicast)``
+    (``multicast`` read only when wanted); ``flag`` is the probe's agreement scratch."""
     assert _symm_mem is not None
     pg = group.device_group
     if pg is None:
         return False, False
     propagate_multicast_off()
-    # Every rank raises together if any failed to allocate (the probe then fails on every
-    # rank), instead of the failing rank moving on while its peers wait in the rendezvous.
+    # Every rank raises together if any failed to allocate.
     buf = agreed_symmetric_empty(
         _symm_mem, group, (8,), torch.uint8, device, "the probe's symmetric allocation", flag
     )
@@ -335,10 +297,8 @@ def _probe_group(group: CPGroupLike, flag: torch.Tensor | None) -> GroupProbe:
         logger.debug("symmetric-memory probe failed: %r", exc)
         reached, multicast = False, False
         failed = f"symmetric-memory probe failed: {type(exc).__name__}: {exc}"
-    # The rank-local steps above (the multicast query, reading the handle) may fail on some
-    # ranks only; every rank must take the same paths, or one would wait in a direct path's
-    # exchange while its peer runs NCCL. One all-gather: 0 not reached, 1 reached, 2 reached
-    # with a multicast address.
+    # The rank-local steps above may fail on some ranks only; every rank must take the same
+    # paths. One all-gather: 0 not reached, 1 reached, 2 reached with a multicast address.
     codes = gather_rank_values(group, flag, int(reached) + int(reached and multicast))
     unreached = [r for r, code in enumerate(codes) if code == 0]
     if unreached:
@@ -360,17 +320,9 @@ def _probe_group(group: CPGroupLike, flag: torch.Tensor | None) -> GroupProbe:
 def group_probe(group: Any) -> GroupProbe:
     """The cached probe of ``group`` (a ``ProcessGroup``, mesh or ``CPGroupLike``); collective.
 
-    A failing probe step reports False with a reason, the same on every rank (what fails on
-    one rank only is agreed before the probe answers).
-
-    Raises:
-        Whatever allocating the probe's agreement scratch (``agreement_flag``: 8 (N + 1) bytes
-        on the current CUDA device) raises (``torch.OutOfMemoryError``, a CUDA error). It is
-        allocated before the probe's first collective; a rank without it could not take part
-        in the agreements, and an answer from it would pair its next collective with its
-        peers' probe (a mismatch, or silent garbage on NCCL). Its peers wait in that
-        collective until the group's timeout.
-        AgreementError: one of the probe's all-gathers failed on this rank (a broken group).
+    A failing probe step reports False with a reason, the same on every rank. Raises what
+    allocating the probe's scratch (8 (N + 1) bytes) raises (the peers then wait until the
+    group's timeout), and ``AgreementError`` when an all-gather failed on this rank.
     """
     try:
         cp_group = shared_cp_group(group)
@@ -385,13 +337,12 @@ def group_probe(group: Any) -> GroupProbe:
         probe = _probe_group(cp_group, flag)
     except AgreementError:
         raise
-    except Exception as exc:  # belt and braces: a probe step that escaped its own catch
+    except Exception as exc:  # a probe step that escaped its own catch
         probe = GroupProbe(False, False, False, f"probe failed: {type(exc).__name__}: {exc}")
     return _probes.setdefault(owner, probe)
 
 
 def _check_use_direct(use_direct: object) -> None:
-    # A string such as "false" or an int 0 would otherwise force a decision nobody asked for.
     if use_direct is not None and use_direct is not True and use_direct is not False:
         raise TypeError(f"use_direct must be True, False or None, got {use_direct!r}")
 
@@ -404,18 +355,10 @@ def direct_cp_disabled_reason(
     *,
     multicast: bool = False,
 ) -> str | None:
-    """Why the direct path (``multicast=True``: the multicast path) is off; ``None`` if on.
-
-    Args:
-        group: the CP group (``ProcessGroup``, ``DeviceMesh`` or ``CPGroupLike``).
-        dtype: the dtype the path would move.
-        use_direct: ``True`` / ``False`` force the unicast decision; ``None`` decides.
-        supported_dtypes: the dtypes the path supports (``None``: any).
-        multicast: ask about the multicast variant.
-
-    Raises:
-        TypeError: ``use_direct`` is not ``True``, ``False`` or ``None``.
-    """
+    """Why the direct path (``multicast=True``: the multicast path) is off for ``group`` and
+    ``dtype``; ``None`` if on. ``use_direct`` ``True`` / ``False`` forces the unicast decision
+    (``None`` decides); ``supported_dtypes`` ``None`` means any. ``TypeError`` for a
+    ``use_direct`` other than ``True``, ``False`` or ``None``."""
     _check_use_direct(use_direct)
     supported = None if supported_dtypes is None else tuple(supported_dtypes)  # read once
     if multicast:
@@ -435,8 +378,7 @@ def direct_cp_disabled_reason(
         if use_direct is True:
             return None
         probe = group_probe(group)
-        # A group without a process group (simulated ranks in one process) has nothing to
-        # rendezvous on; any other group is on when its rendezvous worked.
+        # Simulated ranks (no process group) have nothing to rendezvous on.
         if probe.symm_mem_reaches_group or (probe.same_node and not probe.rendezvous_failed):
             return None
         return probe.reason or "the group spans nodes that symmetric memory does not reach"
@@ -452,15 +394,9 @@ def direct_cp_enabled(
     use_direct: bool | None,
     supported_dtypes: Any = None,
 ) -> bool:
-    """May ``group`` use the direct symmetric-memory collectives for ``dtype``?
-
-    An explicit ``use_direct`` (True/False) is returned as is. ``None`` decides: symmetric
-    memory importable, CUDA available, ``dtype`` in ``supported_dtypes`` (if given), and a
-    symmetric-memory rendezvous over the group working (collective probe, cached).
-
-    Raises:
-        TypeError: ``use_direct`` is not ``True``, ``False`` or ``None``.
-    """
+    """May ``group`` use the direct symmetric-memory collectives for ``dtype``? An explicit
+    ``use_direct`` is returned as is; ``None`` decides (symmetric memory, CUDA, a supported
+    dtype, a working rendezvous: a cached collective probe). ``TypeError`` as above."""
     _check_use_direct(use_direct)
     if use_direct is not None:
         return bool(use_direct)
@@ -473,14 +409,9 @@ def direct_cp_multicast_enabled(
     use_direct: bool | None,
     supported_dtypes: Any = None,
 ) -> bool:
-    """``direct_cp_enabled(...)`` and NVLink multicast available for the group.
-
-    False without any multicast call when the environment disables multicast; a forced
-    ``use_direct=True`` on a fabric without multicast gives False (fall back), not an error.
-
-    Raises:
-        TypeError: ``use_direct`` is not ``True``, ``False`` or ``None``.
-    """
+    """``direct_cp_enabled(...)`` and NVLink multicast available for the group: False without
+    any multicast call where the environment disables it, and False (not an error) for a forced
+    ``use_direct=True`` without multicast. ``TypeError`` as above."""
     _check_use_direct(use_direct)
     if multicast_disabled_by_env():
         return False

@@ -1,16 +1,10 @@
 """A memo keyed by object identity that never keeps its keys alive.
 
-Per-group state (the shared wrapper of a process group, its capability probe, the token a
-compiled graph names it by) is looked up on every op call, so it is keyed by ``id()``: a
-``ProcessGroup`` has no value equality, and hashing a user's wrapper could call user code.
-An ``id()`` is reused once its object dies, so every entry holds its key through a weak
-reference whose callback drops the entry; a lookup also checks that the reference still
-names the very object asked about. Keys that take no weak reference are held strongly
-instead (their ``id()`` is then never reused while the entry exists), or, in a memo made with
-``hold_unreferable=False``, not stored at all.
-
-``IdentityMemo`` is that one mechanism, used by ``cpattn_common.group.shared_cp_group``, the
-capability probe cache and cp-dcp's group tokens.
+Per-group state (the shared wrapper of a process group, its capability probe, its token) is
+looked up on every op call, so it is keyed by ``id()``: a ``ProcessGroup`` has no value
+equality, and hashing a user's wrapper could call user code. Every entry holds its key through
+a weak reference whose callback drops the entry (an ``id()`` is reused once its object dies),
+and a lookup checks that the reference still names the very object asked about.
 """
 
 from __future__ import annotations
@@ -32,16 +26,13 @@ class IdentityMemo(Generic[_V]):
     """Values memoised by the identity of a key object, without keeping the key alive.
 
     A value must not refer to its key (strongly), or the key never dies and its entry stays.
+    Lookups take no lock (the ops' host path); writes and the weak-reference callbacks take a
+    re-entrant lock (a callback can run inside a write that triggers a garbage collection).
 
     Args:
         hold_unreferable: what ``setdefault`` does with a key that takes no weak reference:
-            hold it (and its value) for good (``True``: for a memo whose entries must
-            outlive the caller's references, such as group tokens), or store nothing and
-            return the value (``False``: for a memo that only saves work).
-
-    Lookups take no lock (one dict read: they are on the ops' host path); writes and the
-    weak-reference callbacks take a re-entrant lock (a callback can run inside a write of the
-    same thread, when the write triggers a garbage collection).
+            hold it (and its value) for good (``True``), or store nothing and return the value
+            (``False``: for a memo that only saves work).
     """
 
     def __init__(self, *, hold_unreferable: bool = True) -> None:
@@ -52,11 +43,9 @@ class IdentityMemo(Generic[_V]):
 
     @property
     def entries(self) -> Mapping[int, tuple[Callable[[], Any], _V]]:
-        """The live table, read-only: ``id(key) -> (reference to key, value)``.
-
-        For a lookup on a hot path without a method call; an entry answers for ``key`` only
-        when its reference returns ``key`` itself (see ``get``).
-        """
+        """The live table, read-only, for a lookup without a method call: ``id(key) ->
+        (reference to key, value)``, which answers for ``key`` only when the reference returns
+        ``key`` itself."""
         return self._entries
 
     def get(self, key: object, default: _D) -> _V | _D:
@@ -93,8 +82,7 @@ class IdentityMemo(Generic[_V]):
         return len(self._entries)
 
     def _drop(self, ident: int, ref: object) -> None:
-        # Weak-reference callback: the key died. Drop its entry unless a new key that got
-        # the same address has replaced it already.
+        # The key died: drop its entry unless a new key of the same id() replaced it already.
         with self._lock:
             entry = self._entries.get(ident)
             if entry is not None and entry[0] is ref:
@@ -105,8 +93,7 @@ def _identity(obj: object) -> object:
     return obj
 
 
-# Every memo, for the fork handler: a child forked while another thread held a memo's lock
-# would otherwise block on it for good.
+# Every memo, for the fork handler: a child gets fresh locks.
 _MEMOS: weakref.WeakSet[IdentityMemo[Any]] = weakref.WeakSet()
 
 

@@ -1,23 +1,16 @@
 """Triton launches with a cached handle of the compiled kernel.
 
 ``CachedKernel(kernel).specialize(**constexprs)`` fixes a kernel's compile-time arguments
-(its ``tl.constexpr`` parameters and launch options such as ``num_warps``);
-``spec(grid, *args)`` then launches it with the runtime arguments, positionally in the
-kernel's order. The first call for each *key* is a plain JIT launch, ``kernel[grid](...)``,
-which returns Triton's compiled kernel; later calls with the same key launch that handle
-directly (``compiled[grid](*args)``, Triton's public launcher of a compiled kernel), which
-skips the JIT's argument binding and cache look-up: about 0.6x of a plain launch's host time.
+(constexprs and launch options such as ``num_warps``); ``spec(grid, *args)`` launches it with
+the runtime arguments, positionally in the kernel's order. The first call for each *key* is a
+plain JIT launch, which returns Triton's compiled kernel; later calls with the same key launch
+that handle directly (``compiled[grid](*args)``): about 0.6x of a plain launch's host time.
 
-The key is at least as fine as Triton's own specialization, so a handle is only reused where
-the JIT would have picked the same binary: the current CUDA device; per tensor, its dtype and
-whether its address is 16-byte aligned; per int, whether it equals 1, is a multiple of 16, and
-fits in 32 / 64 bits; per other argument, its type.
-
-The handle is used on CUDA with Triton 3.4 or newer, whose compiled-kernel launcher takes every
-argument in signature order, constexprs included. Everywhere else (Triton 3.3, ROCm, where
-Triton also specializes on a tensor's storage size, Triton's interpreter) and with
-``CPATTN_LAUNCH_CACHE=0`` in the environment, every call is a plain JIT launch. Launches run on
-the current stream, so they can be captured in CUDA graphs.
+The key is at least as fine as Triton's own specialization (current CUDA device; per tensor
+its dtype and 16-byte alignment; per int whether it equals 1, is a multiple of 16 and fits in
+32 / 64 bits; else the type). The handle is used on CUDA with Triton 3.4 or newer; elsewhere
+(Triton 3.3, ROCm, the interpreter) and with ``CPATTN_LAUNCH_CACHE=0`` every call is a plain
+JIT launch. Launches run on the current stream (CUDA-graph capturable).
 """
 
 from __future__ import annotations
@@ -67,13 +60,8 @@ def _key(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 class CachedKernel:
-    """A ``@triton.jit`` kernel whose compiled handles are reused (see the module docstring).
-
-    Example:
-        >>> merge = CachedKernel(_merge_kernel)  # doctest: +SKIP
-        >>> spec = merge.specialize(BLOCK_D=128, num_warps=4)  # doctest: +SKIP
-        >>> spec((batch, heads), out, lse, partial_outs, partial_lses, heads)  # doctest: +SKIP
-    """
+    """A ``@triton.jit`` kernel whose compiled handles are reused (see the module docstring):
+    ``CachedKernel(k).specialize(BLOCK_D=128, num_warps=4)((batch, heads), out, lse, ...)``."""
 
     def __init__(self, kernel: Any):
         self.kernel = kernel
@@ -89,12 +77,8 @@ class CachedKernel:
 
 
 class Specialization:
-    """``CachedKernel.specialize(...)``: call as ``spec(grid, *runtime_args)``.
-
-    Attributes:
-        kernel: the ``@triton.jit`` kernel.
-        constexprs: the fixed keyword arguments (constexprs and launch options).
-    """
+    """``CachedKernel.specialize(...)``: call as ``spec(grid, *runtime_args)``. ``kernel``: the
+    ``@triton.jit`` kernel; ``constexprs``: the fixed keyword arguments."""
 
     def __init__(self, cached: CachedKernel, constexprs: dict[str, Any]):
         self.kernel = cached.kernel

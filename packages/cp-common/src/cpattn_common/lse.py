@@ -1,14 +1,9 @@
 """LSE merge of partial attention states in plain torch, and the checks of its inputs.
 
-The Triton op is ``cpattn_common.ops.merge_attn_states.merge_attn_states``; it falls back to
-this module's twin where Triton cannot run (the CPU without ``TRITON_INTERPRET=1``).
-
-- ``merge_attn_states_torch``: the readable math in plain torch: the formula, guards and
-  fp32 arithmetic of the Triton kernel (``cpattn_common.kernels.merge_attn_states``; weights
-  as ``b^(l - m) * (1 / S)``). Results can differ from the kernel's in the last bit (the
-  order of the sum over N, the rounding of ``exp`` / ``log``): fp32 outputs by a few ulps of
-  ``sum_n |w_n o_n|`` (more ulps of the result where the partials cancel), 16-bit outputs by
-  one unit of their last place. See ``docs/packages/common.md`` for the formula.
+``merge_attn_states_torch`` is the Triton op's twin (``ops.merge_attn_states`` falls back to it
+where Triton cannot run): the formula, guards and fp32 arithmetic of the kernel, weights as
+``b^(l - m) * (1 / S)``. Results can differ from the kernel's in the last bit (the order of the
+sum over N, the rounding of ``exp`` / ``log``). The formula: ``docs/packages/common.md``.
 """
 
 from __future__ import annotations
@@ -72,23 +67,16 @@ def merge_attn_states_torch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact N-way LSE merge of partial attention states, in plain torch.
 
-    Args:
-        partial_outs: ``[N, B, H, D]`` partial outputs (any float dtype, any strides).
-        partial_lses: ``[N, B, H]`` their log-sum-exps (base e, or base 2 when
-            ``is_lse_base_on_e`` is False).
-        is_lse_base_on_e: the LSE base.
-
-    Returns:
-        ``(out [B, H, D]`` in ``partial_outs.dtype``, ``lse [B, H]`` fp32; fp64, and fp64
-        math, when either input is fp64).
-        NaN / +inf LSEs count as -inf; a row whose LSEs are all -inf gets output 0 and LSE -inf;
-        a source with weight 0 contributes exactly 0 even if its partial holds NaN.
+    ``partial_outs [N, B, H, D]`` (any float dtype, any strides) and their LSEs
+    ``partial_lses [N, B, H]`` (base e, or 2 without ``is_lse_base_on_e``) give ``(out [B, H,
+    D]`` in ``partial_outs.dtype``, ``lse [B, H]`` fp32; fp64 math when an input is fp64).
+    NaN / +inf LSEs count as -inf; an all -inf row gets output 0 and LSE -inf; a source of
+    weight 0 contributes exactly 0 even if its partial holds NaN.
 
     Raises:
         ValueError: shapes other than ``[N, B, H, D]`` / ``[N, B, H]`` or that disagree,
             ``N == 0``, ``D == 0``, tensors on different devices.
-        TypeError: non-tensor or non-floating arguments; an ``is_lse_base_on_e`` that is not
-            a bool (``None`` or ``"False"`` would select a base silently).
+        TypeError: non-tensor or non-floating arguments; a non-bool ``is_lse_base_on_e``.
     """
     is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
     validate_merge_inputs(partial_outs, partial_lses, any_float=True)

@@ -92,14 +92,8 @@ def _inner_tp(tp_size: int, pcp_size: int, dcp_size: int) -> int:
 def cp_layout(world_size: int, *, tp_size: int, pcp_size: int = 1, dcp_size: int = 1) -> CPLayout:
     """Rank lists of the TP / PCP / DCP groups (pure arithmetic, no process group needed).
 
-    Args:
-        world_size: number of ranks, a multiple of ``pcp_size * tp_size``.
-        tp_size: tensor-parallel size.
-        pcp_size: prefill-context-parallel size.
-        dcp_size: decode-context-parallel size (see the module docstring for the rules).
-
-    Returns:
-        A ``CPLayout``.
+    ``world_size`` is a multiple of ``pcp_size * tp_size``; ``dcp_size`` follows the module
+    docstring's rules.
 
     Raises:
         TypeError: a size that is not an int.
@@ -195,10 +189,6 @@ def build_cp_groups(
     if device_type is None:
         device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
     mesh: Any = None
-    tp_pg: Any = None
-    pcp_pg: Any = None
-    dcp_pg: Any = None
-    tp_inner_pg: Any = None
     try:
         if not use_device_mesh:
             raise NotImplementedError("DeviceMesh not requested")
@@ -223,13 +213,8 @@ def build_cp_groups(
     groups = CPGroups(
         CPGroup(tp_pg), CPGroup(pcp_pg), CPGroup(dcp_pg), layout, mesh, CPGroup(tp_inner_pg)
     )
-    for kind, g in (
-        ("tp", groups.tp),
-        ("pcp", groups.pcp),
-        ("dcp", groups.dcp),
-        ("tp_inner", groups.tp_inner),
-    ):
-        want = layout.group_of(kind, rank)
-        if g.ranks != want:
-            raise RuntimeError(f"{kind} group of rank {rank} is {g.ranks}, layout says {want}")
+    for kind in ("tp", "pcp", "dcp", "tp_inner"):
+        got, want = getattr(groups, kind).ranks, layout.group_of(kind, rank)
+        if got != want:
+            raise RuntimeError(f"{kind} group of rank {rank} is {got}, layout says {want}")
     return groups

@@ -1,30 +1,12 @@
 """``DirectCPWorkspace``: symmetric allocations, peer-pointer tables, per-ubatch epochs.
 
-The base of every direct (symmetric-memory) collective: each rank owns a buffer that every
-peer can address. ``allocate(shape, dtype)`` is **collective** (every rank of the group calls
-it with identical shapes in identical order) and returns the local storage plus an int64
-``[U, N]`` table whose entry ``(u, p)`` is the device address of peer p's copy at ubatch slot u
-(the first dim of every workspace shape is the ubatch dim ``U``). ``epoch`` holds one int64
-counter per ubatch slot for the signal protocol of the ops built on top.
-
-Allocation backends:
-
-- a group that provides ``allocate_symmetric(shape, dtype, device) -> (storage, peer_views)``
-  (the in-process simulated groups of cpattn_testing) is used as is;
-- otherwise ``torch.distributed._symmetric_memory``: ``empty`` + zero-fill + device sync (so a
-  peer never observes uninitialised signal memory; epoch 0 is never a published epoch), then
-  the ranks agree that every one of them allocated (one all-gather of a flag), then
-  ``rendezvous`` on the group's name, ``get_buffer`` per peer and the peer table, a second
-  agreement that every rank got a handle and built its table, then ``barrier``.
-
-The agreement is what keeps a rank-local failure (out of memory on one rank, typically after a
-KV cache took the rest) from splitting the group: without it, the failing rank raised while its
-peers waited in the rendezvous for good. With it, every rank raises
-``SymmetricAllocationError`` naming the ranks that failed, so callers that fall back (the
-direct paths of cp-dcp) fall back together. The flag both agreements gather is allocated with
-the workspace (``agreement_flag``), so no allocation falls outside an agreement.
-
-``close()`` (or leaving the ``with`` block) drops every buffer so a workspace can be rebuilt.
+``allocate(shape, dtype)`` is **collective** (identical shapes in identical order on every
+rank) and returns the local storage plus an int64 ``[U, N]`` table of the peers' addresses
+per ubatch slot (the first dim of every shape is the ubatch dim ``U``); ``epoch`` holds one
+int64 counter per slot. A group with ``allocate_symmetric`` (the simulated groups) allocates
+itself; otherwise ``torch.distributed._symmetric_memory``, with agreements around the
+rendezvous so that a rank-local failure raises ``SymmetricAllocationError`` on every rank
+together (docs/direct-internals.md, "Symmetric allocations"). ``close()`` drops every buffer.
 """
 
 from __future__ import annotations
@@ -46,6 +28,7 @@ from cpattn_common.agreement import (
 )
 from cpattn_common.capability import multicast_disabled_by_env, propagate_multicast_off
 from cpattn_common.checks import check_dtype
+from cpattn_common.device import indexed_device
 from cpattn_common.group import CPGroupLike, as_cp_group
 
 __all__ = ["DirectCPWorkspace", "SymmetricAllocationError"]
@@ -63,18 +46,10 @@ class _Allocation:
 class DirectCPWorkspace:
     """Symmetric buffers of one CP group, with per-ubatch slots and epoch counters.
 
-    Args:
-        group: the CP group (``ProcessGroup``, ``DeviceMesh`` or ``CPGroupLike``; a group with
-            ``allocate_symmetric`` is used for allocations).
-        device: the device of the buffers (CUDA for real symmetric memory).
-        num_ubatches: ``U`` >= 1, the number of micro-batch slots.
-
-    Attributes:
-        group, world_size (N), rank, device, num_ubatches (U);
-        epoch: int64 ``[U]`` zeros on ``device`` (one signal epoch per ubatch slot);
-        agreement_flag: the int64 ``[1 + N]`` scratch of the ranks' agreements
-            (``cpattn_common.agreement``), allocated here so that the agreements of
-            ``allocate`` allocate nothing.
+    ``group``: a ``ProcessGroup``, ``DeviceMesh`` or ``CPGroupLike``; ``device``: CUDA for real
+    symmetric memory; ``num_ubatches``: ``U >= 1`` slots. Attributes: ``group``, ``world_size``
+    (N), ``rank``, ``device``, ``num_ubatches``, ``epoch`` (int64 ``[U]`` zeros) and
+    ``agreement_flag`` (the int64 ``[1 + N]`` scratch of the agreements of ``allocate``).
     """
 
     def __init__(self, group: Any, device: torch.device | str, num_ubatches: int = 1):
@@ -85,10 +60,7 @@ class DirectCPWorkspace:
         self.group: CPGroupLike = as_cp_group(group)
         self.world_size = self.group.world_size
         self.rank = self.group.rank_in_group
-        self.device = torch.device(device)
-        index: int | None = self.device.index
-        if self.device.type == "cuda" and index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = indexed_device(device)
         self.num_ubatches = num_ubatches
         self.epoch = torch.zeros(num_ubatches, dtype=torch.int64, device=self.device)
         self.agreement_flag = agreement_flag(self.group, self.device)
@@ -128,20 +100,11 @@ class DirectCPWorkspace:
     def allocate(
         self, shape: Sequence[int], dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Allocate a zero-filled symmetric buffer ``[U, ...]`` (collective over the group).
-
-        Args:
-            shape: the buffer shape; ``shape[0]`` must equal ``num_ubatches``.
-            dtype: the element dtype.
-
-        Returns:
-            ``(storage [U, ...]`` local copy on ``device``, ``peer_ptrs`` int64 ``[U, N]`` on
-            ``device``: entry ``(u, p)`` is the address of peer p's copy at slot u).
-        """
+        """Allocate a zero-filled symmetric buffer of ``shape = [U, ...]`` and ``dtype``
+        (collective): ``(storage`` on ``device``, ``peer_ptrs`` int64 ``[U, N]``: entry
+        ``(u, p)`` is the address of peer p's copy at slot u)."""
         if self._closed:
             raise RuntimeError("DirectCPWorkspace is closed")
-        # Checked first: the message below iterates the shape (an int or None raised "'int'
-        # object is not iterable"); a string would be split into characters, bytes read as ints.
         if isinstance(shape, (str, bytes, bytearray)) or not isinstance(shape, Sequence):
             raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
         try:  # a float or a string is an error, not a truncated size
@@ -204,11 +167,8 @@ class DirectCPWorkspace:
             symm_mem, self.group, shape, dtype, self.device, what, flag
         )
         handle: Any = symm_mem.rendezvous(storage, pg.group_name)
-        # What follows the rendezvous is rank-local again (mapping the peers' buffers, the peer
-        # table's copy to the device): agreed before the barrier, so a rank that failed there
-        # does not leave its peers waiting in it. (A missing handle is agreed the same way;
-        # torch's CUDA backend returns None only for a buffer it did not allocate, before its
-        # exchange, so it cannot follow the symm_mem.empty above.)
+        # What follows the rendezvous is rank-local again: agreed before the barrier, so a rank
+        # that failed there does not leave its peers waiting in it.
         failure: Exception | None = None
         views: list[torch.Tensor] = []  # bound on every rank for the del below
         try:
@@ -221,9 +181,7 @@ class DirectCPWorkspace:
         try:
             agree_on_local_step(self.group, flag, failure, f"rendezvous of the {what}")
         except SymmetricAllocationError:
-            # Freed now on every rank, not with the frames of the traceback (which a caller
-            # may keep for a different time on each rank).
-            del storage, handle, views
+            del storage, handle, views  # freed now, not with the traceback's frames
             raise
         barrier = getattr(handle, "barrier", None)
         if barrier is not None:
@@ -235,8 +193,8 @@ class DirectCPWorkspace:
         """Per-ubatch multicast addresses of ``storage`` (a buffer from ``allocate``).
 
         A store through such an address lands in every rank's copy. All zeros when the
-        environment disables multicast (nothing is asked of the handle then), the storage is
-        unknown, the allocation has no multicast address, or anything fails.
+        environment disables multicast (the handle is not asked), the storage is unknown, the
+        allocation has no multicast address, or anything fails.
         """
         zeros = [0] * self.num_ubatches
         if multicast_disabled_by_env():

@@ -35,12 +35,13 @@ if TYPE_CHECKING:
         get_direct_dcp_q_gather_workspace,
     )
     from cpattn_dcp.gather import dcp_gather_kv, dcp_gather_query, reserve_query_head_storage
-    from cpattn_dcp.manager import DCPConfig, DCPManager, DCPSelection
+    from cpattn_dcp.manager import DCPManager
+    from cpattn_dcp.selection import DCPConfig, DCPSelection
 
 _LAZY: dict[str, str] = {
-    "DCPConfig": "cpattn_dcp.manager",
+    "DCPConfig": "cpattn_dcp.selection",
     "DCPManager": "cpattn_dcp.manager",
-    "DCPSelection": "cpattn_dcp.manager",
+    "DCPSelection": "cpattn_dcp.selection",
     "DirectProtocolError": "cpattn_dcp.direct",
     "get_direct_dcp_a2a_workspace": "cpattn_dcp.direct",
     "get_direct_dcp_kv_gather_workspace": "cpattn_dcp.direct",

@@ -1,9 +1,5 @@
-"""``CPTritonContext``: accepted by the combine ops for drop-in compatibility with vLLM.
-
-vLLM's context cached one compiled kernel without keying it on the compile-time constants,
-so reusing a context across shapes could launch a wrongly specialised kernel. Here the
-context holds no state: its launches are plain Triton JIT launches, so it is safe to share or
-to omit.
+"""``CPTritonContext``: accepted by the combine ops for drop-in compatibility with vLLM. It
+holds no state (plain Triton JIT launches), so it is safe to share or to omit.
 """
 
 from __future__ import annotations

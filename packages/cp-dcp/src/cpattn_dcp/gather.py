@@ -8,11 +8,8 @@
   ``local_kv [T, D]`` concatenated rank-major, written into a caller-owned buffer with one
   ``all_gather_into_tensor``.
 
-Inference only: a collective has no autograd formula, so with grad mode on an input that
-requires grad raises ``RuntimeError`` up front (``cpattn_common.dispatch.refuse_grad``)
-instead of an obscure backend error or a result whose ``grad_fn`` ignores the other ranks.
-N = 1 refuses too, so a script tried on one rank does not start failing on two. Call them
-under ``torch.no_grad()`` / ``torch.inference_mode()``.
+Inference only: with grad mode on, an input that requires grad raises ``RuntimeError`` up
+front (``cpattn_common.dispatch.refuse_grad``), at N = 1 too.
 """
 
 from __future__ import annotations

@@ -4,50 +4,27 @@ A layer running decode context parallelism needs three collectives: the query ga
 heads of the group on every rank), the output combine (LSE-weighted merge of the partial
 attention of every KV shard) and, for MLA chunked prefill, the KV gather. The manager picks
 one implementation of each once, at construction (collectively, on every rank of the group),
-logs the choice once, exposes it (``selection``), and falls back per call where a direct path
-cannot take the call.
-
-Combine selection (``H_r`` = heads per rank after the combine):
-
-=============  =================================  ================================================
-use_pcp        comm_backend                        combine
-=============  =================================  ================================================
-True           any, but see the next row           ``cp_lse_ag_out_ar`` (all ranks need all H heads)
-True           ``"a2a"``, ``pcp_world_size == N``  as ``"a2a"`` without PCP (the DCP group is the
-                                                   PCP group; ``finalize_mla_pcp_decode`` gathers
-                                                   the heads back)
-False          ``"ag_rs"``                         ``cp_lse_ag_out_rs``
-False          ``"a2a"`` / ``"auto"``              direct A2A if gating allows, else packed NCCL
-                                                   ``dcp_a2a_lse_reduce``; a call the direct
-                                                   workspace cannot take (more rows than
-                                                   ``max_num_tokens``, another dtype) uses the
-                                                   NCCL A2A; a misaligned input is packed
-=============  =================================  ================================================
-
-Query gather: none with PCP (the PCP package gathers over its own group); the direct
-(multicast) gather when gating allows, else an all-gather along the head axis. KV gather: the
-direct (multicast) gather when configured and allowed, else ``all_gather_into_tensor`` into the
-caller's buffer. Direct Q / KV gathers fall back per call like the combine.
+by the rules of ``cpattn_dcp.selection``, logs the choice once, exposes it (``selection``),
+and falls back per call where a direct path cannot take the call.
 
 A call of another geometry than the manager's (head count, head dims, the KV buffer's rows) is
 the caller's mistake on every path, so it raises ``ValueError`` rather than counting as a
 fallback (on a direct path the workspace's own check accepts a valid call, the hot path; the
-manager's check runs when the workspace refuses one). Only what is the same on every rank of a call (more rows
-than a direct workspace holds, another dtype) falls back to NCCL; strides or a data pointer the
-direct path refuses are this rank's own, so the manager packs a copy and stays direct
-(``_packed``: ranks on different paths would wait for each other). The first fallback of each
-reason is logged at INFO once per process, later ones at DEBUG.
+manager's check runs when the workspace refuses one). Only what is the same on every rank of a
+call (more rows than a direct workspace holds, another dtype) falls back to NCCL; strides or a
+data pointer the direct path refuses are this rank's own, so the manager packs a copy and stays
+direct (``_packed``). The first fallback of each reason is logged at INFO once per process,
+later ones at DEBUG.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import re
 import threading
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -74,6 +51,17 @@ from cpattn_dcp.direct.q_gather import DirectDCPQGatherWorkspace
 from cpattn_dcp.gather import check_kv_buffers, dcp_gather_kv, dcp_gather_query
 from cpattn_dcp.ops.a2a_combine import dcp_a2a_lse_reduce
 from cpattn_dcp.ops.ag_combine import cp_lse_ag_out_ar, cp_lse_ag_out_rs
+from cpattn_dcp.selection import (
+    CombineBackend,
+    CombinePath,
+    DCPConfig,
+    DCPSelection,
+    KVGatherPath,
+    QueryGatherPath,
+    select_combine,
+    select_kv_gather,
+    select_query_gather,
+)
 
 __all__ = [
     "CombineBackend",
@@ -87,12 +75,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CombineBackend = Literal["ag_rs", "a2a", "auto"]
-CombinePath = Literal["direct_a2a", "a2a", "ag_rs", "ag_ar"]
-QueryGatherPath = Literal["direct", "all_gather", "none"]
-KVGatherPath = Literal["direct", "all_gather_into_tensor"]
-
-_BACKENDS = ("ag_rs", "a2a", "auto")
 # Keys of the messages this process has logged once (the selection line, fallback reasons):
 # shared by every manager, so a 61-layer model logs a reason once, not once per layer.
 _logged: set[str] = set()
@@ -100,8 +82,7 @@ _logged_lock = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
-    """A forked child is a process of its own: it logs each message once itself, and must not
-    inherit a lock another thread of the parent held at the fork."""
+    """A forked child logs each message once itself, with a lock no parent thread holds."""
     global _logged_lock
     _logged_lock = threading.Lock()
     _logged.clear()
@@ -122,171 +103,43 @@ def _first_time(key: str) -> bool:
         return True
 
 
-def _log_once(level: int, message: str) -> None:
-    if _first_time(message):
-        logger.log(level, message)
-
-
 def _packed(t: torch.Tensor) -> torch.Tensor:
-    """A fresh contiguous copy of ``t`` (a new allocation: 16-byte aligned).
-
-    The direct paths refuse some strides, unaligned data pointers and torch's negative bit (a
-    lazily negated view; the copy holds the values). Those are properties of this rank's
-    tensor, not of the call: another rank's tensor may be laid out differently. A
-    direct call waits for every peer, so if this rank fell back to NCCL for them while its
-    peers went direct, both sides would wait for each other until the timeout. The choice of
-    path must therefore depend only on what every rank shares (token count, shapes, dtypes),
-    and a layout the direct path refuses is mended here, on this rank, instead.
-    """
+    """A fresh contiguous (16-byte aligned) copy of ``t``. A layout the direct path refuses
+    (strides, alignment, the negative bit) is this rank's own, and a direct call waits for every
+    peer: it is mended here rather than sending this rank alone to NCCL."""
     return t.clone(memory_format=torch.contiguous_format)
-
-
-def _check_tristate(name: str, value: object) -> None:
-    if value is not None and not isinstance(value, bool):
-        raise TypeError(f"{name} must be True, False or None (auto), got {value!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class DCPConfig:
-    """Plain configuration of the DCP collectives of a model (shared by all its layers).
-
-    Attributes:
-        comm_backend: combine family: ``"ag_rs"`` (all-gather LSE + reduce-scatter, the
-            default), ``"a2a"`` (one packed all-to-all, or the direct symmetric-memory A2A), or
-            ``"auto"`` (``"a2a"`` unless PCP is on).
-        use_pcp: prefill context parallelism is on; the manager then does no query gather, and
-            the combine all-reduces (every rank keeps all heads), except for ``"a2a"`` when
-            ``pcp_world_size`` says that the DCP group is the PCP group.
-        pcp_world_size: the PCP group's size ``N_pcp`` (only with ``use_pcp``; default
-            unknown). When it equals the DCP group's size, the DCP group is the PCP group and
-            ``comm_backend="a2a"`` keeps the A2A, as vLLM and ``cpattn_pcp.resolve_dcp_combine``
-            do: each rank ends with its ``H/N`` output heads, which
-            ``cpattn_pcp.finalize_mla_pcp_decode`` gathers back over PCP. Otherwise (unknown,
-            or a DCP group spanning TP x PCP, where that gather would collect the wrong heads)
-            the combine all-reduces. The DCP size must be a multiple of it (checked by
-            ``DCPManager``).
-        max_num_tokens: row capacity T_max of the direct A2A and direct Q-gather workspaces
-            (decode batch incl. speculative tokens and CUDA-graph padding).
-        num_ubatches: micro-batch slots (dual-batch overlap: 2).
-        use_direct_a2a: switch of the direct A2A combine (only a combine of the ``"a2a"``
-            family, so not with ``comm_backend="ag_rs"``, nor with PCP unless
-            ``pcp_world_size`` is given).
-        use_direct_q_gather: switch of the direct (multicast) query gather (not with PCP).
-        use_direct_kv_gather: switch of the direct (multicast) KV gather (needs the manager's
-            ``kv_token_dim`` and ``max_gathered_kv_tokens``).
-
-    Each ``use_direct_*`` switch is ``None`` (auto: capability probing decides, and never picks
-    a direct path for a non-CUDA device), ``True`` (force: a configuration the direct path
-    cannot serve raises instead of falling back) or ``False`` (off). Where NVLS multicast is
-    disabled by the environment the direct gathers stay off even when forced. A single-rank
-    group exchanges nothing, so no switch applies there (a configuration that contradicts
-    itself, below, still raises).
-
-    Raises:
-        ValueError: an unknown ``comm_backend``, a count < 1, ``pcp_world_size`` without
-            ``use_pcp`` or equal to 1 (no PCP), ``use_direct_a2a=True`` with
-            ``comm_backend="ag_rs"`` or with ``use_pcp=True`` but no ``pcp_world_size`` or
-            with ``"auto"`` (PCP: AG+AR), ``use_direct_q_gather=True`` with ``use_pcp=True``
-            (a forced path the configuration never uses).
-        TypeError: a count that is not an int, a switch that is not a bool (or ``None``).
-    """
-
-    comm_backend: CombineBackend = "ag_rs"
-    use_pcp: bool = False
-    pcp_world_size: int | None = None
-    max_num_tokens: int = 256
-    num_ubatches: int = 1
-    use_direct_a2a: bool | None = None
-    use_direct_q_gather: bool | None = None
-    use_direct_kv_gather: bool | None = None
-
-    def __post_init__(self) -> None:
-        if self.comm_backend not in _BACKENDS:
-            raise ValueError(f"comm_backend must be one of {_BACKENDS}, got {self.comm_backend!r}")
-        check_bool("use_pcp", self.use_pcp)
-        for name in ("max_num_tokens", "num_ubatches"):
-            check_positive_int(name, getattr(self, name))
-        if self.pcp_world_size is not None:
-            check_positive_int("pcp_world_size", self.pcp_world_size)
-            if not self.use_pcp:
-                raise ValueError(
-                    f"pcp_world_size={self.pcp_world_size} is given but use_pcp is False; set "
-                    "use_pcp=True, or leave pcp_world_size None"
-                )
-            if self.pcp_world_size == 1:
-                # cpattn_pcp's layouts read N_pcp = 1 as no PCP; the manager would all-reduce.
-                raise ValueError(
-                    "use_pcp=True with pcp_world_size=1: a PCP group of one is no PCP; set "
-                    "use_pcp=False (and leave pcp_world_size None)"
-                )
-        _check_tristate("use_direct_a2a", self.use_direct_a2a)
-        _check_tristate("use_direct_q_gather", self.use_direct_q_gather)
-        _check_tristate("use_direct_kv_gather", self.use_direct_kv_gather)
-        # Forcing a path this configuration never selects would be ignored without a word;
-        # "force" promises that the path is used or the construction raises.
-        if (
-            self.use_direct_a2a is True
-            and self.use_pcp
-            and (self.pcp_world_size is None or self.comm_backend != "a2a")
-        ):
-            raise ValueError(
-                "use_direct_a2a=True cannot apply with use_pcp=True unless comm_backend='a2a' "
-                "and pcp_world_size is given (it must equal the DCP size): otherwise the "
-                "combine all-reduces (every rank keeps all heads), it is no A2A; leave "
-                "use_direct_a2a None or False"
-            )
-        if self.use_direct_a2a is True and self.comm_backend == "ag_rs":
-            raise ValueError(
-                "use_direct_a2a=True cannot apply with comm_backend='ag_rs' (the default): the "
-                "direct A2A replaces the 'a2a' combine; set comm_backend='a2a' or 'auto'"
-            )
-        if self.use_direct_q_gather is True and self.use_pcp:
-            raise ValueError(
-                "use_direct_q_gather=True cannot apply with use_pcp=True: the manager then does "
-                "no query gather (cpattn_pcp gathers the query over its own groups); leave "
-                "use_direct_q_gather None or False"
-            )
-
-
-@dataclasses.dataclass(frozen=True)
-class DCPSelection:
-    """Which implementation the manager chose for each collective, and why."""
-
-    combine: CombinePath
-    combine_reason: str
-    query_gather: QueryGatherPath
-    query_gather_reason: str
-    kv_gather: KVGatherPath
-    kv_gather_reason: str
-
-    def describe(self) -> str:
-        """One line: ``combine=... (why); query_gather=... (why); kv_gather=... (why)``."""
-        return (
-            f"combine={self.combine} ({self.combine_reason}); "
-            f"query_gather={self.query_gather} ({self.query_gather_reason}); "
-            f"kv_gather={self.kv_gather} ({self.kv_gather_reason})"
-        )
 
 
 _W = TypeVar("_W")
 
 
-def _build_direct(build: Callable[[], _W], forced: bool | None) -> tuple[_W | None, str | None]:
-    """Build a direct workspace (``None`` where gating said no). Unless the path is forced, a
-    workspace that refuses this setup at construction (an unsupported geometry, no multicast
-    address) is ``(None, why)``, so the manager keeps the NCCL path."""
+def _try_direct(
+    gate: Callable[[], str | None],
+    build: Callable[[], _W | None],
+    forced: bool | None,
+    switch: str | None = None,
+) -> tuple[_W | None, str | None]:
+    """``(workspace, None)`` or ``(None, why not)`` from ``gate`` (why the direct path cannot
+    run, or ``None``) and ``build`` (the workspace, or ``None`` where gating said no). A forced
+    path raises instead (for a gather, ``switch``, unless the environment disables multicast);
+    the gate agrees across ranks, so every rank raises."""
+    reason = gate()
+    if reason is not None:
+        if switch is not None and forced is True and not multicast_disabled_by_env():
+            raise DirectPathUnavailable(f"{switch}=True, but the direct path cannot run: {reason}")
+        return None, reason
     try:
-        return build(), None
+        ws = build()
     except (ValueError, DirectPathUnavailable) as exc:
         if forced:
             raise
         return None, f"the workspace refused: {exc}"
+    return ws, None if ws is not None else "capability gating said no"
 
 
 def _check_device(device: torch.device, **tensors: torch.Tensor) -> None:
-    """``ValueError`` for a call on another device than the direct workspace's. Only this rank
-    can be wrong there, so it is the caller's mistake, not a fallback: this rank alone would
-    take NCCL while its peers wait in the direct path."""
+    """``ValueError`` for a call on another device than the direct workspace's: this rank's
+    mistake, not a fallback (it alone would take NCCL while its peers wait in the direct path)."""
     for name, tensor in tensors.items():
         if tensor.device != device:
             raise ValueError(
@@ -294,55 +147,36 @@ def _check_device(device: torch.device, **tensors: torch.Tensor) -> None:
             )
 
 
-def _refuse_forced_gather(forced: bool | None, switch: str, reason: str) -> None:
-    """Raise ``DirectPathUnavailable`` when gating turned off a forced direct gather, unless
-    the environment disables multicast (the gathers then stay off even when forced, as
-    ``DCPConfig`` says). The gating decision is the same on every rank (the capability probe
-    agrees on it), so every rank raises."""
-    if forced is True and not multicast_disabled_by_env():
-        raise DirectPathUnavailable(f"{switch}=True, but the direct path cannot run: {reason}")
-
-
 class DCPManager:
     """Selects and owns the query gather, output combine and KV gather of one DCP layer.
 
     Construction is collective over ``group`` when a direct path is probed or built: every rank
-    must construct its managers with the same arguments in the same order (and the same
-    multicast environment variables, ``cpattn_common.capability.MULTICAST_ENV_VARS``). A
-    per-call error raised on one rank only (an input on another device than the direct path's,
-    a non-contiguous ``gathered_kv``, bad mask arguments) leaves its peers waiting: in a direct
-    path until its bounded wait times out (``DirectProtocolError``), in an NCCL path until the
+    constructs its managers with the same arguments in the same order (and the same
+    ``cpattn_common.capability.MULTICAST_ENV_VARS``). A per-call error raised on one rank only
+    leaves its peers waiting until a direct wait's bound (``DirectProtocolError``) or the
     process group's timeout.
 
     Args:
-        config: the ``DCPConfig``.
-        group: the DCP group (``ProcessGroup`` or ``CPGroupLike``), N ranks.
-        device: device of the layer (a bare ``"cuda"`` means the current CUDA device). The
-            automatic choice (``use_direct_* = None``) takes a direct path only on CUDA.
-        num_heads: H_r, the attention heads each rank owns (query heads before the gather,
-            output heads after the combine; the combine input has N*H_r heads).
-        head_dim: D of the attention output (MLA: the latent dim, e.g. 512).
-        dtype: attention output dtype.
-        query_head_dim: D of the query (MLA: 576); default ``head_dim``.
-        query_dtype: query dtype (e.g. fp8); default ``dtype``.
+        config / group: the ``DCPConfig`` and the DCP group (N ranks).
+        device: device of the layer (a bare ``"cuda"``: the current CUDA device).
+        num_heads: H_r, the attention heads each rank owns (the combine input has N*H_r).
+        head_dim / dtype: D and dtype of the attention output (MLA: the latent dim, 512).
+        query_head_dim / query_dtype: of the query (MLA: 576; e.g. fp8); default the output's.
         padded_num_heads: head capacity ``>= N*H_r`` of the gathered query's storage
             (fixed-head kernels); default: no padding.
         is_lse_base_on_e: LSE base of the attention backend (FlashInfer: base 2 → False).
-        kv_token_dim: row width D of the KV gather (MLA: 576); needed for a direct KV gather.
-            When given, ``kv_gather`` takes ``[T, kv_token_dim]`` rows only.
-        kv_dtype: KV gather dtype; default ``dtype``.
-        max_gathered_kv_tokens: capacity of the direct KV gather (0: no direct KV gather).
+        kv_token_dim / kv_dtype: row width (MLA: 576) and dtype of the KV gather; with a
+            width, ``kv_gather`` takes ``[T, kv_token_dim]`` rows only.
+        max_gathered_kv_tokens: capacity of the direct KV gather (0: none).
 
     Raises:
-        TypeError: ``config`` not a ``DCPConfig``; a size that is not an int (a bool or a
-            float is refused, not truncated); a dtype that is not a ``torch.dtype``; an
-            ``is_lse_base_on_e`` that is not a bool.
+        TypeError: ``config`` not a ``DCPConfig``; a size that is not an int (bools and floats
+            included); a dtype that is not a ``torch.dtype``; a non-bool ``is_lse_base_on_e``.
         ValueError: a size < 1 (``max_gathered_kv_tokens`` < 0); ``padded_num_heads < N*H_r``;
             ``use_direct_kv_gather=True`` without ``kv_token_dim`` and
             ``max_gathered_kv_tokens >= 1``; a forced direct path that refuses this setup.
-        DirectPathUnavailable: a forced direct gather that cannot run here (no multicast
-            address, no multicast on some rank, no CUDA), unless the environment disables
-            multicast (then the gather stays off).
+        DirectPathUnavailable: a forced direct gather that cannot run here, unless the
+            environment disables multicast (then the gather stays off).
     """
 
     def __init__(
@@ -364,8 +198,6 @@ class DCPManager:
     ) -> None:
         if not isinstance(config, DCPConfig):
             raise TypeError(f"config must be a DCPConfig, got {type(config).__name__}")
-        # Sizes are checked, never converted: int(2.7) == 2 and int(True) == 1 would build a
-        # manager of another geometry than the caller meant.
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.head_dim = check_positive_int("head_dim", head_dim)
         self.query_head_dim = (
@@ -387,8 +219,7 @@ class DCPManager:
         self.config = config
         self.group = group
         self.cp_group = as_cp_group(group)
-        self.world_size = self.cp_group.world_size
-        self.rank = self.cp_group.rank_in_group
+        self.world_size, self.rank = self.cp_group.world_size, self.cp_group.rank_in_group
         # A single-rank group exchanges nothing: no switch applies there (DCPConfig docstring).
         if (
             config.use_direct_kv_gather is True
@@ -407,8 +238,6 @@ class DCPManager:
         self._combine_row_shape = (self.group_num_heads, self.head_dim)
         self._query_row_shape = (self.num_heads, self.query_head_dim)
         if padded_num_heads is not None:
-            # Checked here, not per call: a capacity below N*H_r fails every query gather, and
-            # a direct workspace refusing it would read as "direct path unavailable" instead.
             check_positive_int("padded_num_heads", padded_num_heads)
             if padded_num_heads < self.group_num_heads:
                 raise ValueError(
@@ -421,148 +250,69 @@ class DCPManager:
         self.direct_a2a: DirectDCPA2AWorkspace | None = None
         self.direct_q_gather: DirectDCPQGatherWorkspace | None = None
         self.direct_kv_gather: DirectDCPKVGatherWorkspace | None = None
-        combine, combine_reason = self._select_combine()
-        q_path, q_reason = self._select_query_gather()
-        kv_path, kv_reason = self._select_kv_gather()
+        n = self.world_size
+        combine, combine_reason = select_combine(config, n, self._direct_a2a)
+        q_path, q_reason = select_query_gather(config, n, self._direct_q_gather)
+        kv_path, kv_reason = select_kv_gather(
+            n, self.max_gathered_kv_tokens, self.kv_token_dim is not None, self._direct_kv_gather
+        )
         self.selection = DCPSelection(combine, combine_reason, q_path, q_reason, kv_path, kv_reason)
-        #: path taken by the most recent call of each collective that returned (per-call
-        #: fallbacks show here; a call that raised leaves the previous value)
+        #: path of the latest call of each collective that returned (fallbacks show here)
         self.last_combine_path: CombinePath | None = None
         self.last_query_gather_path: QueryGatherPath | None = None
         self.last_kv_gather_path: KVGatherPath | None = None
         #: number of calls of this manager that fell back from a direct path to the NCCL path
         self.num_fallbacks = 0
-        _log_once(
-            logging.INFO,
-            f"DCP collectives (N={self.world_size}, H_r={self.num_heads}, D={self.head_dim}, "
-            f"{self.dtype}, backend={config.comm_backend}, pcp={config.use_pcp}): "
-            + self.selection.describe(),
+        line = (
+            f"DCP collectives (N={n}, H_r={self.num_heads}, D={self.head_dim}, {self.dtype}, "
+            f"backend={config.comm_backend}, pcp={config.use_pcp}): {self.selection.describe()}"
         )
+        if _first_time(line):
+            logger.info(line)
 
-    # -- selection ----------------------------------------------------------------------------
-    def _select_combine(self) -> tuple[CombinePath, str]:
-        cfg = self.config
-        if cfg.use_pcp:
-            pcp = cfg.pcp_world_size
-            if self.world_size < 2:  # a DCP group of one fits every PCP layout
-                return "ag_ar", "PCP is on; world size 1 (no communication)"
-            if pcp is not None and self.world_size % pcp:
-                raise ValueError(
-                    f"pcp_world_size={pcp} does not divide the DCP group's size "
-                    f"{self.world_size}: with PCP the DCP group is the PCP group or spans "
-                    "TP x PCP"
-                )
-            if cfg.comm_backend != "a2a" or pcp != self.world_size:
-                if cfg.comm_backend != "a2a":
-                    extra = ""
-                elif pcp is None:
-                    extra = (
-                        "; overrides comm_backend='a2a' (pass pcp_world_size: the A2A applies "
-                        "when the DCP group is the PCP group)"
-                    )
-                else:
-                    extra = (
-                        f"; overrides comm_backend='a2a' (the DCP group spans TP x PCP: "
-                        f"{self.world_size} ranks, PCP {pcp})"
-                    )
-                if cfg.use_direct_a2a is True:
-                    raise ValueError(
-                        "use_direct_a2a=True cannot apply: with PCP the combine all-reduces" + extra
-                    )
-                return (
-                    "ag_ar",
-                    "PCP is on: every rank keeps all heads, so the outputs are all-reduced" + extra,
-                )
-            why = "comm_backend='a2a' with PCP, the DCP group being the PCP group"
-        elif cfg.comm_backend == "ag_rs":
-            return "ag_rs", "comm_backend='ag_rs'"
-        else:
-            why = (
-                "comm_backend='a2a'"
-                if cfg.comm_backend == "a2a"
-                else "comm_backend='auto' without PCP"
-            )
-        if self.world_size < 2:
-            return "a2a", f"{why}; world size 1 (no communication)"
-        reason = direct_a2a_unavailable_reason(
-            self.group, self.dtype, cfg.use_direct_a2a, device=self.device
-        )
-        if reason is None:
-            ws, reason = _build_direct(
-                lambda: get_direct_dcp_a2a_workspace(
-                    self.group, self.device, cfg.max_num_tokens, self.num_heads, self.head_dim,
-                    self.dtype, cfg.num_ubatches, cfg.use_direct_a2a,
-                ),
-                cfg.use_direct_a2a,
-            )  # fmt: skip
-            if ws is not None:
-                self.direct_a2a = ws
-                return "direct_a2a", (
-                    f"{why}; direct symmetric-memory A2A for up to {cfg.max_num_tokens} rows, "
-                    "packed NCCL A2A beyond"
-                )
-            reason = reason or "capability gating said no"
-        return "a2a", f"{why}; packed NCCL A2A (direct A2A off: {reason})"
-
-    def _select_query_gather(self) -> tuple[QueryGatherPath, str]:
-        cfg = self.config
-        if cfg.use_pcp:
-            return "none", "PCP is on: the query is gathered over the PCP/DCP groups by cpattn_pcp"
-        if self.world_size < 2:
-            return "all_gather", "world size 1 (no communication)"
-        reason = direct_gather_unavailable_reason(
-            self.group, self.query_dtype, cfg.use_direct_q_gather, what="direct q-gather",
-            device=self.device,
+    # -- direct paths (collective: every rank in the same order) -----------------------------
+    def _direct_a2a(self) -> str | None:
+        """Build the direct A2A unless gating says no (``selection.DirectProbe``)."""
+        cfg, g, dev, use = self.config, self.group, self.device, self.config.use_direct_a2a
+        self.direct_a2a, why = _try_direct(
+            lambda: direct_a2a_unavailable_reason(g, self.dtype, use, device=dev),
+            lambda: get_direct_dcp_a2a_workspace(
+                g, dev, cfg.max_num_tokens, self.num_heads, self.head_dim, self.dtype,
+                cfg.num_ubatches, use,
+            ),
+            use,
         )  # fmt: skip
-        if reason is not None:
-            _refuse_forced_gather(cfg.use_direct_q_gather, "use_direct_q_gather", reason)
-        else:
-            ws, reason = _build_direct(
-                lambda: get_direct_dcp_q_gather_workspace(
-                    self.group, self.device, cfg.max_num_tokens, self.num_heads,
-                    self.query_head_dim, self.query_dtype, cfg.num_ubatches,
-                    self.padded_num_heads, cfg.use_direct_q_gather,
-                ),
-                cfg.use_direct_q_gather,
-            )  # fmt: skip
-            if ws is not None:
-                self.direct_q_gather = ws
-                return "direct", f"direct multicast q-gather for up to {cfg.max_num_tokens} rows"
-            reason = reason or "capability gating said no"
-        return "all_gather", f"all-gather along heads (direct q-gather off: {reason})"
+        return why
 
-    def _select_kv_gather(self) -> tuple[KVGatherPath, str]:
-        cfg = self.config
-        if self.world_size < 2:
-            return "all_gather_into_tensor", "world size 1 (no communication)"
-        token_dim = self.kv_token_dim
-        if self.max_gathered_kv_tokens == 0 or token_dim is None:
-            return "all_gather_into_tensor", "no direct KV-gather geometry configured"
-        reason = direct_gather_unavailable_reason(
-            self.group, self.kv_dtype, cfg.use_direct_kv_gather, DIRECT_KV_GATHER_DTYPES,
-            what="direct kv-gather", device=self.device,
+    def _direct_q_gather(self) -> str | None:  # see _direct_a2a
+        cfg, g, dev, use = self.config, self.group, self.device, self.config.use_direct_q_gather
+        self.direct_q_gather, why = _try_direct(
+            lambda: direct_gather_unavailable_reason(
+                g, self.query_dtype, use, what="direct q-gather", device=dev
+            ),
+            lambda: get_direct_dcp_q_gather_workspace(
+                g, dev, cfg.max_num_tokens, self.num_heads, self.query_head_dim,
+                self.query_dtype, cfg.num_ubatches, self.padded_num_heads, use,
+            ),
+            use,
+            "use_direct_q_gather",
         )  # fmt: skip
-        if reason is not None:
-            _refuse_forced_gather(cfg.use_direct_kv_gather, "use_direct_kv_gather", reason)
-        else:
-            ws, reason = _build_direct(
-                lambda: get_direct_dcp_kv_gather_workspace(
-                    self.group, self.device, self.max_gathered_kv_tokens, token_dim,
-                    self.kv_dtype, cfg.num_ubatches, cfg.use_direct_kv_gather,
-                ),
-                cfg.use_direct_kv_gather,
-            )  # fmt: skip
-            if ws is not None:
-                self.direct_kv_gather = ws
-                return (
-                    "direct",
-                    f"direct multicast kv-gather for up to {self.max_gathered_kv_tokens} rows",
-                )
-            reason = reason or "capability gating said no"
-        return (
-            "all_gather_into_tensor",
-            f"NCCL all_gather_into_tensor (direct kv-gather off: {reason})",
-        )
+        return why
+
+    def _direct_kv_gather(self) -> str | None:  # see _direct_a2a; asked with a kv_token_dim
+        cfg, g, dev, use = self.config, self.group, self.device, self.config.use_direct_kv_gather
+        self.direct_kv_gather, why = _try_direct(
+            lambda: direct_gather_unavailable_reason(
+                g, self.kv_dtype, use, DIRECT_KV_GATHER_DTYPES, what="direct kv-gather", device=dev
+            ),
+            lambda: get_direct_dcp_kv_gather_workspace(
+                g, dev, self.max_gathered_kv_tokens, self.kv_token_dim or 0, self.kv_dtype,
+                cfg.num_ubatches, use,
+            ),
+            use,
+            "use_direct_kv_gather",
+        )  # fmt: skip
+        return why
 
     @property
     def combine_path(self) -> CombinePath:
@@ -581,7 +331,7 @@ class DCPManager:
 
     def _fallback(self, what: str, reason: str) -> None:
         """Count a per-call fallback; log it at INFO the first time this process sees its
-        reason (numbers aside: every layer of a model meets the same oversized step)."""
+        reason, numbers aside."""
         self.num_fallbacks += 1
         if _first_time(f"fallback|{what}|{_NUMBERS.sub('#', reason)}"):
             logger.info(
@@ -597,8 +347,7 @@ class DCPManager:
     def _check_combine_inputs(
         self, partial_output: torch.Tensor, partial_lse: torch.Tensor
     ) -> None:
-        # On every call: one shape read per tensor, compared as tuples (about half the host
-        # time of per-dimension .dim() / .shape[i] reads).
+        # One shape read per tensor, compared as tuples: the cheapest check per call.
         if not (isinstance(partial_output, torch.Tensor) and isinstance(partial_lse, torch.Tensor)):
             raise TypeError(
                 "partial_output and partial_lse must be tensors, got "
@@ -667,8 +416,8 @@ class DCPManager:
             partial_output: ``[T, N*H_r, D]`` partial output of this rank's KV shard.
             partial_lse: ``[T, N*H_r]`` its LSE (base as configured).
             seq_lens: ``[R]`` this rank's local KV length per request (optional, with
-                ``query_start_loc``: empty-shard and padding rows contribute nothing).
-            query_start_loc: ``[R+1]`` cumulative query offsets.
+                ``query_start_loc [R+1]``: empty-shard and padding rows contribute nothing).
+            query_start_loc: see ``seq_lens``.
             return_lse: also return the combined LSE.
 
         Returns:
@@ -677,13 +426,9 @@ class DCPManager:
         Raises:
             TypeError: a non-tensor input (and what the combine ops raise).
             ValueError: ``partial_output`` not ``[T, N*H_r, D]`` (with PCP: ``[T, H, D]``, any
-                H) for this manager's N, H_r and D, or ``partial_lse`` not its ``[T, H]``,
-                whichever path is selected; an input on another device than the direct
-                path's (and what the combine ops raise: dtypes, ``seq_lens`` /
-                ``query_start_loc``, ...).
-            RuntimeError: grad mode is on and an input requires grad, on every path (no
-                autograd formula: ``cpattn_common.dispatch.refuse_grad``; the direct A2A
-                refuses, the NCCL combine ops would only fail in ``backward``).
+                H) or ``partial_lse`` not its ``[T, H]``, whichever path is selected; an input
+                on another device than the direct path's (and what the combine ops raise).
+            RuntimeError: grad mode is on and an input requires grad, on every path.
         """
         refuse_grad("DCPManager.combine", partial_output=partial_output, partial_lse=partial_lse)
         path = self.selection.combine
@@ -691,9 +436,8 @@ class DCPManager:
         if path == "direct_a2a":
             ws = self.direct_a2a
             assert ws is not None
-            # The workspace was built for this manager's geometry, so an input it takes as it
-            # is needs no other check (the hot path; lse_reduce checks the LSE against it).
-            # Anything else is checked as a caller mistake first, then mended or sent to NCCL.
+            # What the workspace takes as it is needs no other check (the hot path); anything
+            # else is checked as a caller mistake first, then mended or sent to NCCL.
             reason = (
                 ws.unsupported_reason(partial_output, partial_lse)
                 if isinstance(partial_output, torch.Tensor)
@@ -719,8 +463,7 @@ class DCPManager:
         else:
             self._check_combine_inputs(partial_output, partial_lse)
         if not torch.compiler.is_compiling():  # dynamo cannot trace is_neg()
-            # The NCCL ops refuse torch's negative bit (their kernels read memory); a copy
-            # holds the values, as on the direct path, so every path takes such an input.
+            # The NCCL ops refuse torch's negative bit; a copy holds the values (as direct).
             if partial_output.is_neg():
                 partial_output = partial_output.resolve_neg()
             if partial_lse.is_neg():
@@ -747,19 +490,15 @@ class DCPManager:
         """All heads of the group's query: ``[T, H_r, D_q]`` -> ``[T, N*H_r, D_q]`` (rank-major).
 
         With the direct gather the result is a view of a persistent buffer that the peers
-        write into: it is valid until this rank enters this layer's combine (the next
-        rendezvous across ranks). Once every rank has contributed to that combine, a faster
-        peer may finish it and start its next gather on this ubatch, overwriting the buffer
-        before this rank calls ``query_gather`` again; copy the result if it is needed after
-        the combine.
+        write into, valid until this rank enters this layer's combine (a faster peer may then
+        start its next gather): copy the result if it is needed after the combine.
 
         Raises:
             RuntimeError: PCP is on (``has_query_gather`` is False); grad mode is on and
-                ``query`` requires grad (every path refuses it).
+                ``query`` requires grad.
             TypeError: ``query`` is not a tensor.
-            ValueError: ``query`` is not ``[T, H_r, D_q]`` for this manager's H_r and D_q,
-                whichever path is selected; ``query`` on another device than the direct
-                path's.
+            ValueError: ``query`` is not ``[T, H_r, D_q]`` for this manager, whichever path is
+                selected; ``query`` on another device than the direct path's.
         """
         path = self.selection.query_gather
         if path == "none":
@@ -770,8 +509,7 @@ class DCPManager:
         if path == "direct":
             ws = self.direct_q_gather
             assert ws is not None
-            # As in combine: what the workspace takes as it is needs no other check.
-            reason = (
+            reason = (  # as in combine: the hot path first
                 ws.unsupported_reason(query) if isinstance(query, torch.Tensor) else "not a tensor"
             )
             if reason is not None:
@@ -798,22 +536,17 @@ class DCPManager:
                 device as ``local_kv``.
             local_kv: ``[T, D]`` this rank's rows (``D = kv_token_dim`` where one is given).
 
-        Returns:
-            The written view ``gathered_kv[:N*T]``.
-
         Raises:
             TypeError: a non-tensor argument.
             ValueError: a buffer with fewer than N*T rows, row shapes that differ, a row width
                 other than ``kv_token_dim``, a dtype / device mismatch or a non-contiguous
                 buffer, whichever path is selected.
-            RuntimeError: grad mode is on and either tensor requires grad (every path refuses
-                it).
+            RuntimeError: grad mode is on and either tensor requires grad.
         """
         if self.selection.kv_gather == "direct":
             ws = self.direct_kv_gather
             assert ws is not None
-            # As in combine: what the workspace takes as it is needs no other check.
-            if (
+            if (  # as in combine: the hot path first
                 isinstance(gathered_kv, torch.Tensor)
                 and isinstance(local_kv, torch.Tensor)
                 and local_kv.dim() >= 1
@@ -828,16 +561,11 @@ class DCPManager:
                     return target
             self._check_kv(gathered_kv, local_kv)
             _check_device(ws.device, local_kv=local_kv)  # gathered_kv: same (_check_kv)
-            # 2-D here: the direct path exists only with a kv_token_dim, checked above.
-            target = gathered_kv[: self.world_size * local_kv.shape[0]]
-            reason = ws.unsupported_reason(target, local_kv)
-            if reason is None:  # T = 0 into a buffer the checks above accepted
-                ws.gather(target, local_kv, checked=True)
-                self.last_kv_gather_path = "direct"
-                return target
-            if ws.unsupported_reason(target, local_kv, layout=False) is None:
-                # Only this rank's layouts stand in the way (see _packed): mend what is off, a
-                # packed copy of the rows and / or a fresh buffer copied into the caller's.
+            target = gathered_kv[: self.world_size * local_kv.shape[0]]  # 2-D: kv_token_dim
+            reason = ws.unsupported_reason(target, local_kv, layout=False)
+            if reason is None:
+                # At most this rank's layouts stand in the way (see _packed): mend what is off,
+                # a packed copy of the rows and / or a fresh buffer copied into the caller's.
                 local = local_kv if ws.layout_ok(local_kv) else _packed(local_kv)
                 if ws.layout_ok(target):
                     ws.gather(target, local, checked=True)

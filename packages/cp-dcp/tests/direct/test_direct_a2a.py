@@ -634,9 +634,8 @@ def test_a_local_allocation_failing_on_one_rank_fails_every_rank(
 ) -> None:
     """The workspace's local tensors (counters, error records, the group's failure word) are
     agreed on before its symmetric buffers: out of memory on one rank there raises
-    ``DirectPathUnavailable`` on every rank, so every manager falls back together. The failing
-    rank used to raise alone while its peers went on into the first symmetric allocation's
-    agreement (a collective mismatch)."""
+    ``DirectPathUnavailable`` on every rank, so every manager falls back together (no rank goes
+    on alone into the first symmetric allocation's agreement)."""
     from cpattn_dcp.direct import _base
 
     real = _base.group_failure_word

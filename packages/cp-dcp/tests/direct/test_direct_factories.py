@@ -1,8 +1,8 @@
 """The memo of the direct-workspace factories: one workspace per geometry, and never a closed one.
 
 A workspace's ``close()`` is public and collective (a layer or engine teardown releasing its
-buffers). The memo used to keep handing the closed workspace out for its geometry, so the next
-manager selected the direct path and every call raised "workspace is closed".
+buffers); the next factory call for its geometry builds a new one, so a manager never selects
+a closed workspace.
 """
 
 from __future__ import annotations

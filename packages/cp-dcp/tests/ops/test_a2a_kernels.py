@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import cpattn_dcp.ops.a2a_combine as a2a_mod
+import cpattn_dcp.ops.a2a_pack as pack_mod
+import cpattn_dcp.ops.a2a_unpack as unpack_mod
 from cpattn_dcp import dcp_a2a_lse_reduce, mask_dcp_empty_shards_
 from cpattn_dcp.ops.a2a_combine import (
     a2a_buffer_views,
@@ -363,8 +365,6 @@ def test_unpack_base_flag_must_be_a_bool(device: torch.device) -> None:
 def test_pack_int64_indexing(device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
     """The pack kernel's int64 index path (taken when an offset could overflow int32) writes
     the same records as the int32 path: forced here by a tiny int32 bound."""
-    import cpattn_dcp.ops.a2a_combine as a2a_mod
-
     gen = torch.Generator().manual_seed(7)
     b, h, d, n = 37, 8, 40, 4
     out = torch.randn(b, h, d, generator=gen).to(torch.bfloat16).to(device)
@@ -373,21 +373,19 @@ def test_pack_int64_indexing(device: torch.device, monkeypatch: pytest.MonkeyPat
     qsl = torch.tensor([0, 5, 9, 20, 30, 35], dtype=torch.int32, device=device)
     want = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
     plan_args = (b, h, n, d, 2, 5, True, out.stride(), lse.stride(), True)
-    assert not a2a_mod._pack_plan(*plan_args)[2].constexprs["IDX64"]
-    a2a_mod._pack_plan.cache_clear()
-    monkeypatch.setattr(a2a_mod, "_INT32_LIMIT", 1)
+    assert not pack_mod._pack_plan(*plan_args)[2].constexprs["IDX64"]
+    pack_mod._pack_plan.cache_clear()
+    monkeypatch.setattr(pack_mod, "_INT32_LIMIT", 1)
     try:
-        assert a2a_mod._pack_plan(*plan_args)[2].constexprs["IDX64"]
+        assert pack_mod._pack_plan(*plan_args)[2].constexprs["IDX64"]
         got = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
     finally:
-        a2a_mod._pack_plan.cache_clear()
+        pack_mod._pack_plan.cache_clear()
     assert torch.equal(got.cpu().view(torch.int16), want.cpu().view(torch.int16))
 
 
 def test_pack_small_grid_blocks(device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
     """Decode-size grids use the smaller pack blocks (``_PACK_SMALL_BLOCK_V``): same records."""
-    import cpattn_dcp.ops.a2a_combine as a2a_mod
-
     gen = torch.Generator().manual_seed(11)
     b, h, d, n = 9, 8, 48, 2
     out = torch.randn(b, h, d, generator=gen).to(torch.float16).to(device)
@@ -395,15 +393,15 @@ def test_pack_small_grid_blocks(device: torch.device, monkeypatch: pytest.Monkey
     seq_lens = torch.tensor([2, 0, 1], dtype=torch.int32, device=device)
     qsl = torch.tensor([0, 3, 4, 8], dtype=torch.int32, device=device)
     want = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
-    a2a_mod._pack_plan.cache_clear()
-    monkeypatch.setattr(a2a_mod, "MIN_PROGRAMS", 10**9)
-    monkeypatch.setattr(a2a_mod, "_PACK_SMALL_BLOCK_V", 16)
+    pack_mod._pack_plan.cache_clear()
+    monkeypatch.setattr(pack_mod, "MIN_PROGRAMS", 10**9)
+    monkeypatch.setattr(pack_mod, "_PACK_SMALL_BLOCK_V", 16)
     try:
-        _, _, spec = a2a_mod._pack_plan(b, h, n, d, 2, 3, True, out.stride(), lse.stride(), True)
+        _, _, spec = pack_mod._pack_plan(b, h, n, d, 2, 3, True, out.stride(), lse.stride(), True)
         assert spec.constexprs["BLOCK_V"] == 16
         got = a2a_pack(out, lse, n, seq_lens=seq_lens, query_start_loc=qsl)
     finally:
-        a2a_mod._pack_plan.cache_clear()
+        pack_mod._pack_plan.cache_clear()
     assert torch.equal(got.cpu().view(torch.int16), want.cpu().view(torch.int16))
 
 
@@ -411,25 +409,24 @@ def test_unpack_decode_grids_get_more_warps(monkeypatch: pytest.MonkeyPatch) -> 
     """One-row programs of a grid below MIN_PROGRAMS get about _UNPACK_SMALL_GRID_LANES
     head-dim lanes per thread (at most 4 warps); larger grids keep the tile rule."""
     import cpattn_dcp.ops._common as common_mod
-    import cpattn_dcp.ops.a2a_combine as a2a_mod
 
     # The GPU value (1 in the interpreter), in both modules that read it.
     monkeypatch.setattr(common_mod, "MIN_PROGRAMS", 264)
-    monkeypatch.setattr(a2a_mod, "MIN_PROGRAMS", 264)
+    monkeypatch.setattr(unpack_mod, "MIN_PROGRAMS", 264)
     common_mod.tile_config.cache_clear()
-    a2a_mod._unpack_config.cache_clear()
+    unpack_mod._unpack_config.cache_clear()
     try:
         # B=1, H_r=16, D=512: 16 programs of one row; 512 / (32 * 2) = 8 warps, capped at 4.
-        assert a2a_mod._unpack_config(8, 16, 512, 2) == (16, 1, 512, 4)
-        assert a2a_mod._unpack_config(8, 8, 128, 2) == (8, 1, 128, 2)
-        big = a2a_mod._unpack_config(8, 4096 * 8, 128, 2)
-        monkeypatch.setattr(a2a_mod, "_UNPACK_SMALL_GRID_LANES", 0)
-        a2a_mod._unpack_config.cache_clear()
-        assert a2a_mod._unpack_config(8, 4096 * 8, 128, 2) == big
-        assert a2a_mod._unpack_config(8, 16, 512, 2) == (16, 1, 512, 1)
+        assert unpack_mod._unpack_config(8, 16, 512, 2) == (16, 1, 512, 4)
+        assert unpack_mod._unpack_config(8, 8, 128, 2) == (8, 1, 128, 2)
+        big = unpack_mod._unpack_config(8, 4096 * 8, 128, 2)
+        monkeypatch.setattr(unpack_mod, "_UNPACK_SMALL_GRID_LANES", 0)
+        unpack_mod._unpack_config.cache_clear()
+        assert unpack_mod._unpack_config(8, 4096 * 8, 128, 2) == big
+        assert unpack_mod._unpack_config(8, 16, 512, 2) == (16, 1, 512, 1)
     finally:
         common_mod.tile_config.cache_clear()
-        a2a_mod._unpack_config.cache_clear()
+        unpack_mod._unpack_config.cache_clear()
 
 
 def test_unpack_large_grids_one_vector_per_thread(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -437,27 +434,26 @@ def test_unpack_large_grids_one_vector_per_thread(monkeypatch: pytest.MonkeyPatc
     rule's warps (one 16-byte vector per thread and source); N=4, decode grids and the knob
     off keep the tile rule."""
     import cpattn_dcp.ops._common as common_mod
-    import cpattn_dcp.ops.a2a_combine as a2a_mod
 
     monkeypatch.setattr(common_mod, "MIN_PROGRAMS", 264)  # the GPU value
-    monkeypatch.setattr(a2a_mod, "MIN_PROGRAMS", 264)
+    monkeypatch.setattr(unpack_mod, "MIN_PROGRAMS", 264)
     common_mod.tile_config.cache_clear()
-    a2a_mod._unpack_config.cache_clear()
+    unpack_mod._unpack_config.cache_clear()
     try:
         # B=4096, bf16: H=64 D=128 (8 rows of 128 lanes: 2 warps by the tile rule), D=256,
         # H=128 D=512 (2 rows of 512 lanes).
-        assert a2a_mod._unpack_config(8, 4096 * 8, 128, 2) == (4096, 8, 128, 4)
-        assert a2a_mod._unpack_config(8, 4096 * 8, 256, 2) == (8192, 4, 256, 4)
-        assert a2a_mod._unpack_config(8, 4096 * 16, 512, 2) == (32768, 2, 512, 4)
-        assert a2a_mod._unpack_config(4, 4096 * 16, 128, 2) == (4096, 16, 128, 4)
+        assert unpack_mod._unpack_config(8, 4096 * 8, 128, 2) == (4096, 8, 128, 4)
+        assert unpack_mod._unpack_config(8, 4096 * 8, 256, 2) == (8192, 4, 256, 4)
+        assert unpack_mod._unpack_config(8, 4096 * 16, 512, 2) == (32768, 2, 512, 4)
+        assert unpack_mod._unpack_config(4, 4096 * 16, 128, 2) == (4096, 16, 128, 4)
         # B=64 H=128 D=512: 512 programs, below the grid floor.
-        assert a2a_mod._unpack_config(8, 64 * 16, 512, 2) == (512, 2, 512, 2)
-        monkeypatch.setattr(a2a_mod, "_UNPACK_ONE_VECTOR_MIN_N", 0)
-        a2a_mod._unpack_config.cache_clear()
-        assert a2a_mod._unpack_config(8, 4096 * 8, 128, 2) == (4096, 8, 128, 2)
+        assert unpack_mod._unpack_config(8, 64 * 16, 512, 2) == (512, 2, 512, 2)
+        monkeypatch.setattr(unpack_mod, "_UNPACK_ONE_VECTOR_MIN_N", 0)
+        unpack_mod._unpack_config.cache_clear()
+        assert unpack_mod._unpack_config(8, 4096 * 8, 128, 2) == (4096, 8, 128, 2)
     finally:
         common_mod.tile_config.cache_clear()
-        a2a_mod._unpack_config.cache_clear()
+        unpack_mod._unpack_config.cache_clear()
 
 
 def test_unpack_payload_eviction_rule(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -465,16 +461,15 @@ def test_unpack_payload_eviction_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     or more with N >= 4 and D <= 256 (the shapes where it measured faster); N=2, D=512,
     decode grids and the knob off keep Triton's default."""
     import cpattn_dcp.ops._common as common_mod
-    import cpattn_dcp.ops.a2a_combine as a2a_mod
 
     monkeypatch.setattr(common_mod, "MIN_PROGRAMS", 264)  # the GPU value
-    monkeypatch.setattr(a2a_mod, "MIN_PROGRAMS", 264)
+    monkeypatch.setattr(unpack_mod, "MIN_PROGRAMS", 264)
 
     def evict(n: int, num_rows: int, d: int) -> object:
         common_mod.tile_config.cache_clear()
-        a2a_mod._unpack_config.cache_clear()
-        a2a_mod._unpack_plan.cache_clear()
-        _, spec = a2a_mod._unpack_plan(n, num_rows, d, 2, False, True, False)
+        unpack_mod._unpack_config.cache_clear()
+        unpack_mod._unpack_plan.cache_clear()
+        _, spec = unpack_mod._unpack_plan(n, num_rows, d, 2, False, True, False)
         return spec.constexprs["PAY_EVICT"]
 
     try:
@@ -486,12 +481,12 @@ def test_unpack_payload_eviction_rule(monkeypatch: pytest.MonkeyPatch) -> None:
         assert evict(8, 4096 * 16, 512) == ""
         # B=64, H=64 D=128 N=8: 64 programs, a decode grid.
         assert evict(8, 64 * 8, 128) == ""
-        monkeypatch.setattr(a2a_mod, "_UNPACK_PAY_EVICT", "")
+        monkeypatch.setattr(unpack_mod, "_UNPACK_PAY_EVICT", "")
         assert evict(8, 4096 * 8, 128) == ""
     finally:
         common_mod.tile_config.cache_clear()
-        a2a_mod._unpack_config.cache_clear()
-        a2a_mod._unpack_plan.cache_clear()
+        unpack_mod._unpack_config.cache_clear()
+        unpack_mod._unpack_plan.cache_clear()
 
 
 @pytest.mark.parametrize(
@@ -527,10 +522,10 @@ def test_unpack_one_vector_tiles_match(
     ref_out, ref_lse = lse_combine_ref(outs, lses)
 
     def unpack(min_programs: int) -> tuple[tuple[int, ...], torch.Tensor, torch.Tensor]:
-        monkeypatch.setattr(a2a_mod, "_UNPACK_ONE_VECTOR_MIN_PROGRAMS", min_programs)
-        a2a_mod._unpack_config.cache_clear()
-        a2a_mod._unpack_plan.cache_clear()
-        config = a2a_mod._unpack_config(n, b * hr, d, recv.element_size())
+        monkeypatch.setattr(unpack_mod, "_UNPACK_ONE_VECTOR_MIN_PROGRAMS", min_programs)
+        unpack_mod._unpack_config.cache_clear()
+        unpack_mod._unpack_plan.cache_clear()
+        config = unpack_mod._unpack_config(n, b * hr, d, recv.element_size())
         out, lse = a2a_unpack_combine(recv, head_dim=d, return_lse=True)
         assert lse is not None
         return config, out, lse
@@ -539,8 +534,8 @@ def test_unpack_one_vector_tiles_match(
         tile_rule, want, want_lse = unpack(2**62)
         one_vector, got, got_lse = unpack(1)
     finally:
-        a2a_mod._unpack_config.cache_clear()
-        a2a_mod._unpack_plan.cache_clear()
+        unpack_mod._unpack_config.cache_clear()
+        unpack_mod._unpack_plan.cache_clear()
     if device.type == "cuda":  # the interpreter's MIN_PROGRAMS = 1 gives other tiles
         assert one_vector[3] == 2 * tile_rule[3], (tile_rule, one_vector)
     assert_close_to_ref(got, ref_out, dtype=dtype, name="out")
@@ -588,7 +583,7 @@ def test_bad_inputs(device: torch.device) -> None:
         a2a_pack(out, lse, 2, seq_lens=torch.tensor([1], device=device))
     with pytest.raises(ValueError, match=r"expected recv \[N, B, H_r, 6\]"):
         a2a_unpack_combine(torch.randn(2, 3, 6, device=device).half(), head_dim=4)
-    # The padded record width (the former format) is rejected, with the numbers.
+    # A record width padded to 16 bytes is rejected, with the numbers.
     with pytest.raises(ValueError, match=r"\[N, B, H_r, 130\] .*head_dim=128.*\(2, 3, 1, 136\)"):
         a2a_unpack_combine(torch.randn(2, 3, 1, 136, device=device).bfloat16(), head_dim=128)
     with pytest.raises(ValueError, match=r"\[N, B, H_r, 17\]"):

@@ -4,9 +4,8 @@ strided head dim, odd D, blocks that are not 16-byte multiples) and the unpack p
 
 Buffers are ``[N, B, H_r, D + P]``: destination n's block is its ``B * H_r`` payload rows
 ``[B, H_r, D]``, then their fp32 LSE bits ``[B, H_r, P]`` (built here with plain torch ops,
-every lane compared). The shape family of the former Triton 3.6 "misaligned address" crash
-(H=64, D=128, N=2, B=4096, bf16) runs at its exact size on the GPU (``@pytest.mark.gpu``),
-where a wrong vector width would fault.
+every lane compared). A shape where a wrong vector width faults with "misaligned address"
+(H=64, D=128, N=2, B=4096, bf16) runs at its exact size on the GPU (``@pytest.mark.gpu``).
 """
 
 from __future__ import annotations
@@ -181,8 +180,8 @@ def test_unpack_paths(device: torch.device, n: int, dtype: torch.dtype, d: int) 
 
 @pytest.mark.gpu
 def test_pack_h64_d128_n2_b4096_exact_shape(device: torch.device) -> None:
-    """The shape that faulted with "misaligned address" on the unpadded records of an earlier
-    format (Triton 3.6 emitted 16-byte stores for 260-byte records); blocks now."""
+    """A shape whose 260-byte rows would fault with "misaligned address" under 16-byte
+    stores: the block format's alignment hints keep every access valid."""
     b, h, d, n = 4096, 64, 128, 2
     out, lse = _inputs(b, h, d, torch.bfloat16, device, seed=7)
     seq_lens = torch.randint(0, 3, (b,), dtype=torch.int32, device=device)

@@ -42,13 +42,13 @@ def check_ptx_stats(stats: dict[str, dict[str, dict[str, dict[str, int]]]]) -> N
                 assert st.get("st.global.v4.b32", 0) > 0, where
             elif case.startswith("unpack-1-"):
                 # Decode grid (B=1): a row spread over up to 4 warps, about 2 lanes per thread
-                # and source (ops.a2a_combine._UNPACK_SMALL_GRID_LANES): vector loads and
+                # and source (ops.a2a_unpack._UNPACK_SMALL_GRID_LANES): vector loads and
                 # stores, 8 bytes at D=512.
                 assert _vector(ld, "v2") + _vector(ld, "v4") > 0, where
                 assert _vector(st, "v2") + _vector(st, "v4") > 0, where
             elif case.startswith("unpack-"):
                 # 16-byte payload loads (16-byte blocks, D a multiple of 8; evict_first on the
-                # large grids of ops.a2a_combine._UNPACK_PAY_EVICT), 16-byte output stores.
+                # large grids of ops.a2a_unpack._UNPACK_PAY_EVICT), 16-byte output stores.
                 assert _vector(ld, "v4") > 0, where
                 assert st.get("st.global.v4.b32", 0) > 0, where
                 # evict_first only at N >= 4 and D <= 256 (of these cases: N=8, D=128).
@@ -57,8 +57,8 @@ def check_ptx_stats(stats: dict[str, dict[str, dict[str, dict[str, int]]]]) -> N
             elif case.startswith("packfallback-"):
                 # Input rows not 16-byte aligned (odd D, shifted pointer) or a strided head
                 # dim: payload loads (the .cg ones; the contiguous fp32 LSEs may be read as
-                # vectors) never wider than 4 bytes (true alignment only; Triton 3.6 once
-                # over-derived it, "misaligned address" on the GPU).
+                # vectors) never wider than 4 bytes (true alignment only, as Triton may
+                # over-derive it: "misaligned address" on the GPU).
                 assert kernel == "_a2a_pack_kernel", where
                 payload = {k: v for k, v in ld.items() if ".cg." in k}
                 assert _vector(payload, "v2") + _vector(payload, "v4") == 0, where

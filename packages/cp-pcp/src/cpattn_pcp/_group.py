@@ -17,19 +17,8 @@ GroupArg: TypeAlias = ProcessGroup | CPGroupLike
 
 
 def resolve_group(group: GroupArg | None, name: str, why: str) -> CPGroupLike:
-    """Normalise a required group argument.
-
-    Args:
-        group: the caller's group (``None`` is rejected: we never fall back to the world group).
-        name: the keyword, for the error message (``"pcp_group"``).
-        why: what needs the group, for the error message.
-
-    Returns:
-        The group as a ``CPGroupLike``.
-
-    Raises:
-        ValueError: ``group`` is ``None``.
-    """
+    """The required group argument ``name`` (e.g. ``"pcp_group"``) as a ``CPGroupLike``;
+    ``ValueError`` naming ``why`` for ``None`` (never the world group)."""
     if group is None:
         raise ValueError(f"{name}= is required {why}; pass a ProcessGroup or a CPGroupLike")
     # One shared wrapper per ProcessGroup (building a CPGroup queries the rank table, and

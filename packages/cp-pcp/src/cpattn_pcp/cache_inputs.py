@@ -24,9 +24,8 @@ The returned tensors and slot mapping line up row for row: writing row ``k`` at 
 the whole batch.
 
 Inference only: with ``use_pcp=True`` and ``num_decode_tokens`` given, a cache input that
-requires grad raises ``RuntimeError`` under grad mode (``cpattn_common.dispatch.refuse_grad``),
-whether or not this batch's rows need the all-gather, which has no autograd formula: the
-answer depends on the call, not on how many rows are decodes.
+requires grad raises ``RuntimeError`` under grad mode, whether or not this batch's rows need
+the all-gather.
 """
 
 from __future__ import annotations

@@ -12,15 +12,11 @@ PCP the combine keeps all heads (``"ag_ar"``) unless the all-to-all was asked fo
 group is the PCP group, and the finalize step gathers or slices heads back to this TP rank's
 share.
 
-Why not the all-to-all when the DCP group spans TP x PCP (``N_dcp > N_pcp > 1``): it leaves
-DCP group rank ``g`` with head chunk ``g``, and a torch process group numbers its ranks by
-ascending global rank, so with TP innermost (``cpattn_common.build_cp_groups``, and the usual
-serving layouts) ``g = pcp_rank * T_in + t_in``, where ``T_in = N_dcp / N_pcp`` is the number
-of TP ranks the DCP group holds per PCP rank and ``t_in`` this rank's index among them
-(``cpattn_common.cp_layout``'s inner TP rank; ``T_in`` is the whole TP size when DCP = TP x
-PCP). The PCP gather of ``finalize_mla_pcp_decode`` then collects chunks ``t_in, t_in + T_in,
-...``, which are not this rank's heads (chunks ``t_in * N_pcp ...``). vLLM's rule picks the
-all-to-all there; this one does not.
+No all-to-all when the DCP group spans TP x PCP (``N_dcp > N_pcp > 1``): a torch group numbers
+its ranks by ascending global rank, so with TP innermost DCP rank ``g = pcp_rank * T_in +
+t_in`` gets head chunk ``g``, and the PCP gather of ``finalize_mla_pcp_decode`` would collect
+chunks ``t_in, t_in + T_in, ...``, not this rank's heads. vLLM's rule picks the all-to-all
+there; this one does not.
 """
 
 from __future__ import annotations
@@ -53,19 +49,11 @@ def resolve_dcp_combine(
     exchange), as ``cpattn_dcp.DCPManager`` reads ``DCPConfig(comm_backend="auto")``;
     otherwise ``"ag_rs"``.
 
-    Args:
-        dcp_world_size: ``N_dcp >= 1``.
-        pcp_world_size: ``N_pcp >= 1``.
-        comm_backend: ``"ag_rs"`` (default), ``"a2a"``, ``"auto"`` or ``None``
-            (= ``"ag_rs"``).
-
-    Returns:
-        ``"ag_rs"``, ``"ag_ar"`` or ``"a2a"``.
+    ``comm_backend``: ``"ag_rs"`` (default; also ``None``), ``"a2a"`` or ``"auto"``.
 
     Raises:
-        ValueError: sizes below 1, a layout the package does not support (with PCP, DCP must
-            equal PCP or be a multiple of it: the same error as ``dcp_q_gather_size``), an
-            unknown backend, or ``"a2a"`` with ``N_dcp == 1``.
+        ValueError: sizes below 1, a layout the package does not support (as
+            ``dcp_q_gather_size``), an unknown backend, or ``"a2a"`` with ``N_dcp == 1``.
         TypeError: sizes that are not ints.
 
     Example:

@@ -13,15 +13,13 @@ heads its group combines. Which group to all-gather the query over depends on th
   means that group.
 * ``N_dcp == N_pcp`` (DCP group = PCP group): every head is already present → no gather.
 
-After the DCP combine the output may hold fewer heads than this TP rank owns (the A2A,
-``dcp_a2a_lse_reduce``, over the PCP group split them; a reduce-scatter would split them the
-same way, but ``resolve_dcp_combine`` never picks one with PCP) or more (an all-reduce kept all
-TP heads); ``finalize_mla_pcp_decode`` reconciles both.
+After the DCP combine the output may hold fewer heads than this TP rank owns (the A2A over
+the PCP group split them) or more (an all-reduce kept all TP heads);
+``finalize_mla_pcp_decode`` reconciles both.
 
 The gathers are inference only: with grad mode on, a tensor that requires grad raises
-``RuntimeError`` (``cpattn_common.dispatch.refuse_grad``) whenever the layout makes the call
-gather (the collective has no autograd formula). Calls that return their input or slice it
-run no collective and keep the ordinary gradient.
+``RuntimeError`` whenever the layout makes the call gather; calls that return or slice their
+input keep the ordinary gradient.
 """
 
 from __future__ import annotations

@@ -23,16 +23,12 @@ class DecodeSubset:
     """Decode tokens of a mixed batch, with ``R_d`` decode segments and ``T_d`` tokens.
 
     Attributes:
-        token_mask: ``[T]`` bool, ``True`` for the rows of ``query`` that belong to a decode
-            segment (rows past ``query_start_loc[-1]`` are ``False``).
-        q: ``[T_d, ...]`` contiguous decode rows of ``query``.
-        k: ``[T_d, ...]`` decode rows of ``key`` (``None`` when no key was given).
-        v: ``[T_d, ...]`` decode rows of ``value`` (``None`` when no value was given).
-        cu_seqlens: ``[R_d + 1]`` zero-prefixed cumsum of the decode query lengths, dtype of
-            ``query_start_loc``.
+        token_mask: ``[T]`` bool, ``True`` for the rows of ``query`` in a decode segment.
+        q / k / v: ``[T_d, ...]`` decode rows of ``query`` (contiguous), ``key``, ``value``
+            (``None`` where not given).
+        cu_seqlens: ``[R_d + 1]`` zero-prefixed cumsum of the decode query lengths.
         max_seqlen: longest decode query length (host int).
-        ctx_kv_lens: ``[R_d]`` entries of ``dcp_context_kv_lens`` for the decode segments.
-        block_table: ``[R_d, C]`` rows of ``block_table`` for the decode segments.
+        ctx_kv_lens / block_table: ``[R_d]`` / ``[R_d, C]`` rows of the decode segments.
         request_idx: ``[R_d]`` int64 indices of the decode segments in the batch.
     """
 
@@ -75,11 +71,9 @@ def build_mixed_decode_subset(
     Args:
         is_prefilling: ``[R]`` bool per request, or ``None`` (no information: returns ``None``).
         query_start_loc: ``[R+1]`` integer, zero-prefixed cumsum of the query lengths.
-        query: ``[T, ...]`` with ``T >= 0``; rows past ``query_start_loc[-1]`` are padding.
-        key: ``[T, ...]`` or ``None``.
-        value: ``[T, ...]`` or ``None``.
-        dcp_context_kv_lens: ``[R]`` context KV length of each request.
-        block_table: ``[R, C]`` block table.
+        query / key / value: ``[T, ...]`` (``key`` / ``value`` may be ``None``); rows past
+            ``query_start_loc[-1]`` are padding.
+        dcp_context_kv_lens / block_table: ``[R]`` context KV lengths, ``[R, C]`` block table.
 
     Returns:
         The ``DecodeSubset``, or ``None`` when ``is_prefilling`` is ``None`` or the batch has
@@ -90,10 +84,8 @@ def build_mixed_decode_subset(
             below row 0 or decreasing; key or value on another device than ``query``. (A
             ``query`` with fewer rows than ``query_start_loc[-1]`` is accepted, as vLLM does:
             the token mask is truncated to its rows, the per-request metadata is not.)
-        TypeError: a non-tensor argument (``key`` / ``value`` may be ``None``);
-            ``query_start_loc`` not an integer tensor (int8/16/32/64 or
-            uint8/16/32/64: ``cpattn_common.checks.INDEX_DTYPES``), ``is_prefilling`` a
-            floating tensor.
+        TypeError: a non-tensor argument; ``query_start_loc`` not an integer tensor
+            (``cpattn_common.checks.INDEX_DTYPES``), ``is_prefilling`` a floating tensor.
     """
     if is_prefilling is None:
         return None

@@ -15,18 +15,14 @@ gives every rank the same amount of work::
     rank 0 local order: 0 1 2 3 12 13 [14 15]
     rank 1 local order: 4 5 6 7  8  9  10 11
 
-Local order is request-major: for every request the head chunk, then the tail chunk. Every
-rank therefore holds the same number of local rows ``P = sum(Lp) / N`` (equal-size
-all-gathers work). A request's padding is its last ``Lp - L`` positions, so it falls on its
-highest chunks: the tail chunks of the lowest ranks first and, when ``Lp - L > c`` (a request
-much shorter than ``2N`` tokens), whole chunks further down, up to the head chunks of the
-highest ranks. Padding can therefore sit between a rank's real rows; ``local_extent`` is one past
-each rank's last real row.
+Local order is request-major: for every request the head chunk, then the tail chunk, so
+every rank holds the same number of local rows ``P = sum(Lp) / N``. A request's padding is its
+last ``Lp - L`` positions, on its highest chunks, and can sit between a rank's real rows
+(a request much shorter than ``2N`` tokens); ``local_extent`` is one past each rank's last real
+row.
 
-The plan is built once on the host (``dual_chunk_swap`` may read ``seq_lens`` from a GPU
-tensor once); its index tensors then live on the chosen device and the device-side ops
-(``gather_prefill_qkv_global``, ``slice_prefill_output_local``, ``restore``,
-``local_rows``) only index with them: no host synchronisation, no allocation of index data.
+The plan is built once on the host; its index tensors then live on the chosen device and the
+device-side ops only index with them (no host synchronisation).
 """
 
 from __future__ import annotations

@@ -6,9 +6,8 @@ ordinary causal varlen attention over ``plan.cu_seqlens``, and keeps its own row
 with ``slice_prefill_output_local``. Both directions only index with precomputed plan tensors
 (no host synchronisation).
 
-The gather is inference only: with grad mode on, a Q/K/V that requires grad raises
-``RuntimeError`` up front (``cpattn_common.dispatch.refuse_grad``), on every PCP size. The
-slice is plain indexing on this rank (no collective) and keeps its ordinary gradient.
+The gather is inference only (with grad mode on, a Q/K/V that requires grad raises
+``RuntimeError``); the slice is plain indexing and keeps its ordinary gradient.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """Generators of complete test cases: per-rank partials plus their float64 reference.
 
 :func:`make_dcp_decode_case` builds what N decode-context-parallel ranks would hold after their
-local attention: a batch of R requests, each with ``queries_per_request`` query rows (1 = plain
-decode, more = multi-token / speculative verify) whose KV cache is sharded across the N ranks
-with interleave size I. Each rank's partial ``(out, lse)`` is exact attention against its
-shard (float64, rounded to the requested dtypes), except on the rows a misbehaving backend
-would get wrong: rows of requests whose shard on that rank is empty, and CUDA-graph padding
-rows. Those hold NaN outputs and garbage LSEs (0.0, +inf, NaN or a large finite value) that
-the empty-shard mask must neutralise. The reference is full attention over the whole,
-unsharded KV, computed independently of the partials.
+local attention over an interleaved KV shard: a batch of R requests of ``queries_per_request``
+query rows each. Each rank's partial ``(out, lse)`` is exact attention against its shard,
+except on rows whose shard on that rank is empty and on CUDA-graph padding rows, which hold NaN
+outputs and garbage LSEs the empty-shard mask must neutralise. The reference is full attention
+over the whole, unsharded KV.
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ import torch
 
 from cpattn_testing.reference import (
     LN2,
+    _check_int,
     attention_ref,
     interleaved_shard_positions,
     local_seq_lens,
@@ -86,13 +84,6 @@ class DCPDecodeCase:
         return self.partial_out[rank].clone(), self.partial_lse[rank].clone()
 
 
-def _check_positive(name: str, value: int, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
 def make_dcp_decode_case(
     *,
     seq_lens: list[int],
@@ -111,11 +102,10 @@ def make_dcp_decode_case(
 ) -> DCPDecodeCase:
     """Build a DCP decode combine case (see the module docstring).
 
-    Query row t (0-based) of a request with S keys sits at position ``S - k + t`` for
-    ``k = queries_per_request`` and attends causally to keys at positions ``<= S - k + t``.
-    ``num_kv_heads = 1`` gives the MLA-like shape, ``num_kv_heads = num_heads`` MHA, anything
-    dividing ``num_heads`` GQA. Inputs are drawn from a generator seeded by ``seed`` and rounded
-    to ``dtype`` before the float64 math, so the reference is exact for the rounded inputs.
+    Query row t of a request with S keys sits at position ``S - k + t`` (``k =
+    queries_per_request``) and attends causally. ``num_kv_heads``: 1 (MLA-like), ``num_heads``
+    (MHA) or a divisor (GQA). Inputs are seeded by ``seed`` and rounded to ``dtype`` before the
+    float64 math, so the reference is exact for the rounded inputs.
 
     Raises:
         ValueError / TypeError: bad sizes, with the offending values.
@@ -123,14 +113,14 @@ def make_dcp_decode_case(
     if not isinstance(seq_lens, (list, tuple)) or not seq_lens:
         raise ValueError(f"seq_lens must be a non-empty list of ints, got {seq_lens!r}")
     for s in seq_lens:
-        _check_positive("every seq_len", s, 0)
-    _check_positive("world_size", world_size)
-    _check_positive("num_heads", num_heads)
-    _check_positive("head_dim", head_dim)
-    _check_positive("queries_per_request", queries_per_request)
-    _check_positive("num_kv_heads", num_kv_heads)
-    _check_positive("interleave_size", interleave_size)
-    _check_positive("padding_rows", padding_rows, 0)
+        _check_int("every seq_len", s, 0)
+    for name, value in (
+        ("world_size", world_size), ("num_heads", num_heads), ("head_dim", head_dim),
+        ("queries_per_request", queries_per_request), ("num_kv_heads", num_kv_heads),
+        ("interleave_size", interleave_size),
+    ):  # fmt: skip
+        _check_int(name, value, 1)
+    _check_int("padding_rows", padding_rows, 0)
     if num_heads % num_kv_heads != 0:
         raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}")
     dev = torch.device(device)

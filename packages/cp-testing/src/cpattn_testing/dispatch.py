@@ -1,11 +1,6 @@
-"""Checks that an op's public function goes through its ``torch.library`` op when it must.
-
-The ops of the packages skip the torch dispatcher in plain eager use (for host time) and must
-take it whenever something listens to it: a dispatch mode (``FakeTensorMode``, ``make_fx``),
-``torch.compile``, autograd (``cpattn_common.dispatch.must_dispatch``). A function that
-launches its kernel directly under such a mode breaks fake tracing outright and, worse, can
-let a real-mode ``make_fx`` record the output allocation without the op. The helpers here
-check one public function against its registered op on given inputs.
+"""Checks that an op's public function goes through its ``torch.library`` op when it must
+(whenever something listens to the dispatcher: ``cpattn_common.dispatch.must_dispatch``), on
+given inputs.
 """
 
 from __future__ import annotations

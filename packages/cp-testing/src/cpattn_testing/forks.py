@@ -28,19 +28,10 @@ def fork_while_held(
 ) -> int | None:
     """Fork while another thread holds every one of ``locks``; run ``in_child()`` in the child.
 
-    Args:
-        locks: what the other thread holds (entered in order) across the fork.
-        in_child: runs in the child; ``True`` means the child could do what it must.
-        timeout_s: how long the parent waits for the child.
-
-    Returns:
-        The child's exit code: 0 when ``in_child()`` returned ``True``, 1 when it returned
-        ``False`` or raised. ``None`` when the child did not finish within ``timeout_s`` (it
-        was killed): it blocked, typically on a lock held at the fork.
-
-    Raises:
-        RuntimeError: the other thread did not take every lock within ``timeout_s`` (entering
-            one raised, or it is held elsewhere); nothing was forked.
+    Returns the child's exit code (0: ``in_child()`` returned ``True``; 1: ``False`` or it
+    raised), or ``None`` when the child did not finish within ``timeout_s`` and was killed (it
+    blocked, typically on a lock held at the fork). ``RuntimeError`` when the other thread did
+    not take every lock within ``timeout_s`` (nothing was forked).
     """
     held, release = threading.Event(), threading.Event()
     failure: list[BaseException] = []

@@ -1,8 +1,7 @@
 """float64 references for context-parallel attention (pure torch, written for readability).
 
-Every function here is the *definition* the fast paths are checked against, so each is kept
-short and literal: loops over requests, explicit masks, fp64 arithmetic. They import nothing
-from the implementations they check.
+Every function here is the *definition* the fast paths are checked against: short and
+literal, fp64, importing nothing from the implementations they check.
 
 Shape vocabulary: ``N`` ranks, ``B`` query rows, ``T`` query tokens, ``S`` key tokens, ``H``
 heads (``Hq`` query heads, ``Hkv`` key/value heads), ``D`` head dim, ``R`` requests.
@@ -10,21 +9,13 @@ heads (``Hq`` query heads, ``Hkv`` key/value heads), ``D`` head dim, ``R`` reque
 LSE conventions (shared with every combine of the project):
 
 - base e: ``lse = ln(sum_s exp(score_s))``; base 2 (``is_lse_base_on_e=False``):
-  ``lse = log2(sum_s exp(score_s)) = ln(...) / ln 2`` (the backend folded ``log2 e`` into its
-  scale, so ``2 ** lse_2 == e ** lse_e``);
+  ``lse = ln(...) / ln 2``, so ``2 ** lse_2 == e ** lse_e``;
 - an empty key set has ``lse = -inf`` and output 0;
-- in a combine, NaN and +inf LSEs count as -inf (no contribution), a source of weight 0
-  contributes exactly 0 even if its output holds NaN, and a row with no contribution at all has
-  output 0 and LSE -inf.
+- in a combine, NaN and +inf LSEs count as -inf, a source of weight 0 contributes exactly 0
+  even if its output holds NaN, and a row with no contribution has output 0 and LSE -inf.
 
-KV sharding of one request of ``S`` tokens across ``N`` ranks:
-
-- contiguous: rank r holds one block; block sizes differ by at most one, earlier ranks larger
-  (``torch.tensor_split`` of ``arange(S)`` into N parts);
-- interleaved by ``I``: global token ``t`` lives on rank ``(t // I) % N``, kept in order;
-- DualChunkSwap (prefill): pad ``S`` up to a multiple of ``2N``, cut into ``2N`` chunks of
-  ``c`` tokens; rank r holds chunk r followed by chunk ``2N-1-r`` (padding positions ``>= S``
-  dropped unless asked for).
+KV sharding of one request across ranks: contiguous blocks, interleaved by ``I`` (token ``t``
+on rank ``(t // I) % N``), or DualChunkSwap (prefill).
 """
 
 from __future__ import annotations
@@ -84,11 +75,9 @@ def lse_combine_ref(
         out = sum_n (w_n * o_n  if w_n != 0 else 0)
 
     A weight that underflows to 0 in fp32 (``l_n`` more than about 104 below ``L``) is 0, as
-    in the ops (``docs/conventions.md``, "Numerics"): such a source adds exactly 0 even when
-    its partial is NaN, where its float64 weight (about 1e-46 or less) would spread the NaN.
-    Between about 88 and 104 below, the ``cpattn_dcp`` kernels' weight on an H200 is already 0
-    (their ``exp2`` flushes subnormals) while this one keeps the subnormal: a NaN partial there
-    makes the reference row NaN, which the tolerance checks skip rather than fail.
+    in the ops, so a NaN partial there adds exactly 0 (``docs/conventions.md``, "Numerics").
+    Between about 88 and 104 below, the GPU kernels flush the subnormal weight that this one
+    keeps: a NaN partial there makes the reference row NaN, which the tolerance checks skip.
 
     Args:
         outs: partial outputs ``[N, B, H, D]`` (any float dtype).
@@ -118,9 +107,8 @@ def _combine_weights(
     lse = torch.where(torch.isnan(lse) | (lse == math.inf), -math.inf, lse)
     if not is_lse_base_on_e:
         lse = lse * LN2
-    # Shifted by the largest LSE m: w_n = exp(l_n - m) / sum_k exp(l_k - m) and
-    # L = m + ln(sum). (exp(l_n - logsumexp) lost the ln(sum) term to rounding once |m| passed
-    # about 1e13, giving equal sources weights that summed to N.)
+    # Shifted by the largest LSE m: w_n = exp(l_n - m) / sum_k exp(l_k - m), L = m + ln(sum)
+    # (exp(l_n - logsumexp) would lose the ln(sum) term to rounding at |m| > ~1e13).
     m = lse.amax(dim=0)  # [B, H]; -inf when every source is -inf
     m = torch.where(torch.isfinite(m), m, 0.0)
     shifted = torch.exp(lse - m)  # [N, B, H]; 0 for -inf sources
@@ -139,18 +127,10 @@ def correct_attn_out_ref(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One rank's partial output rescaled by its combine weight, in float64.
 
-    ``out_r * w_r`` with ``w_r`` the weight of source ``cp_rank`` in :func:`lse_combine_ref`
-    (exactly 0 where ``w_r == 0``, even for a NaN partial); summing this over the ranks gives
-    :func:`lse_combine_ref`'s output.
-
-    Args:
-        out: ``[B, H, D]`` partial output of rank ``cp_rank`` (any float dtype).
-        lses: ``[N, B, H]`` LSEs of every rank (any float dtype).
-        cp_rank: which source ``out`` is.
-        is_lse_base_on_e: True for natural-log LSEs, False for base 2 (input and output).
-
-    Returns:
-        ``(out [B, H, D], lse [B, H])`` in float64: the rescaled partial and the global LSE.
+    ``out [B, H, D] * w_r`` with ``w_r`` the weight of source ``cp_rank`` in
+    :func:`lse_combine_ref` (exactly 0 where ``w_r == 0``) given every rank's ``lses
+    [N, B, H]``; returns ``(out [B, H, D], global lse [B, H])`` in float64 (the LSE base as
+    ``is_lse_base_on_e``). Summed over the ranks it gives :func:`lse_combine_ref`'s output.
     """
     if out.dim() != 3 or lses.dim() != 3 or out.shape[:2] != lses.shape[1:]:
         raise ValueError(
@@ -185,18 +165,14 @@ def attention_ref(
     ``lse[t, h] = ln(sum_s exp(score[t, h, s]))`` (divided by ln 2 for base 2). A query row with
     no visible key gets out 0 and LSE -inf.
 
-    GQA: ``Hq`` must be a multiple of ``Hkv``; query head ``h`` uses KV head
-    ``h // (Hq // Hkv)``. MHA is ``Hq == Hkv``; MLA-style (one shared latent KV) is ``Hkv = 1``.
+    GQA: ``Hq`` must be a multiple of ``Hkv`` (MHA: ``Hq == Hkv``; MLA-style: ``Hkv = 1``).
 
     Args:
-        q: ``[T, Hq, Dk]``.
-        k: ``[S, Hkv, Dk]``.
-        v: ``[S, Hkv, Dv]``.
+        q / k / v: ``[T, Hq, Dk]`` / ``[S, Hkv, Dk]`` / ``[S, Hkv, Dv]``.
         scale: softmax scale (usually ``Dk ** -0.5``).
         causal: apply the position mask.
-        q_pos: ``[T]`` positions of the queries; default: the last T positions of the sequence,
-            ``arange(S - T, S)`` (decode / prefill with a prefix).
-        k_pos: ``[S]`` positions of the keys; default ``arange(S)``.
+        q_pos: ``[T]`` query positions; default the last T of the sequence, ``arange(S - T, S)``.
+        k_pos: ``[S]`` key positions; default ``arange(S)``.
         is_lse_base_on_e: LSE base of the result.
 
     Returns:
@@ -251,19 +227,10 @@ def partial_attention_ref(
     q_pos: torch.Tensor | None = None,
     is_lse_base_on_e: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of ``q`` against the shard of the keys at ``positions`` (one rank's part).
-
-    Args:
-        q: ``[T, Hq, Dk]``.
-        k: the whole request's keys ``[S, Hkv, Dk]``.
-        v: the whole request's values ``[S, Hkv, Dv]``.
-        positions: ``[S_local]`` global key positions held by the shard (any order).
-        scale, causal, is_lse_base_on_e: as in :func:`attention_ref`.
-        q_pos: ``[T]`` query positions; default the last T positions of the whole request.
-
-    Returns:
-        ``(out [T, Hq, Dv], lse [T, Hq])`` float64; an empty shard (or a query that sees no key
-        of it) gives out 0 and LSE -inf.
+    """Attention of ``q`` against the shard of the whole request's ``k`` / ``v`` at global key
+    ``positions [S_local]`` (one rank's part); arguments and result as :func:`attention_ref`
+    (``q_pos`` defaults to the last T positions of the whole request). An empty shard (or a
+    query that sees no key of it) gives out 0 and LSE -inf.
     """
     s_len = k.shape[0]
     if q_pos is None:
@@ -316,17 +283,9 @@ def dual_chunk_swap_positions(
 ) -> torch.Tensor:
     """Global positions of ``rank``'s DualChunkSwap (zigzag) share of a prefill.
 
-    The sequence is padded to ``Lp = ceil(S / 2N) * 2N`` and cut into ``2N`` chunks of
-    ``c = Lp / 2N`` tokens; rank r takes chunk r, then chunk ``2N - 1 - r``.
-
-    Args:
-        seq_len: S, tokens of the request.
-        world_size: N.
-        rank: r.
-        keep_padding: keep the padding positions ``>= S`` (every rank then holds ``Lp / N``).
-
-    Returns:
-        int64 ``[S_local]`` in local order (head chunk, then tail chunk).
+    The sequence of ``seq_len = S`` tokens is padded to ``Lp = ceil(S / 2N) * 2N`` and cut
+    into ``2N`` chunks; rank r takes chunk r, then chunk ``2N - 1 - r``. Returns int64
+    ``[S_local]`` in that local order; ``keep_padding`` keeps the positions ``>= S``.
     """
     _check_int("seq_len", seq_len, 0)
     _check_rank(world_size, rank)
@@ -360,18 +319,9 @@ def local_seq_lens(
     rank: int | None = None,
     interleave_size: int = 1,
 ) -> torch.Tensor:
-    """Local KV length of each request on ``rank`` under interleaved sharding (by counting).
-
-    Args:
-        seq_lens: ``[R]`` global KV lengths.
-        world_size: N.
-        rank: one rank, or ``None`` for all of them.
-        interleave_size: I.
-
-    Returns:
-        int32 ``[R]`` for one rank, ``[R, N]`` for ``rank=None``. Summed over ranks it gives
-        ``seq_lens``; a 0 marks an empty shard.
-    """
+    """Local KV length of each of the ``[R]`` requests on ``rank`` under interleaved sharding
+    by ``interleave_size`` (by counting): int32 ``[R]``, or ``[R, N]`` for ``rank=None``.
+    Summed over ranks it gives ``seq_lens``; a 0 marks an empty shard."""
     lens = [int(s) for s in (seq_lens.tolist() if isinstance(seq_lens, torch.Tensor) else seq_lens)]
     ranks = range(world_size) if rank is None else [rank]
     table = [
@@ -395,13 +345,8 @@ def mask_empty_shards_ref(
     ``query_start_loc[0]`` count as request 0). The row is empty when it is a padding row
     (``i >= query_start_loc[R]``) or when its request has ``seq_lens[j] == 0``.
 
-    Args:
-        lse: ``[B, H]`` partial LSEs of this rank.
-        seq_lens: ``[R]`` this rank's **local** KV length per request.
-        query_start_loc: ``[R + 1]`` cumulative query-row offsets.
-
-    Returns:
-        ``[B, H]``, same dtype and device as ``lse``.
+    ``lse [B, H]``: this rank's partial LSEs; ``seq_lens [R]``: its **local** KV length per
+    request; ``query_start_loc [R + 1]``: cumulative query-row offsets.
     """
     if lse.dim() != 2:
         raise ValueError(f"lse must be [B, H], got {tuple(lse.shape)}")

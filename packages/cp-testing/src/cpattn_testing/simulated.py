@@ -4,28 +4,17 @@
 ``world.run(fn, *args)`` calls ``fn(group, *args)`` for every rank, each in its own thread, and
 returns the results in rank order; the groups' collectives rendezvous across those threads.
 
-The groups implement the same interface as ``cpattn_common.group.CPGroup`` (the
-``CPGroupLike`` protocol) with the same semantics, shape checks and world-size-1 shortcuts:
-``all_gather(t, dim)``, ``reduce_scatter(t, dim)``, ``all_reduce(t)`` (out of place; use the
-return value), ``all_to_all_single(out, inp)``, ``all_gather_into_tensor(out, inp)`` and
-``barrier()``. Sums add the ranks' tensors in rank order, in the tensor's dtype. Like
-``CPGroup``'s, the collectives are inference only: with grad mode on, a tensor that requires
-grad raises ``RuntimeError`` (the exchange would drop its gradient).
+The groups implement the ``CPGroupLike`` protocol with ``CPGroup``'s semantics, shape checks
+and world-size-1 shortcuts (``all_reduce`` out of place; sums in rank order, in the tensor's
+dtype; inference only: a tensor that requires grad raises ``RuntimeError`` in grad mode).
+``allocate_symmetric(shape, dtype, device)`` stands in for symmetric memory: each rank's own
+zero-filled buffer plus every rank's (index = rank), whose ``data_ptr()`` values form a valid
+peer-pointer table on one device.
 
-``allocate_symmetric(shape, dtype, device)`` is the in-process stand-in for symmetric memory:
-a collective that gives each rank its own zero-filled buffer plus the buffers of every rank
-(index = rank). Writes through a peer's buffer are visible to that peer, and ``data_ptr()``
-of the peers' buffers forms a valid peer-pointer table on a single device, so kernels that
-take peer pointers can be checked on one GPU or on the CPU.
-
-Every collective works on the ranks' inputs as they were when each rank called it (a rank
-that returns first and reuses its input does not change what slower ranks receive), and the
-ranks' inputs must agree in shape and dtype, as gloo and NCCL require.
-
-Collective misuse fails loudly instead of hanging: ranks that call different collectives, or
-the same one with inputs of different shapes or dtypes, get a ``RuntimeError`` naming what
-each rank passed; a rank that raises aborts the others; a rank that never arrives makes the
-others raise ``TimeoutError`` after ``timeout`` seconds.
+Every collective works on the ranks' inputs as they were when each rank called it, and the
+inputs must agree in shape and dtype. Misuse fails loudly instead of hanging: different
+collectives or inputs raise ``RuntimeError`` naming what each rank passed, a rank that raises
+aborts the others, and a rank that never arrives makes the others raise ``TimeoutError``.
 """
 
 from __future__ import annotations
@@ -38,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from cpattn_common.checks import check_positive_int
+from cpattn_common.device import indexed_device
 from cpattn_common.dispatch import refuse_grad
 from cpattn_common.group import (
     check_all_gather_into_tensor_args,
@@ -114,42 +104,20 @@ class _Rendezvous:
 
 
 class SimulatedGroup:
-    """One virtual rank's view of a :class:`SimulatedWorld` (a ``CPGroupLike``).
-
-    Attributes:
-        world_size: N.
-        rank_in_group: this virtual rank, in ``[0, N)``.
-        device_group: always ``None`` (there is no ``ProcessGroup``).
-        device: the device of the world (used by ``allocate_symmetric`` by default).
-        ranks: ``[0, ..., N-1]``.
-    """
+    """One virtual rank's view of a :class:`SimulatedWorld` (a ``CPGroupLike`` whose
+    ``device_group`` is ``None`` and ``ranks`` are ``[0, ..., N-1]``)."""
 
     backend = "simulated"
+    device_group: ProcessGroup | None = None
 
     def __init__(self, world: SimulatedWorld, rank: int) -> None:
         self._world = world
         self._rank = rank
+        self.world_size = world.world_size
+        self.rank_in_group = rank
+        self.device = world.device
+        self.group_name = f"simulated-{id(world):x}"
         self.ranks = list(range(world.world_size))
-
-    @property
-    def world_size(self) -> int:
-        return self._world.world_size
-
-    @property
-    def rank_in_group(self) -> int:
-        return self._rank
-
-    @property
-    def device_group(self) -> ProcessGroup | None:
-        return None
-
-    @property
-    def device(self) -> torch.device:
-        return self._world.device
-
-    @property
-    def group_name(self) -> str:
-        return f"simulated-{id(self._world):x}"
 
     def __repr__(self) -> str:
         return f"SimulatedGroup(world_size={self.world_size}, rank_in_group={self._rank})"
@@ -218,16 +186,9 @@ class SimulatedGroup:
         dtype: torch.dtype,
         device: torch.device | str | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Collective: a zero-filled buffer per rank, and every rank's buffer (index = rank).
-
-        Args:
-            shape: the buffer shape (the same on every rank).
-            dtype: the buffer dtype (the same on every rank).
-            device: defaults to the world's device.
-
-        Returns:
-            ``(own, peers)`` where ``peers[r]`` is rank r's buffer (``peers[rank] is own``).
-        """
+        """Collective: ``(own, peers)``, a zero-filled buffer of ``shape`` and ``dtype`` (the same
+        on every rank) on ``device`` (default: the world's) and every rank's (``peers[rank] is
+        own``)."""
         dev = torch.device(device) if device is not None else self.device
         own = torch.zeros(tuple(shape), dtype=dtype, device=dev)
         peers = self._exchange(f"allocate_symmetric({tuple(shape)}, {dtype})", own, share=True)
@@ -262,10 +223,7 @@ class SimulatedWorld:
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         self.world_size = world_size
-        self.device = torch.device(device)
-        index: int | None = self.device.index  # None for a bare "cuda"
-        if self.device.type == "cuda" and index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = indexed_device(device)
         self.timeout = timeout
         self._rendezvous = _Rendezvous(world_size, timeout)
         self._run_lock = threading.Lock()

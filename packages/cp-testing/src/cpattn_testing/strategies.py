@@ -121,14 +121,9 @@ def lse_tensors(
 ) -> torch.Tensor:
     """A tensor of adversarial LSE values of ``shape`` (last dim = heads).
 
-    Besides element-wise draws, each row (all heads of one ``[..., b, :]``; for gathered LSEs
-    ``[N, B, H]`` one source's request) is set to -inf with probability about
-    ``empty_row_prob``: that source's KV shard is empty. Every source of a request empty
-    happens too, by chance, and more often with a higher ``empty_row_prob``.
-
-    Values stay within ``dtype``'s finite range (``magnitude`` is capped at its largest
-    finite value), so ``allow_posinf=False`` holds for fp16 too (a draw above 65504 rounded to
-    +inf).
+    Besides element-wise draws, each row (all heads of one ``[..., b, :]``: one source's
+    request) is set to -inf with probability about ``empty_row_prob`` (an empty KV shard).
+    Values stay within ``dtype``'s finite range, so ``allow_posinf=False`` holds for fp16 too.
     """
     magnitude = min(magnitude, torch.finfo(dtype).max)
     count = math.prod(shape)

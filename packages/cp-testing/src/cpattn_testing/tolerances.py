@@ -1,33 +1,13 @@
 """The project's one tolerance policy: per-dtype thresholds and a checker with a useful message.
 
-A result passes :func:`assert_close_to_ref` when all of these hold:
-
-- same shape;
-- wherever the reference is finite, the result is finite (a NaN where the reference has a
-  number always fails: poisoned outputs that a kernel forgot to write show up here);
-- wherever the reference is ±inf (e.g. LSE -inf of an empty row), the result is the same inf;
-- elementwise ``|actual - ref| <= atol + rtol * |ref|`` on the finite entries;
-- relative norm error ``||actual - ref|| / ||ref|| <= max_rel_norm`` over the finite entries,
-  give or take one subnormal spacing of ``dtype`` per entry (a result stored in the subnormal
-  range cannot be closer: an fp16 value of 6e-6 is only 2**-24 apart from its neighbours)
-  (skipped when ``||ref|| <= 1e-3 * atol * sqrt(n)``: for an essentially zero reference the
-  elementwise ``atol`` is the meaningful bound; a reference merely small next to ``atol``,
-  such as an attention output averaged over a long context, is still held to it, or an all-zero
-  result would pass).
-
-A merged LSE ``L = m + log(sum_n exp(l_n - m))`` (``m`` the largest LSE) carries an absolute
-rounding error of about ``eps * (|m| + 1)`` whatever its value: an fp32 LSE near 0 (``m = 0``
-and a small ``log`` of a sum near 1) fails a tolerance relative to ``|L|`` alone. Pass
-``scale=lse_magnitude(lses)`` (``|m| + 1``) when checking one, and ``|ref|`` above becomes
-``max(|ref|, scale)`` in both the elementwise and the norm criteria.
-
-Entries where the reference itself is NaN are not checked.
-
-``dtype`` names the precision the result was *computed or stored* in (bf16 output -> bf16
-tolerances), which is usually ``actual.dtype``. For sums over a long axis pass its length as
-``reduction_len``: ``atol`` then grows with ``sqrt(reduction_len)`` (rounding errors of a
-sum grow like a random walk). The same thresholds apply on every machine; there is no
-CI-only softening.
+A result passes :func:`assert_close_to_ref` when it has the reference's shape, is finite where
+the reference is finite and the same inf where it is ±inf, meets ``|actual - ref| <= atol +
+rtol * |ref|`` elementwise and ``||actual - ref|| / ||ref|| <= max_rel_norm`` over the finite
+entries (plus one subnormal spacing per entry; not checked for an essentially zero reference,
+``||ref|| <= 1e-3 * atol * sqrt(n)``). NaN reference entries are not checked. A merged LSE is
+checked with ``scale=lse_magnitude(lses)``: ``|ref|`` becomes ``max(|ref|, scale)``. For sums
+over a long axis, ``reduction_len`` grows ``atol`` with its square root. See
+docs/packages/testing.md, "One tolerance policy".
 """
 
 from __future__ import annotations
@@ -76,12 +56,8 @@ def tolerance(dtype: torch.dtype) -> tuple[float, float, float]:
 
 
 def coarsest(*dtypes: torch.dtype) -> torch.dtype:
-    """The dtype with the loosest tolerance among ``dtypes``.
-
-    A combine's output carries the error of both its output dtype and its LSE dtype (a bf16 LSE
-    perturbs the weights by about ``2**-8 * |lse|``), so check it under
-    ``coarsest(out_dtype, lse_dtype)``.
-    """
+    """The dtype with the loosest tolerance among ``dtypes``: check a combine's output under
+    ``coarsest(out_dtype, lse_dtype)`` (a bf16 LSE perturbs the weights too)."""
     if not dtypes:
         raise ValueError("coarsest() needs at least one dtype")
     return max(dtypes, key=lambda dt: tolerance(dt))
@@ -96,13 +72,9 @@ def _fmt_index(flat: int, shape: torch.Size) -> tuple[int, ...]:
 
 
 def lse_magnitude(lses: torch.Tensor, dim: int = 0) -> torch.Tensor:
-    """``|m| + 1`` with ``m`` the largest finite entry of ``lses`` along ``dim`` (1 where
-    there is none), float64: the size of the terms a merged LSE is computed from.
-
-    Pass it as ``scale`` to :func:`assert_close_to_ref` when checking a merged LSE (e.g.
-    ``lses [N, B, H]`` of the sources -> ``[B, H]``): ``m + log(s)`` with ``s`` in ``[1, N]``
-    leaves about ``eps * (|m| + 1)`` of absolute error in any precision.
-    """
+    """``|m| + 1`` with ``m`` the largest finite entry of ``lses`` along ``dim`` (0 where
+    there is none), float64: pass it as ``scale`` to :func:`assert_close_to_ref` when checking
+    a merged LSE (``lses [N, B, H]`` of the sources -> ``[B, H]``)."""
     l64 = lses.detach().to(torch.float64)
     m = torch.where(torch.isfinite(l64), l64, -math.inf).amax(dim=dim)
     return torch.where(torch.isfinite(m), m.abs(), 0.0) + 1.0
@@ -141,30 +113,22 @@ class _Comparison:
 
 
 def _subnormal_spacing(dtype: torch.dtype) -> float:
-    """The spacing of ``dtype``'s subnormals: the absolute error a value stored below its
-    smallest normal may carry whatever its size (fp16: 2**-24, about 6e-8)."""
+    """The spacing of ``dtype``'s subnormals (fp16: 2**-24)."""
     info = torch.finfo(dtype)
     return float(info.smallest_normal * info.eps)
 
 
 def _norm_verdict(
-    ref_sq: float,
-    err_sq: float,
-    n_finite: int,
-    atol: float,
-    max_rel_norm: float,
+    ref_sq: float, err_sq: float, n_finite: int, atol: float, max_rel_norm: float,
     dtype: torch.dtype,
-) -> tuple[float, bool, bool]:
+) -> tuple[float, bool, bool]:  # fmt: skip
     """``(relative norm error, whether it is checked, whether it passes)``."""
     ref_norm, err_norm = math.sqrt(ref_sq), math.sqrt(err_sq)
     rel_norm = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
-    # A reference that is essentially zero has no meaningful relative error: atol governs.
-    # "Essentially zero" is far below atol (an rms of atol itself is a legitimate small
-    # result: attention over 128k tokens of unit-variance values has an rms of about 5e-3).
+    # An essentially zero reference (far below atol) has no meaningful relative error.
     root_n = math.sqrt(max(1, n_finite))
     checked = ref_norm > _ZERO_FRACTION_OF_ATOL * atol * root_n
-    # Values in dtype's subnormal range carry up to one subnormal spacing of error each, which
-    # no relative bound can ask less of (hypothesis: an fp16 output of about 6e-6, 2e-8 off).
+    # Values in dtype's subnormal range carry up to one subnormal spacing of error each.
     allowed = max_rel_norm * ref_norm + _subnormal_spacing(dtype) * root_n
     return rel_norm, checked, err_norm <= allowed or not checked
 
@@ -177,17 +141,9 @@ def _scaled_tolerance(dtype: torch.dtype, reduction_len: int | None) -> tuple[fl
 
 
 def _summary(
-    label: str,
-    dtype: torch.dtype,
-    tol: tuple[float, float, float],
-    shape: str,
-    rel_norm: float,
-    norm_checked: bool,
-    max_abs: str,
-    n_elem_bad: int,
-    total: int,
-    n_nonfinite_bad: int,
-) -> list[str]:
+    label: str, dtype: torch.dtype, tol: tuple[float, float, float], shape: str, rel_norm: float,
+    norm_checked: bool, max_abs: str, n_elem_bad: int, total: int, n_nonfinite_bad: int,
+) -> list[str]:  # fmt: skip
     atol, rtol, max_rel_norm = tol
     return [
         f"{label}not close to the reference under {dtype} tolerance "
@@ -211,19 +167,12 @@ def assert_close_to_ref(
 ) -> None:
     """Assert ``actual`` matches the float64 ``ref`` under ``dtype``'s tolerance (see module doc).
 
-    Args:
-        actual: the result under test (any float dtype, any device).
-        ref: the reference, same shape (usually float64).
-        dtype: the dtype whose tolerance applies.
-        name: what is compared, for the message.
-        reduction_len: length of a summed axis; scales ``atol`` by ``sqrt(reduction_len)``.
-        scale: size of the terms the result was computed from (broadcastable to ``ref``,
-            finite, >= 0; for a merged LSE :func:`lse_magnitude` of the LSEs it merges):
-            tolerances are relative to ``max(|ref|, scale)`` instead of ``|ref|``.
-
-    Raises:
-        AssertionError: with the relative norm error, max abs error (and where), and the counts
-            of elementwise mismatches and non-finite mismatches.
+    ``actual`` (any float dtype and device) against ``ref`` of the same shape; ``dtype``: the
+    tolerance's; ``name`` for the message; ``reduction_len``: a summed axis' length (``atol``
+    times its square root); ``scale``: size of the terms the result was computed from
+    (broadcastable, finite, >= 0; :func:`lse_magnitude` for a merged LSE). The
+    ``AssertionError`` names the relative norm error, the max abs error and where, and the
+    counts of elementwise and non-finite mismatches.
     """
     tol = _scaled_tolerance(dtype, reduction_len)
     atol, rtol, max_rel_norm = tol
@@ -265,10 +214,9 @@ def assert_close_to_ref(
 class ChunkedAgreement:
     """:func:`assert_close_to_ref` for a result checked one chunk at a time.
 
-    For results too large to hold next to a float64 copy (tensors past 2**31 elements): call
-    :meth:`add` with each chunk and its float64 reference, then :meth:`check`. The elementwise
-    and non-finite criteria apply to every chunk, the relative norm error to the whole
-    result. The work stays on the chunks' device (no copy to the host).
+    For results too large to hold next to a float64 copy: :meth:`add` each chunk with its
+    float64 reference, then :meth:`check` (the norm criterion over the whole result). The work
+    stays on the chunks' device.
 
     Example::
 
@@ -352,17 +300,11 @@ def assert_close_by_row_chunks(
 ) -> None:
     """Check results row chunk by row chunk against references computed per chunk.
 
-    Args:
-        actual: results that share their row count (dim 0), e.g. ``(out [B, H, D], lse [B, H])``.
-        reference: ``reference(s, e)`` returns the references of rows ``[s, e)`` of each
-            result, in the same order (usually float64, computed on the chunk only).
-        checks: one :class:`ChunkedAgreement` per result (its dtype and name).
-        chunk_rows: rows per chunk (bounds the float64 temporaries).
-
-    Raises:
-        AssertionError: as :meth:`ChunkedAgreement.check`, for the first result that fails.
-        ValueError: ``actual`` and ``checks`` differ in length, the results differ in row
-            count, or ``chunk_rows < 1``.
+    ``actual``: results sharing their row count, e.g. ``(out [B, H, D], lse [B, H])``;
+    ``reference(s, e)``: the references of rows ``[s, e)`` of each, in order; ``checks``: one
+    :class:`ChunkedAgreement` per result; ``chunk_rows`` bounds the float64 temporaries.
+    ``AssertionError`` as :meth:`ChunkedAgreement.check`; ``ValueError`` for mismatched
+    lengths or row counts, or ``chunk_rows < 1``.
     """
     if len(actual) != len(checks) or not actual:
         raise ValueError(f"{len(actual)} results for {len(checks)} checks")

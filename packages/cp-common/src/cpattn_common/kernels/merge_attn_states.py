@@ -10,38 +10,23 @@ For one (row b, head h) and sources n = 0..N-1 with partial outputs ``o_n [D]`` 
     O     = sum_n w_n * o_n, where a source with w_n == 0 contributes exactly 0
             (NaN / garbage in the partials of empty shards never leaks)
 
-Layout: ``partial_out [N, B, H, D]`` and ``partial_lse [N, B, H]`` with arbitrary strides
-(the partial's N / B / H strides arrive in units of ``VEC`` elements, see below),
-``out [B, H, D]`` and ``out_lse [B, H]`` (fp32) contiguous (the launcher allocates them).
-Math in fp32.
+Layout: ``partial_out [N, B, H, D]`` and ``partial_lse [N, B, H]`` with any strides, ``out
+[B, H, D]`` and fp32 ``out_lse [B, H]`` contiguous; math in fp32. Program (pid_b, pid_h)
+handles row ``pid_b`` and ``BLOCK_H`` heads with ``BLOCK_D >= D`` (power of two, masked), so
+each partial element is read once; ``N`` and ``D`` are constexpr (the source loop unrolled).
+Offsets are int64; per-source pointers advance by addition.
 
-Tiling: program (pid_b, pid_h) handles row ``pid_b`` and heads
-``[pid_h * BLOCK_H, (pid_h + 1) * BLOCK_H)`` with ``BLOCK_D >= D`` (power of two, masked),
-so each partial element is read exactly once. ``N`` and ``D`` are constexpr: the source loop
-is unrolled and the D mask folds away when ``D == BLOCK_D``. Offsets are int64; per-source
-pointers advance by addition so ``n * stride`` never overflows 32 bits.
+Host cost: every int parameter is annotated and listed in ``do_not_specialize``, so Triton's
+specialization depends only on the tensors and the constexprs: ``VEC`` (the widest
+power-of-two element count, at most 16 bytes, dividing the N / B / H strides, which arrive in
+its units: 16-byte vector loads) and ``D_CONTIG`` (``stride_po_d == 1``).
 
-Host cost: every int parameter is annotated (``tl.int32`` / ``tl.int64``) and listed in
-``do_not_specialize``, so Triton's specialization (and ``cpattn_common.launch``'s cache key)
-depends only on the tensors and the constexprs. What value specialization used to give comes
-back through constexprs: ``VEC`` (the widest power-of-two element count, at most 16 bytes,
-dividing the N / B / H strides; the kernel multiplies the strides by it, so the compiler knows
-each row start is ``VEC``-aligned and emits 16-byte vector loads) and ``D_CONTIG``
-(``stride_po_d == 1``).
-
-Two variants (``EAGER``):
-
-- ``EAGER`` (latency-bound grids, e.g. decode): every load first in program order (N partial
-  tiles, then N LSE rows; ptxas keeps them ahead of the weight math at the decode tiles'
-  four warps, and may sink some partial loads at wider vectors), then the weights, then
-  ``sum_n where(w_n == 0, 0, w_n * o_n)``. (Volatile loads, which pin that order, measured
-  slower at every decode size: ``docs/performance-notes.md``, "The merge at decode sizes".)
-- otherwise (large grids): the LSE passes first, then one weighted pass that loads a partial
-  only where its weight is nonzero (saves the bandwidth of empty shards; other programs on the
-  SM hide the LSE round trip).
+``EAGER`` (latency-bound decode grids): every load first in program order (N partial tiles,
+then N LSE rows), then the weights, then ``sum_n where(w_n == 0, 0, w_n * o_n)``. Otherwise
+(large grids): the LSE passes first, then one weighted pass that loads a partial only where its
+weight is nonzero (saves the bandwidth of empty shards).
 
 Local-name prefixes: ``o_`` offsets, ``m_`` masks, ``p_`` pointers, ``b_`` block values.
-Written for this project (no adapted code).
 """
 
 from __future__ import annotations
@@ -86,27 +71,12 @@ _INT_PARAMS = [
 
 @triton.jit(do_not_specialize=_INT_PARAMS)
 def _merge_attn_states_fwd_kernel(
-    out_ptr,
-    out_lse_ptr,
-    partial_out_ptr,
-    partial_lse_ptr,
-    H: tl.int32,
-    stride_po_n: tl.int64,
-    stride_po_b: tl.int64,
-    stride_po_h: tl.int64,
-    stride_po_d: tl.int64,
-    stride_pl_n: tl.int64,
-    stride_pl_b: tl.int64,
-    stride_pl_h: tl.int64,
-    N: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    VEC: tl.constexpr,
-    D_CONTIG: tl.constexpr,
-    EAGER: tl.constexpr,
-    IS_BASE_E: tl.constexpr,
-):
+    out_ptr, out_lse_ptr, partial_out_ptr, partial_lse_ptr, H: tl.int32, stride_po_n: tl.int64,
+    stride_po_b: tl.int64, stride_po_h: tl.int64, stride_po_d: tl.int64, stride_pl_n: tl.int64,
+    stride_pl_b: tl.int64, stride_pl_h: tl.int64,
+    N: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    VEC: tl.constexpr, D_CONTIG: tl.constexpr, EAGER: tl.constexpr, IS_BASE_E: tl.constexpr,
+):  # fmt: skip
     i_b = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
 

@@ -3,13 +3,9 @@
 Chain: ``_merge_attn_states_fwd_kernel`` (kernels/) -> ``merge_attn_states_fwd`` (typed
 launcher) -> ``cpattn_common::merge_attn_states`` (``torch.library`` op with a fake impl) ->
 ``merge_attn_states`` (public functional). ``cpattn_common.lse.merge_attn_states_torch`` is the
-pure-torch twin, used where Triton cannot run (CPU without ``TRITON_INTERPRET=1``).
-
-Eager host path (the common case: plain CUDA tensors): one cheap validation
-(``_valid_cuda``; the detailed ``_validate`` only runs when it fails, and raises on bad
-input), two ``new_output`` (``new_empty``) allocations, two
-``lru_cache`` lookups (the configuration, its ``Specialization`` of the kernel), then the
-specialization's cached launch (key: the four tensors' dtypes and alignments).
+pure-torch twin, used where Triton cannot run. The eager host path of plain CUDA tensors is one
+cheap validation (``_valid_cuda``; the detailed one only when it fails), two allocations, two
+``lru_cache`` lookups and the cached launch.
 """
 
 from __future__ import annotations
@@ -39,50 +35,32 @@ __all__ = [
 _OUT_SET = frozenset(OUT_DTYPES)
 _LSE_SET = frozenset(LSE_DTYPES)
 _Tensor = torch.Tensor
-# A grid with fewer programs than this is latency-bound (H200: 132 SMs): tiles shrink (down to
-# one head per program) until the grid reaches it, so each program's serial chain is short.
+# Grids under this many programs (4 per H200 SM) are latency-bound: tiles shrink, down to one
+# head per program, so each program's serial chain is short.
 _MIN_PROGRAMS = 4 * 132
-# One-head grids (tiles shrunk to one head per program to reach _MIN_PROGRAMS, i.e. decode)
-# of at most _EAGER_MAX_PROGRAMS programs use the EAGER kernel variant (every load issued up
-# front) when _EAGER_BY_DEFAULT, and about _SMALL_GRID_LANES head-dim lanes per thread (at
-# most _SMALL_GRID_MAX_WARPS warps) where BLOCK_D >= _SMALL_GRID_MIN_D; other grids use the
-# weight-gated variant. The configuration depends on the batch only up to that many programs
-# (the launcher caps the batch it keys its cache on). H200, bf16, graph replay, µs (gated ->
-# shipped): B=1 H=128 D=512 N=8 2.64 -> 1.93, B=8 H=128 D=512 N=2 / 8 2.98 / 5.85 -> 2.69 /
-# 5.03, B=16 H=64 D=256 N=8 3.59 -> 3.16; grids of several heads per program unchanged
-# (EAGER there was up to 0.3 µs slower at N=4: B=32 H=128 D=512, B=32 H=64 D=256).
-# benchmarks/results/h200-2026-11-29-s8/merge_sweep*.txt; docs/performance-notes.md, "The
-# merge at decode sizes".
+# One-head decode grids of at most this many programs use EAGER loads, and about 2 head-dim
+# lanes per thread (at most 4 warps) at D >= 512: B=1 H=128 D=512 N=8 2.64 -> 1.93 µs on H200
+# (docs/design.md, "Tile rules"). The cached configuration keys the batch up to here only.
 _EAGER_MAX_PROGRAMS = 8 * 132
 _EAGER_BY_DEFAULT = True
 _SMALL_GRID_LANES = 2
 _SMALL_GRID_MAX_WARPS = 4
 _SMALL_GRID_MIN_D = 512
-# Decode grids whose tiles shrank to several heads per program (B=17-64 at H=64) use EAGER
-# too where a tile holds at most _MULTI_EAGER_MAX_BYTES per source, with about
-# _MULTI_EAGER_THREAD_BYTES per thread and source (at most _MULTI_EAGER_MAX_WARPS warps).
-# H200, bf16, graph replay, µs, gated -> EAGER at 8 bytes per thread (ninth session, run 1):
-# B=64 H=64 D=128 N=2 / 4 / 8 2.85 / 3.60 / 5.90 -> 2.64 / 3.33 / 4.86, B=32 H=64 D=256
-# 2.83 / 3.66 / 5.87 -> 2.62 / 3.33 / 4.83. 2 KiB tiles (B=64 H=64 D=256, B=16 H=128 D=512)
-# gained at N=2 / 8 with 16-byte vectors and 4 warps but lost 0.09-0.15 at N=4, where ptxas
-# (sm_90 SASS) issues every partial load after the weight math; with 8 warps they lost at
-# N=2 / 8. They stay gated, as do larger tiles. benchmarks/results/h200-2026-11-29-s9/
-# merge_multi*.txt; docs/performance-notes.md, "The merge on decode tiles of several heads".
+# Shrunk decode tiles of several heads use EAGER where a tile holds at most 1 KiB per source,
+# 8 bytes per thread: larger tiles lost at N=4, where ptxas sinks the loads anyway.
 _MULTI_EAGER_MAX_BYTES = 1024
 _MULTI_EAGER_THREAD_BYTES = 8
 _MULTI_EAGER_MAX_WARPS = 4
-# Elements per program of large grids (two 16-byte vectors per thread: 8 warps at 16 bits),
-# for head dims (padded) of at least _BIG_TILE_MIN_D; smaller head dims use half of it.
+# Elements per program of large grids (two 16-byte vectors per thread: 8 warps at 16 bits;
+# 0.85 of the copy on H200 at D=128) for padded head dims >= 128, half that below.
 _BIG_TILE = 4096
 _BIG_TILE_MIN_D = 128
 
 _merge_kernel = CachedKernel(_merge_attn_states_fwd_kernel)
 
 
-# Whether @triton.jit gave the merge kernel to Triton's interpreter (TRITON_INTERPRET as the
-# installed Triton read it when this module was imported): the interpreter's function is no
-# JITFunction. Decided by the kernel, not by the variable now, so that a variable changed after
-# the import does not send CPU tensors to a kernel compiled for a GPU.
+# Whether @triton.jit gave the merge kernel to Triton's interpreter (decided by the kernel, not
+# by the variable now, which may have changed since the import).
 _INTERPRETED = not isinstance(_merge_attn_states_fwd_kernel, triton.runtime.JITFunction)
 
 
@@ -96,10 +74,7 @@ def triton_usable(device: torch.device) -> bool:
 
 @functools.lru_cache(maxsize=256)
 def merge_attn_states_block_sizes(num_heads: int, head_dim: int) -> tuple[int, int, int]:
-    """Large-batch tile choice for 16-bit partials: ``(BLOCK_H, BLOCK_D, num_warps)``.
-
-    Same as ``merge_attn_states_config(batch=_MIN_PROGRAMS, ...)`` for 2-byte elements.
-    """
+    """Large-batch tile choice for 16-bit partials: ``(BLOCK_H, BLOCK_D, num_warps)``."""
     block_h, block_d, num_warps, _ = merge_attn_states_config(_MIN_PROGRAMS, num_heads, head_dim, 2)
     return block_h, block_d, num_warps
 
@@ -110,20 +85,9 @@ def merge_attn_states_config(
 ) -> tuple[int, int, int, bool]:
     """Autotune-free launch configuration: ``(BLOCK_H, BLOCK_D, num_warps, EAGER)``.
 
-    ``BLOCK_D`` is the next power of two >= ``head_dim`` (masked). Large grids: ``BLOCK_H``
-    heads per program so a tile holds ``_BIG_TILE`` (4096) elements for ``BLOCK_D >=
-    _BIG_TILE_MIN_D`` (128), else 2048 (more, shorter programs for small head dims), with two
-    16-byte vectors per thread and source (8 warps for 4096 16-bit elements; H200, bf16,
-    B=4096: 32 heads x 128 / 8 warps measured 0.853 of the copy ceiling at H=64 D=128 N=2,
-    16 x 128 / 4 warps 0.844, 8 x 512 / 8 warps 0.93-0.95 at D=512). Grids under
-    ``_MIN_PROGRAMS`` programs (decode) shrink ``BLOCK_H`` (down to 1) until they reach it,
-    with one vector per thread. One-head grids of at most ``_EAGER_MAX_PROGRAMS`` programs
-    use ``EAGER`` (every load issued up front, independent of the weights; where
-    ``_EAGER_BY_DEFAULT``) and, for ``BLOCK_D >= _SMALL_GRID_MIN_D``, about
-    ``_SMALL_GRID_LANES`` lanes per thread (at most ``_SMALL_GRID_MAX_WARPS`` warps). Shrunk
-    tiles of several heads use ``EAGER`` where they hold at most ``_MULTI_EAGER_MAX_BYTES``
-    per source, with about ``_MULTI_EAGER_THREAD_BYTES`` per thread (at most
-    ``_MULTI_EAGER_MAX_WARPS`` warps). Every other grid uses the weight-gated variant.
+    ``BLOCK_D`` is the next power of two >= ``head_dim`` (masked); large grids take tiles of
+    ``_BIG_TILE`` elements, decode grids shrink them and may use ``EAGER`` (every load issued
+    up front) by the rules of the constants above; every other grid uses weight-gated loads.
     """
     block_d = triton.next_power_of_2(max(head_dim, 1))
     vec = max(1, 16 // max(elem_size, 1))
@@ -158,12 +122,8 @@ _MAX_KERNEL_D = triton.language.TRITON_MAX_TENSOR_NUMEL
 
 
 def _valid_cuda(partial_outs: torch.Tensor, partial_lses: torch.Tensor) -> bool:
-    """Cheap check: plain CUDA tensors on one device that ``_validate`` would accept, and
-    that hold their values in memory (no negative bit: see ``_resolved``).
-
-    False means "not proven": the caller runs ``_validate`` (which raises on bad input) and
-    the general path.
-    """
+    """Cheap check: plain CUDA tensors on one device that ``_validate`` would accept, without
+    the negative bit. False means "not proven": the caller runs ``_validate``."""
     if partial_outs.__class__ is not _Tensor or partial_lses.__class__ is not _Tensor:
         return False
     shape = partial_outs.shape
@@ -184,10 +144,8 @@ def _valid_cuda(partial_outs: torch.Tensor, partial_lses: torch.Tensor) -> bool:
 def _resolved(
     partial_outs: torch.Tensor, partial_lses: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The inputs with their values in memory. A tensor with torch's negative bit (e.g.
-    ``z.conj().imag`` of a complex ``z``) stores the values un-negated and negates them lazily;
-    the kernel reads memory, so it gets a negated copy (the dispatcher resolves the bit
-    before a registered op runs). The inputs themselves where no bit is set."""
+    """The inputs with their values in memory: a negated copy of a tensor with torch's
+    negative bit (the kernel reads memory; the dispatcher would resolve it too)."""
     if partial_outs.is_neg():
         partial_outs = partial_outs.resolve_neg()
     if partial_lses.is_neg():
@@ -230,16 +188,10 @@ def merge_attn_states_fwd(
 
 @functools.lru_cache(maxsize=1024)
 def _specialization(
-    n: int,
-    d: int,
-    cfg: tuple[int, int, int, bool],
-    vec: int,
-    d_contig: bool,
-    base_e: bool,
+    n: int, d: int, cfg: tuple[int, int, int, bool], vec: int, d_contig: bool, base_e: bool,
     eager: bool | None,
-) -> Specialization:
-    """The merge kernel specialized on its constexprs for one configuration (kept per
-    configuration, not per batch size, so its cached compiled kernels are shared)."""
+) -> Specialization:  # fmt: skip
+    """The merge kernel specialized for one configuration (shared by batch sizes)."""
     block_h, block_d, num_warps, eager_cfg = cfg
     return _merge_kernel.specialize(
         N=n,
@@ -275,8 +227,8 @@ def _launch(
         s_b = 0
     if h == 1:
         s_h = 0
-    # Widest power-of-two element count (<= 16 bytes) dividing the row strides: the kernel
-    # takes the strides in these units, so its loads are 16-byte vectors whenever possible.
+    # Widest power-of-two element count (<= 16 bytes) dividing the row strides, the kernel's
+    # stride unit: 16-byte loads whenever possible.
     vec = 16 // es
     bits = s_n | s_b | s_h
     if bits & (vec - 1):
@@ -368,10 +320,7 @@ def merge_attn_states(
         ValueError: shapes that are not ``[N, B, H, D]`` / ``[N, B, H]`` or disagree, N = 0,
             D = 0 (the message names the shape), tensors on different devices.
 
-    Inference only: no autograd formula. With grad on and an input that requires grad, the
-    call goes through the registered op, so the output requires grad and ``backward`` raises
-    (as under ``torch.compile``, ``make_fx`` and other dispatch modes: see
-    ``cpattn_common.dispatch``).
+    Inference only (no autograd formula): see ``cpattn_common.dispatch``.
 
     Example:
         >>> outs = torch.randn(4, 2, 8, 64)          # N=4 shards, B=2 rows, H=8, D=64
@@ -383,8 +332,7 @@ def merge_attn_states(
     is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
     return_lse = check_bool("return_lse", return_lse)
     if must_dispatch(partial_outs, partial_lses):  # tracing, a dispatch mode, autograd
-        # Our TypeError for non-tensors first: the dispatcher's schema check would raise a
-        # RuntimeError that names the op's schema instead.
+        # Our TypeError for non-tensors, not the dispatcher's schema RuntimeError.
         if not all(isinstance(t, torch.Tensor) for t in (partial_outs, partial_lses)):
             _validate(partial_outs, partial_lses)
         out, lse = torch.ops.cpattn_common.merge_attn_states(

@@ -1,13 +1,8 @@
 """Group resolution (cheap, memoised) and the string tokens the registered ops carry.
 
-``torch.library`` ops cannot take a ``ProcessGroup`` or a Python group wrapper as an
-argument, so the public functions pass a token string that names the group in a registry.
-Under ``torch.compile`` the token, world size and rank are computed once at trace time
-(``cpattn_common.group.trace_time_constant``) and baked into the graph as constants.
-
-Neither the group memo (``cpattn_common.shared_cp_group``) nor the token registry keeps a
-group alive: their entries go with the group (a graph only runs while its group is alive: the
-caller passes or holds it).
+``torch.library`` ops cannot take a group object, so the public functions pass a token that
+names the group in a registry; under ``torch.compile`` token, world size and rank are
+trace-time constants. Neither the group memo nor the registry keeps a group alive.
 """
 
 from __future__ import annotations
@@ -23,8 +18,7 @@ from cpattn_common.identity_memo import IdentityMemo
 
 __all__ = ["group_from_token", "group_rank", "group_token", "group_world_size", "resolve_group"]
 
-# Neither table keeps a group alive. A token is never reused: one for a group that died
-# raises KeyError, even when a new group gets the dead one's address.
+# A token is never reused: one for a group that died raises KeyError.
 _TOKEN_OF: IdentityMemo[str] = IdentityMemo()  # group -> its token
 # token -> a reference to the group (weak, dropping the entry when the group dies; strong
 # for a group that takes no weak reference, as _TOKEN_OF holds it too).
@@ -32,12 +26,8 @@ _TOKENS: dict[str, Callable[[], Any]] = {}
 _TOKEN_NUMBERS = itertools.count()
 
 
-# The ops resolve their group argument on every call, so this is an alias, not a wrapper
-# (one Python call less on the host path).
+# ``cpattn_common.shared_cp_group``: an alias, not a wrapper (the ops' host path).
 resolve_group = shared_cp_group
-"""``cpattn_common.shared_cp_group``: one memoised ``CPGroupLike`` per process group (also
-for the fake a traced ``ProcessGroup`` becomes, a 1-D ``DeviceMesh`` or ``None``, the world),
-which keeps no group alive; a ``CPGroupLike`` resolves to itself."""
 
 
 def _forget_token(token: str, ref: Any) -> None:

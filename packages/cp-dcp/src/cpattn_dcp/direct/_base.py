@@ -1,28 +1,18 @@
 """Shared plumbing of the direct (symmetric-memory) DCP workspaces.
 
 Each direct workspace owns one ``cpattn_common.workspace.DirectCPWorkspace`` (symmetric
-allocations, per-ubatch peer-pointer tables, a per-ubatch int64 ``epoch`` on the device) plus
-three small local tensors of its own:
+allocations, peer-pointer tables, a per-ubatch int64 ``epoch``) plus local tensors:
+``_pub_counter [U, N]`` and ``_wait_done [U]`` int32 completion counters of the two launches,
+``_error [U, 2 + W]`` int64 ``(flag, epoch, missing-source bitmask)`` written by a wait that
+timed out (flag 1; ``W = cdiv(N, 64)`` mask words) or failed at once because another workspace
+of the group had timed out (flag 2), and the group's shared failure word
+(``cpattn_dcp.direct._group_failure``).
 
-* ``_pub_counter [U, N]`` int32 — per-destination completion counter of the publish launch;
-* ``_wait_done [U]`` int32 — completion counter of the wait launch (its last program advances
-  ``epoch[u]``);
-* ``_error [U, 2 + W]`` int64 — ``(flag, epoch, missing-source bitmask)`` written by a wait that
-  timed out (flag 1); the mask is ``W = cdiv(N, 64)`` words, source ``n`` at bit ``n % 64`` of
-  word ``n // 64`` (``error_record_width``). Flag 2 (``(2, epoch)``, empty mask): the wait
-  failed at once because another direct workspace of the group timed out first.
-
-and a reference to ``_group_failure`` ``[1]`` int64, the failure word every direct workspace of
-the group on this device shares (``cpattn_dcp.direct._group_failure``): any timeout sets it,
-and every publish and wait program of every such workspace checks it at its start.
-
-Error reporting never syncs the host on the hot path. On CUDA the error record is mirrored into
-pinned host memory with a non-blocking copy every ``error_check_interval`` eager calls (never
-during CUDA-graph capture) and the mirror is inspected at the start of every call, so a timeout
-surfaces as ``DirectProtocolError`` at the first call that starts after such a copy landed:
-between 1 and ``error_check_interval`` calls later, not necessarily at the next one. On the CPU
-the record is host memory and the next call sees it. ``check_error()`` is the explicit, syncing
-check (use it where a timeout must be known at once).
+Error reporting never syncs the host on the hot path: on CUDA the error record is mirrored to
+pinned host memory by a non-blocking copy every ``error_check_interval`` eager calls and the
+mirror is inspected at the start of every call, so a timeout surfaces as
+``DirectProtocolError`` 1 to ``error_check_interval`` calls later (on the CPU at the next
+call). ``check_error()`` is the explicit, syncing check.
 """
 
 from __future__ import annotations
@@ -38,11 +28,12 @@ import triton
 
 from cpattn_common.agreement import agree_on_local_step, agreement_flag
 from cpattn_common.checks import check_nonnegative_int, check_positive_int
-from cpattn_common.device import foreign_cuda_device
+from cpattn_common.device import foreign_cuda_device, indexed_device
 from cpattn_common.group import CPGroupLike, as_cp_group
 from cpattn_common.ubatch import current_ubatch_id
 from cpattn_common.workspace import DirectCPWorkspace, SymmetricAllocationError
 from cpattn_dcp.direct._group_failure import group_failure_word
+from cpattn_dcp.ops._common import next_pow2
 
 __all__ = [
     "DEFAULT_MAX_SPINS",
@@ -52,27 +43,24 @@ __all__ = [
     "DirectProtocolError",
     "DirectWorkspaceBase",
     "indexed_device",
+    "next_pow2",
     "on_workspace_device",
 ]
 
 #: Bounded wait: polls of the signal words before a wait gives up (≈ seconds on a GPU).
 DEFAULT_MAX_SPINS = 1 << 26
-#: The largest ``max_spins``: the wait kernels count polls in 32 bits, so a larger bound would
-#: never be reached (the counter wraps negative) and a wait for a dead peer would never end.
+#: The largest ``max_spins``: the wait kernels count polls in 32 bits.
 MAX_SPINS_LIMIT = 2**31 - 1
 #: Eager calls between two non-blocking copies of the error record to the host.
 DEFAULT_ERROR_CHECK_INTERVAL = 64
-#: Error-record flags: this workspace's wait timed out (names the missing sources) / it failed
-#: because another direct workspace of the group had timed out first.
+#: Error-record flags: this workspace's wait timed out / another workspace's had first.
 ERROR_FLAG_TIMEOUT = 1
 ERROR_FLAG_GROUP = 2
 
 
-#: The oldest Triton whose direct-path kernels work on a GPU. Before 3.5 a vector atomic ran in
-#: a few threads of a block and its result never reached the others (Triton issue #7402, fixed
-#: in 3.5): the waits poll all N signal words with one, so most threads never saw a signal and
-#: every wait spun to its bound. Found by compiling the wait for sm_90 with Triton 3.4.0 (no
-#: shared-memory broadcast after the atom; 3.5.0 has it). The interpreter is not affected.
+#: The oldest Triton whose direct-path kernels work on a GPU: before 3.5 a vector atomic's
+#: result never reached most threads of a block (Triton issue #7402), so every wait spun to
+#: its bound. The interpreter is not affected.
 MIN_TRITON_VERSION = (3, 5)
 
 
@@ -92,26 +80,13 @@ def triton_unsupported_reason(version: str | None = None) -> str | None:
 
 
 class DirectPathUnavailable(RuntimeError):
-    """A direct workspace found at construction that this machine cannot run it (no
-    multicast address for its buffers; a Triton older than ``MIN_TRITON_VERSION`` on a GPU; a
-    symmetric buffer that some rank could not allocate, raised on every rank together).
-    ``DCPManager`` falls back to NCCL on it unless the path was forced
-    (``use_direct_*=True``)."""
+    """A direct workspace found at construction that this machine cannot run it (no multicast
+    address, an old Triton on a GPU, a symmetric buffer some rank could not allocate: raised
+    on every rank together). ``DCPManager`` falls back to NCCL unless the path was forced."""
 
 
 class DirectProtocolError(RuntimeError):
     """A direct collective's bounded wait timed out: a peer never made the matching call."""
-
-
-def indexed_device(device: torch.device | str) -> torch.device:
-    """``device`` with an explicit index: a bare ``"cuda"`` becomes the calling thread's current
-    CUDA device (where a tensor created with ``device="cuda"`` lands), so comparisons with a
-    tensor's ``.device`` (always indexed on CUDA) hold. Other devices are returned unchanged."""
-    dev = torch.device(device)
-    index: int | None = dev.index  # the stubs say int; a bare device has None
-    if dev.type == "cuda" and index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return dev
 
 
 def error_record_width(world_size: int) -> int:
@@ -120,36 +95,40 @@ def error_record_width(world_size: int) -> int:
 
 
 def missing_ranks(mask_words: Sequence[int], world_size: int) -> list[int]:
-    """The sources a timed-out wait names: bit ``r % 64`` of word ``r // 64`` for ``r < N``.
-
-    Each word is read as 64 unsigned bits: a Python shift of a negative int64 (bit 63 set)
-    would otherwise carry the sign into every higher rank.
-
-    Args:
-        mask_words: the ``cdiv(N, 64)`` int64 mask words of an error record.
-        world_size: N.
-
-    Returns:
-        The missing source ranks, ascending.
-    """
+    """The sources a timed-out wait names, ascending: bit ``r % 64`` of word ``r // 64`` of
+    the ``cdiv(N, 64)`` int64 mask words, read as unsigned (bit 63 is no sign)."""
     words = [int(w) & 0xFFFF_FFFF_FFFF_FFFF for w in mask_words]
     return [r for r in range(world_size) if words[r // 64] >> (r % 64) & 1]
 
 
-def next_pow2(x: int) -> int:
-    """Smallest power of two >= max(x, 1)."""
-    return 1 << max(int(x) - 1, 0).bit_length()
-
-
 def as_int(what: str, value: object) -> int:
-    """``value`` as an int (anything with ``__index__``, a numpy int say), else ``TypeError``:
-    ``int()`` turned 2.7 into 2 and ``True`` into 1 without a word."""
+    """``value`` as an int (anything with ``__index__``), else ``TypeError`` (bools, floats)."""
     if isinstance(value, bool):
         raise TypeError(f"{what} must be an int, got a bool")
     try:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         raise TypeError(f"{what} must be an int, got {type(value).__name__}") from None
+
+
+def checked_sizes(name: str, **sizes: object) -> list[int]:
+    """``sizes`` as ints (``TypeError`` otherwise), each >= 1 (``ValueError``)."""
+    values = [as_int(f"{name}: {key}", value) for key, value in sizes.items()]
+    small = [f"{key}={v}" for key, v in zip(sizes, values, strict=True) if v < 1]
+    if small:
+        raise ValueError(f"{name} sizes must be positive, got {', '.join(small)}")
+    return values
+
+
+def check_16b_rows(name: str, dtype: torch.dtype, **rows: int) -> None:
+    """``ValueError`` unless every row of ``rows[key]`` elements of ``dtype`` is a multiple of
+    16 bytes (the kernels move 16-byte vectors)."""
+    for key, n in rows.items():
+        if n * dtype.itemsize % 16:
+            raise ValueError(
+                f"{name} requires 16-byte-aligned rows: {key} = {n} elements * "
+                f"{dtype.itemsize} bytes is not a multiple of 16"
+            )
 
 
 def check_16b_aligned(t: torch.Tensor, what: str, row_strides: tuple[int, ...]) -> str | None:
@@ -168,12 +147,8 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 def on_workspace_device(method: _Method) -> _Method:
-    """Run a workspace method with the workspace's CUDA device current.
-
-    Its launches (and ``torch.cuda.is_current_stream_capturing``) otherwise go to the calling
-    thread's current device and stream, which need not be the workspace's: see
-    ``cpattn_common.device``. Costs one check where the devices agree.
-    """
+    """Run a workspace method with the workspace's CUDA device current (its launches go to
+    the current device and stream: ``cpattn_common.device``)."""
 
     @functools.wraps(method)
     def guarded(self: DirectWorkspaceBase, *args: Any, **kwargs: Any) -> Any:
@@ -190,15 +165,12 @@ class DirectWorkspaceBase:
 
     Args:
         name: human name used in messages ("Direct DCP A2A", ...).
-        group: the DCP group (``ProcessGroup`` or ``CPGroupLike``; simulated groups need
-            ``allocate_symmetric``). Construction is collective over the group.
-        device: the device the buffers live on (a bare ``"cuda"`` means the current CUDA
-            device; ``self.device`` is always indexed on CUDA).
+        group: the DCP group (a ``ProcessGroup`` or ``CPGroupLike``; construction is collective).
+        device: the buffers' device (a bare ``"cuda"``: the current CUDA device).
         num_ubatches: micro-batch slots U (validated by the subclass).
-        max_spins: polls before a wait gives up and records an error, 1 to
-            ``MAX_SPINS_LIMIT`` (2**31 - 1).
+        max_spins: polls before a wait gives up and records an error, 1 to ``MAX_SPINS_LIMIT``.
         error_check_interval: eager CUDA calls between non-blocking error-record copies (0:
-            only ``check_error()`` reports on CUDA; the CPU always reports at the next call).
+            only ``check_error()`` reports on CUDA).
     """
 
     def __init__(
@@ -231,6 +203,10 @@ class DirectWorkspaceBase:
         self.cp_group = cp
         self.world_size = cp.world_size
         self.rank = cp.rank_in_group
+        if self.world_size < 2:
+            raise ValueError(
+                f"{name} requires at least two ranks, got world size {self.world_size}"
+            )
         self._closed = False
         self._failure: str | None = None
         self._calls_since_check = 0
@@ -238,13 +214,9 @@ class DirectWorkspaceBase:
 
     # -- allocation ---------------------------------------------------------------------------
     def _init_buffers(self) -> None:
-        """Create the symmetric workspace and the local counters (collective).
-
-        The local tensors come first, and the ranks agree on them before any symmetric
-        allocation: one that fails on some rank only (out of device or pinned host memory)
-        raises ``DirectPathUnavailable`` on every rank together, as a failed symmetric
-        allocation does, instead of leaving the peers waiting in the next collective.
-        """
+        """Create the symmetric workspace and the local counters (collective): the ranks agree
+        on the local allocations before any symmetric one, so a failure on some rank raises
+        ``DirectPathUnavailable`` on every rank together."""
         u, n = self.num_ubatches, self.world_size
         flag = agreement_flag(self.cp_group, self.device)
         failure: BaseException | None = None
@@ -277,9 +249,7 @@ class DirectWorkspaceBase:
         try:
             storage, peer_ptrs = self._symm.allocate(full, dtype)
         except SymmetricAllocationError as exc:
-            # Raised on every rank together (the ranks agree before the rendezvous), so all of
-            # them take the NCCL path, or all raise where the path is forced.
-            self._symm.close()  # drop the buffers this workspace allocated before
+            self._symm.close()  # raised on every rank together  # drop the buffers this workspace allocated before
             raise DirectPathUnavailable(f"{self.name}: {exc}") from exc
         if tuple(storage.shape) != full or tuple(peer_ptrs.shape) != (
             self.num_ubatches,
@@ -324,8 +294,7 @@ class DirectWorkspaceBase:
         if self._error_view[:, 0].any():
             record = torch.from_numpy(self._error_view.copy())
             if self._error_host is not None and not torch.cuda.is_current_stream_capturing():
-                # Error path only: read the device record itself (the flag of the mirror may
-                # have landed before the rest of a still-running non-blocking copy).
+                # Error path only: the device record itself (the copy may still be running).
                 record = self._error.cpu()
             self._raise_from(record)
 
@@ -344,8 +313,7 @@ class DirectWorkspaceBase:
         flags = record[:, 0]
         if not bool(flags.any()):
             return
-        # A real timeout of this workspace names the missing peers: report it before a wait
-        # that only followed another workspace's failure.
+        # A timeout of this workspace names the missing peers: report it first.
         timeouts = torch.nonzero(flags == ERROR_FLAG_TIMEOUT)
         u = int(timeouts[0, 0]) if timeouts.numel() else int(torch.nonzero(flags)[0, 0])
         epoch = int(record[u, 1])
@@ -380,17 +348,13 @@ class DirectWorkspaceBase:
 
     @property
     def closed(self) -> bool:
-        """True once ``close()`` was called: the workspace must not be used any more (its
-        checked calls raise ``RuntimeError``) and the factories no longer hand it out."""
+        """True once ``close()`` was called: its checked calls raise ``RuntimeError`` and the
+        factories no longer hand it out."""
         return self._closed
 
     def close(self) -> None:
-        """Release the symmetric workspace (collective where the backend needs it; idempotent).
-
-        Every rank of the group must close its workspace at the same point of its call
-        sequence. The ``get_direct_dcp_*`` factories treat a closed workspace as absent and
-        build a new one at their next call for its geometry (collectively, as construction is).
-        """
+        """Release the symmetric workspace (idempotent). Collective: every rank closes at the
+        same point of its call sequence."""
         if self._closed:
             return
         self._closed = True

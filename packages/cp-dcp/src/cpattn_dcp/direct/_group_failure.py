@@ -1,22 +1,15 @@
 """The device-side failure word shared by every direct workspace of one group on one device.
 
-A timeout sets the error record of the workspace whose wait timed out, and that workspace stops
-publishing (``cpattn_dcp.kernels.direct_protocol``). That alone does not protect the *other*
-direct workspaces of the group: the query gather of a ``DCPManager`` has a single buffer per
-ubatch, guarded between calls only by the A2A combine's rendezvous. After this rank's combine
-timed out (a peer merely slow), the host does not know yet, the query gather is still healthy,
-and its next publish would overwrite the query the slow peer is still reading. So every timeout
-also sets one int64 word per (group, device), and every publish and wait program of every
-direct workspace of that group (all kinds, geometries and ubatches) checks it at its start.
+A timeout stops the publishes of the workspace whose wait timed out, but the *other* direct
+workspaces of the group need stopping too: the query gather's single buffer per ubatch is
+guarded between calls only by the A2A combine's rendezvous, so after this rank's combine timed
+out (a peer merely slow) its next publish would overwrite the query the slow peer still reads.
+So every timeout also sets one local int64 word per (group, device), and every publish and
+wait program of every direct workspace of that group checks it at its start.
 
-The word is an ordinary local tensor (not symmetric memory): it only tells this rank's own
-kernels that this rank failed. It is keyed like the workspace factories key their workspaces,
-by ``cache_owner(shared_cp_group(group))`` (so every wrapper of one process group shares it;
-each ``SimulatedGroup``, one per simulated rank, is its own owner and gets its own word) plus
-the indexed device. The memo holds the word weakly and the owner strongly: every workspace holds
-its word, so the word, and the memo entry keeping the owner's ``id()`` from being reused, live
-exactly as long as some workspace of the group does. A set word is never cleared: once one of
-the group's workspaces failed, the group is broken (rebuild it; a new group gets a new word).
+Keyed like the workspace factories (``cache_owner(shared_cp_group(group))`` and the indexed
+device); held weakly, so it lives as long as some workspace of the group holds it. A set word
+is never cleared: the group is broken (rebuild it; a new group gets a new word).
 """
 
 from __future__ import annotations
@@ -38,16 +31,9 @@ _words: dict[tuple[int, str], tuple[Any, weakref.ref[torch.Tensor]]] = {}
 
 
 def group_failure_word(group: Any, device: torch.device) -> torch.Tensor:
-    """The int64 ``[1]`` failure word of ``group`` on ``device`` (zero until a direct wait of
-    one of the group's workspaces on this device times out).
-
-    Args:
-        group: the DCP group (anything ``shared_cp_group`` takes).
-        device: the indexed device of the caller's workspace.
-
-    Returns:
-        The same tensor for every caller of this group and device while any caller holds it.
-    """
+    """The int64 ``[1]`` failure word of ``group`` on the indexed ``device`` (zero until a
+    direct wait of one of the group's workspaces there times out): the same tensor for every
+    caller while any caller holds it."""
     owner = cache_owner(shared_cp_group(group))
     key = (id(owner), str(device))
     with _lock:

@@ -4,11 +4,9 @@ Each rank writes, for every destination rank ``d``, the head slice ``[d*H_r, (d+
 its partial output ``[T, H, D]`` and the fp32 LSE straight into ``d``'s symmetric receive
 buffer, raises a per-(ubatch, parity-slot) signal carrying the call's epoch, waits (bounded)
 for all peers' signals of the same epoch and combines the N received partials with LSE weights.
-Result: ``[T, H_r, D]``, identical in meaning to ``cpattn_dcp.ops.a2a_combine.dcp_a2a_lse_reduce``.
-
-Two launches per call (publish, wait+combine), no allocation besides the output, no host
-sync: a call can be captured in a CUDA graph and replayed. See
-``cpattn_dcp.kernels.direct_protocol`` for the protocol and why two parity slots suffice.
+Result: ``[T, H_r, D]``, as ``dcp_a2a_lse_reduce``'s. Two launches per call, no allocation
+besides the output, no host sync (CUDA-graph capturable); the protocol:
+``cpattn_dcp.kernels.direct_protocol``.
 """
 
 from __future__ import annotations
@@ -26,6 +24,8 @@ from cpattn_dcp.direct._base import (
     DirectWorkspaceBase,
     as_int,
     check_16b_aligned,
+    check_16b_rows,
+    checked_sizes,
     next_pow2,
     on_workspace_device,
 )
@@ -48,31 +48,25 @@ def _widened(dtype: torch.dtype) -> torch.dtype:
 
 
 class DirectDCPA2AWorkspace(DirectWorkspaceBase):
-    """Direct symmetric-memory A2A LSE-reduce workspace of one DCP group and geometry.
+    """Direct symmetric-memory A2A LSE-reduce workspace of one DCP group and geometry
+    (construction is collective: every rank, same arguments, same order).
 
-    Construction is collective over ``group`` (every rank, same arguments, same order).
-
-    Buffers per rank (U = ``num_ubatches``, N = world size, T_max = ``max_num_tokens``):
-    ``recv_out [U, 2, N, T_max, H_r, D]`` (``dtype``), ``recv_lse [U, 2, N, T_max, H_r]`` fp32,
-    ``recv_signal [U, 2, N]`` int64, i.e. ``U*2*N*T_max*H_r*(D*elem + 4) + U*2*N*8`` bytes.
+    Buffers per rank: ``recv_out [U, 2, N, T_max, H_r, D]`` (``dtype``),
+    ``recv_lse [U, 2, N, T_max, H_r]`` fp32, ``recv_signal [U, 2, N]`` int64.
 
     Args:
-        group: the DCP group (``ProcessGroup`` or ``CPGroupLike``).
-        device: device of the buffers.
+        group / device: the DCP group and the buffers' device.
         max_num_tokens: row capacity T_max of one call.
-        heads_per_rank: H_r, the heads each rank owns after the combine (input has N*H_r).
-        head_dim: D.
+        heads_per_rank / head_dim: H_r, the heads each rank owns after the combine (the input
+            has N*H_r), and D.
         dtype: output dtype, float16 or bfloat16.
         num_ubatches: micro-batch slots (``cpattn_common.ubatch``).
-        max_spins: polls before a wait gives up (then ``DirectProtocolError`` on the host),
-            1 to ``MAX_SPINS_LIMIT`` (2**31 - 1: the kernels count polls in 32 bits).
-        error_check_interval: eager calls between non-blocking error-record checks (>= 0).
+        max_spins / error_check_interval: see ``DirectWorkspaceBase``.
 
     Raises:
-        ValueError: unsupported dtype, ``num_ubatches < 1``, non-positive sizes, rows that are
-            not 16-byte multiples (``head_dim * elem % 16``), fewer than two ranks, or
-            ``max_spins`` / ``error_check_interval`` out of range.
-        TypeError: a ``max_spins`` / ``error_check_interval`` that is not an int.
+        ValueError: unsupported dtype, sizes < 1, rows that are not 16-byte multiples, fewer
+            than two ranks, or ``max_spins`` / ``error_check_interval`` out of range.
+        TypeError: a size that is not an int.
     """
 
     def __init__(
@@ -89,50 +83,30 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         error_check_interval: int = DEFAULT_ERROR_CHECK_INTERVAL,
     ) -> None:
         name = "Direct DCP A2A"
-        max_num_tokens = as_int(f"{name}: max_num_tokens", max_num_tokens)
-        heads_per_rank = as_int(f"{name}: heads_per_rank", heads_per_rank)
-        head_dim = as_int(f"{name}: head_dim", head_dim)
-        num_ubatches = as_int(f"{name}: num_ubatches", num_ubatches)
+        t_max, h_r, d, num_ubatches = checked_sizes(
+            name,
+            max_num_tokens=max_num_tokens,
+            heads_per_rank=heads_per_rank,
+            head_dim=head_dim,
+            num_ubatches=num_ubatches,
+        )
         if dtype not in DIRECT_A2A_DTYPES:
             raise ValueError(f"{name} does not support {dtype}; supported: float16, bfloat16")
-        if num_ubatches < 1:
-            raise ValueError(f"{name} requires at least one ubatch slot, got {num_ubatches}")
-        if max_num_tokens < 1 or heads_per_rank < 1 or head_dim < 1:
-            raise ValueError(
-                f"{name} dimensions must be positive, got T={max_num_tokens}, "
-                f"H_r={heads_per_rank}, D={head_dim}"
-            )
-        elem = torch.empty((), dtype=dtype).element_size()
-        if (head_dim * elem) % 16 != 0:
-            raise ValueError(
-                f"{name} requires 16-byte-aligned rows: head_dim {head_dim} * {elem} bytes = "
-                f"{head_dim * elem} is not a multiple of 16"
-            )
+        check_16b_rows(name, dtype, head_dim=d)
         super().__init__(
-            name,
-            group,
-            device,
-            num_ubatches,
-            max_spins=max_spins,
+            name, group, device, num_ubatches, max_spins=max_spins,
             error_check_interval=error_check_interval,
-        )
-        if self.world_size < 2:
-            raise ValueError(
-                f"{name} requires at least two ranks, got world size {self.world_size}"
-            )
-        self.max_num_tokens = max_num_tokens
-        self.heads_per_rank = heads_per_rank
-        self.head_dim = head_dim
-        self.dtype = dtype
-        n, t_max, h_r, d = self.world_size, self.max_num_tokens, self.heads_per_rank, self.head_dim
+        )  # fmt: skip
+        self.max_num_tokens, self.heads_per_rank, self.head_dim, self.dtype = t_max, h_r, d, dtype
+        n = self.world_size
         self._init_buffers()
         self.recv_out, self._out_ptrs = self._allocate((2, n, t_max, h_r, d), dtype)
         self.recv_lse, self._lse_ptrs = self._allocate((2, n, t_max, h_r), torch.float32)
         self.recv_signal, self._sig_ptrs = self._allocate((2, n), torch.int64)
         self._block_hd = min(next_pow2(h_r * d), 4096)
         self._block_h_pub = next_pow2(h_r)
-        # Combine tiling: large batches one program per (row, 16 heads) over all of D; small
-        # batches (fewer than _SMALL_BATCH_PROGRAMS such programs) split heads and D finer.
+        # Combine tiling: one program per (row, 16 heads) over all of D; small batches (fewer
+        # than _SMALL_BATCH_PROGRAMS such programs) split heads and D finer.
         self._block_h = min(next_pow2(h_r), 16)
         self._block_d = min(next_pow2(d), max(16, 2048 // self._block_h))
         self._block_h_small = min(next_pow2(h_r), 4)
@@ -141,40 +115,24 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         # Per-ubatch launch arguments that never change (fewer host operations per call).
         self._pub_static: list[dict[str, Any]] = [
             {
-                "peer_out_ptrs": self._out_ptrs[u],
-                "peer_lse_ptrs": self._lse_ptrs[u],
-                "peer_sig_ptrs": self._sig_ptrs[u],
-                "counter_ptr": self._pub_counter[u],
-                "epoch_ptr": self.epoch[u:],
-                "err_ptr": self._error[u],
-                "grp_err_ptr": self._group_failure,
-                "T_MAX": t_max,
-                "rank": self.rank,
-                "N": n,
-                "H_R": h_r,
-                "D": d,
-                "BLOCK_HD": self._block_hd,
-                "BLOCK_H": self._block_h_pub,
+                "peer_out_ptrs": self._out_ptrs[u], "peer_lse_ptrs": self._lse_ptrs[u],
+                "peer_sig_ptrs": self._sig_ptrs[u], "counter_ptr": self._pub_counter[u],
+                "epoch_ptr": self.epoch[u:], "err_ptr": self._error[u],
+                "grp_err_ptr": self._group_failure, "T_MAX": t_max, "rank": self.rank, "N": n,
+                "H_R": h_r, "D": d, "BLOCK_HD": self._block_hd, "BLOCK_H": self._block_h_pub,
             }
             for u in range(num_ubatches)
-        ]
+        ]  # fmt: skip
         self._comb_static: list[dict[str, Any]] = [
             {
-                "recv_out_ptr": self.recv_out[u],
-                "recv_lse_ptr": self.recv_lse[u],
-                "sig_ptr": self.recv_signal[u],
-                "epoch_ptr": self.epoch[u:],
-                "done_ptr": self._wait_done[u:],
-                "err_ptr": self._error[u],
-                "grp_err_ptr": self._group_failure,
-                "T_MAX": t_max,
-                "N": n,
-                "N_POW2": self._n_pow2,
-                "H_R": h_r,
-                "D": d,
+                "recv_out_ptr": self.recv_out[u], "recv_lse_ptr": self.recv_lse[u],
+                "sig_ptr": self.recv_signal[u], "epoch_ptr": self.epoch[u:],
+                "done_ptr": self._wait_done[u:], "err_ptr": self._error[u],
+                "grp_err_ptr": self._group_failure, "T_MAX": t_max, "N": n, "N_POW2": self._n_pow2,
+                "H_R": h_r, "D": d,
             }
             for u in range(num_ubatches)
-        ]
+        ]  # fmt: skip
 
     @property
     def num_heads(self) -> int:
@@ -184,19 +142,10 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
     def unsupported_reason(
         self, partial_output: torch.Tensor, partial_lse: torch.Tensor, *, layout: bool = True
     ) -> str | None:
-        """Why this call cannot take the direct path (``None``: it can).
-
-        Shape/dtype mismatches that would be errors for any combine are reported by
-        ``lse_reduce`` itself; this covers what a fallback to NCCL can handle instead:
-        too many rows, a different dtype, misaligned or unpacked rows, torch's negative bit (a
-        lazily negated view: memory holds the negated values, which the kernels would copy).
-        ``layout=False`` leaves out the last three: those are properties of this rank's
-        tensors, which packed copies mend, while the others are the same on every rank of a
-        call.
-
-        Raises:
-            TypeError: an argument that is not a tensor.
-        """
+        """Why this call cannot take the direct path (``None``: it can): too many rows, another
+        geometry or dtype, or (unless ``layout=False``) a layout of this rank's tensors that a
+        packed copy mends: misaligned or unpacked rows, torch's negative bit. ``TypeError``
+        for a non-tensor argument."""
         check_tensors(self.name, partial_output=partial_output, partial_lse=partial_lse)
         if partial_output.dim() != 3 or partial_lse.dim() != 2:
             return "expected partial_output [T, H, D] and partial_lse [T, H]"
@@ -224,12 +173,9 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         )
 
     def _validate(
-        self,
-        partial_output: torch.Tensor,
-        partial_lse: torch.Tensor,
-        seq_lens: torch.Tensor | None,
-        query_start_loc: torch.Tensor | None,
-    ) -> None:
+        self, partial_output: torch.Tensor, partial_lse: torch.Tensor,
+        seq_lens: torch.Tensor | None, query_start_loc: torch.Tensor | None,
+    ) -> None:  # fmt: skip
         check_tensors(self.name, partial_output=partial_output, partial_lse=partial_lse)
         if partial_output.dim() != 3 or partial_lse.dim() != 2:
             raise ValueError(
@@ -262,11 +208,8 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         ubatch_id: int | None = None,
         validate: bool = True,
     ) -> None:
-        """First launch of a call: write this rank's slices into every peer and signal them.
-
-        ``lse_reduce`` = ``publish`` + ``wait_and_combine``; the split exists so simulated ranks
-        sharing one process can run all publishes before any wait.
-        """
+        """First launch of ``lse_reduce``: write this rank's slices into every peer and signal
+        them (separate so simulated ranks of one process can all publish before any wait)."""
         if validate:
             refuse_grad(
                 "DirectDCPA2AWorkspace.publish",
@@ -281,9 +224,8 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
             return
         has_mask = seq_lens is not None and query_start_loc is not None
         if seq_lens is not None and query_start_loc is not None:
-            # The kernel reads int32/int64 indices; other integer dtypes (accepted by the NCCL
-            # path too) are widened on the device, with no host sync: uint32 / uint64 to int64
-            # (int32 wrapped 2**32 to 0, an empty shard), the narrower ones to int32.
+            # The kernel reads int32/int64 indices: other integer dtypes are widened on the
+            # device (uint32 / uint64 to int64, which int32 would wrap).
             seq_lens, query_start_loc = (
                 (x if x.dtype in NATIVE_INDEX_DTYPES else x.to(_widened(x.dtype))).contiguous()
                 for x in (seq_lens, query_start_loc)
@@ -291,22 +233,15 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         num_seqs = seq_lens.numel() if seq_lens is not None else 0
         num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
         _direct_a2a_publish_kernel[(self.world_size, num_pub)](
-            **self._pub_static[u],
-            out_ptr=partial_output,
-            stride_out_t=partial_output.stride(0),
-            stride_out_h=partial_output.stride(1),
-            stride_out_d=partial_output.stride(2),
-            lse_ptr=partial_lse,
-            stride_lse_t=partial_lse.stride(0),
+            **self._pub_static[u], out_ptr=partial_output, stride_out_t=partial_output.stride(0),
+            stride_out_h=partial_output.stride(1), stride_out_d=partial_output.stride(2),
+            lse_ptr=partial_lse, stride_lse_t=partial_lse.stride(0),
             stride_lse_h=partial_lse.stride(1),
             seq_lens_ptr=seq_lens if seq_lens is not None else partial_lse,
             qsl_ptr=query_start_loc if query_start_loc is not None else partial_lse,
-            num_seqs=num_seqs,
-            T=t,
-            NUM_PUB=num_pub,
-            HAS_MASK=has_mask,
+            num_seqs=num_seqs, T=t, NUM_PUB=num_pub, HAS_MASK=has_mask,
             NUM_SEQS_POW2=next_pow2(num_seqs),
-        )
+        )  # fmt: skip
 
     @on_workspace_device
     def wait_and_combine(
@@ -317,19 +252,12 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         return_lse: bool = False,
         ubatch_id: int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Second launch of a call: bounded wait for all sources, then the LSE-weighted combine.
+        """Second launch of ``lse_reduce``: bounded wait for all sources, then the combine.
 
-        Returns:
-            ``out [num_tokens, H_r, D]`` (workspace dtype) and, with ``return_lse``, the combined
-            LSE ``[num_tokens, H_r]`` fp32 in the input base. On a timeout the output is NaN and
-            the error surfaces on the host as ``DirectProtocolError`` (lazily or via
-            ``check_error()``).
-
-        Raises:
-            RuntimeError: the workspace is closed (its peer pointers are released).
-            ValueError: ``num_tokens`` outside ``[0, max_num_tokens]`` or the ubatch out of
-                range.
-            TypeError: an ``is_lse_base_on_e`` or ``return_lse`` that is not a bool.
+        Returns ``out [num_tokens, H_r, D]`` and, with ``return_lse``, the combined LSE
+        ``[num_tokens, H_r]`` fp32; NaN after a timeout (``DirectProtocolError`` later). Raises
+        ``RuntimeError`` (closed workspace), ``ValueError`` (``num_tokens`` or the ubatch out of
+        range), ``TypeError`` (a non-bool flag).
         """
         is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
         return_lse = check_bool("return_lse", return_lse)
@@ -354,21 +282,13 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
             else:
                 d_per_prog, n_db, num_warps = -(-d // block_d) * block_d, 1, 4
             _direct_a2a_combine_kernel[(t, n_hb, n_db)](
-                **self._comb_static[u],
-                res_ptr=out,
-                stride_res_t=out.stride(0),
-                stride_res_h=out.stride(1),
-                res_lse_ptr=lse if lse is not None else out,
-                stride_res_lse_t=lse.stride(0) if lse is not None else 0,
-                max_spins=self.max_spins,
-                num_programs=t * n_hb * n_db,
-                BLOCK_H=block_h,
-                BLOCK_D=block_d,
-                D_PER_PROG=d_per_prog,
-                num_warps=num_warps,
-                IS_BASE_E=is_lse_base_on_e,
+                **self._comb_static[u], res_ptr=out, stride_res_t=out.stride(0),
+                stride_res_h=out.stride(1), res_lse_ptr=lse if lse is not None else out,
+                stride_res_lse_t=lse.stride(0) if lse is not None else 0, max_spins=self.max_spins,
+                num_programs=t * n_hb * n_db, BLOCK_H=block_h, BLOCK_D=block_d,
+                D_PER_PROG=d_per_prog, num_warps=num_warps, IS_BASE_E=is_lse_base_on_e,
                 HAS_LSE_OUT=lse is not None,
-            )
+            )  # fmt: skip
             self._after_call()
         return (out, lse) if lse is not None else out
 
@@ -387,15 +307,12 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         """Combine this rank's partial attention with all peers' into its own heads.
 
         Args:
-            partial_output: ``[T, H, D]`` (H = N*H_r) partial output of this rank's KV shard,
-                workspace dtype; last dim unit stride; 16-byte-aligned base and row strides
-                (padded-head views ``[:, :H]`` of wider storage are fine).
+            partial_output: ``[T, H, D]`` (H = N*H_r), workspace dtype; last dim unit stride;
+                16-byte-aligned base and row strides.
             partial_lse: ``[T, H]`` LSE (fp32/fp16/bf16, any strides).
             is_lse_base_on_e: LSE base (True: e, False: 2).
-            seq_lens: ``[R]`` this rank's local KV length per request (optional; with
-                ``query_start_loc``, rows of requests with an empty local shard and padding rows
-                past ``query_start_loc[R]`` contribute nothing, as in ``mask_dcp_empty_shards_``).
-            query_start_loc: ``[R+1]`` cumulative query offsets.
+            seq_lens / query_start_loc: optional ``[R]`` local KV lengths and ``[R+1]`` query
+                offsets: empty-shard and padding rows contribute nothing.
             return_lse: also return the combined LSE ``[T, H_r]`` fp32.
             ubatch_id: micro-batch slot (default ``cpattn_common.current_ubatch_id()``).
 
@@ -405,15 +322,13 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
 
         Raises:
             ValueError / TypeError: bad shapes, dtypes, alignment, ``T > max_num_tokens``,
-                ubatch out of range; bad ``seq_lens``/``query_start_loc`` raise exactly what
-                ``dcp_a2a_lse_reduce`` raises for them (one shared check); an
-                ``is_lse_base_on_e`` or ``return_lse`` that is not a bool (``TypeError``).
-            RuntimeError: grad mode is on and an input requires grad (no autograd formula:
-                ``cpattn_common.dispatch.refuse_grad``), or the workspace is closed.
+                ubatch out of range; bad ``seq_lens``/``query_start_loc`` (as
+                ``dcp_a2a_lse_reduce``); a non-bool flag.
+            RuntimeError: grad mode is on and an input requires grad, or the workspace is
+                closed.
             DirectProtocolError: an earlier call's bounded wait timed out.
         """
-        # Checked before the publish: a wait that raised after it would leave this rank's
-        # call half made (the peers would wait for it).
+        # Everything is checked before the publish: a call must not stop half made.
         is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
         return_lse = check_bool("return_lse", return_lse)
         refuse_grad(

@@ -2,14 +2,10 @@
 every peer's symmetric parity slot at ``rank * T``, signals, waits, then the rows are copied
 (materialized) into the caller's ``gathered_kv [N*T, D]`` buffer.
 
-Created only where NVLS multicast spans the group; the factory returns ``None`` elsewhere and
-always when the environment disables multicast. Because the result is copied out, the parity
-slot is free again once every rank finished the call (the two-slot argument of the protocol).
-
-A wait that times out (or runs on a ubatch whose error record, or the group's failure word, is
-set: the sticky failure of ``cpattn_dcp.kernels.direct_protocol``) reads nothing from the slot
-and fills ``gathered_kv`` with NaN, so the caller sees NaN rather than the buffer's previous
-finite contents until the host raises ``DirectProtocolError`` (on CUDA up to ``error_check_interval`` calls later).
+Created only where NVLS multicast spans the group (as the query gather). Because the result
+is copied out, the parity slot is free again once every rank finished the call. A wait that
+times out (or finds the ubatch's error record or the group's failure word set) reads nothing
+from the slot and fills ``gathered_kv`` with NaN until the host raises ``DirectProtocolError``.
 """
 
 from __future__ import annotations
@@ -24,8 +20,9 @@ from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
     DEFAULT_MAX_SPINS,
     DirectWorkspaceBase,
-    as_int,
     check_16b_aligned,
+    check_16b_rows,
+    checked_sizes,
     next_pow2,
     on_workspace_device,
 )
@@ -44,8 +41,8 @@ DIRECT_KV_GATHER_DTYPES: tuple[torch.dtype, ...] = (
     torch.bfloat16,
     torch.float8_e4m3fn,
 )
-_MAX_PUBLISH_PROGRAMS = 32
-_COPY_BLOCK = 2048
+_MAX_PUBLISH_PROGRAMS = 32  # per destination; rows are strided over them
+_COPY_BLOCK = 2048  # elements one wait program copies out of the slot
 
 
 class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
@@ -55,14 +52,10 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
     ``signal [U, 2, N]`` int64.
 
     Args:
-        group: the DCP group.
-        device: device of the buffers.
+        group / device / num_ubatches / max_spins / error_check_interval / require_multicast:
+            as ``DirectDCPQGatherWorkspace``.
         max_gathered_tokens: G, capacity of one gathered chunk (N*T <= G); divisible by N.
-        token_dim: D (576 for DeepSeek-style MLA: 512 latent + 64 rope).
-        dtype: float16, bfloat16 or float8_e4m3fn.
-        num_ubatches: micro-batch slots.
-        require_multicast: see ``DirectDCPQGatherWorkspace``.
-        max_spins / error_check_interval: see ``DirectDCPA2AWorkspace``.
+        token_dim: D (576 for DeepSeek-style MLA); dtype: float16, bfloat16 or float8_e4m3fn.
     """
 
     def __init__(
@@ -79,34 +72,20 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         error_check_interval: int = DEFAULT_ERROR_CHECK_INTERVAL,
     ) -> None:
         name = "Direct DCP kv-gather"
-        max_gathered_tokens = as_int(f"{name}: max_gathered_tokens", max_gathered_tokens)
-        token_dim = as_int(f"{name}: token_dim", token_dim)
-        num_ubatches = as_int(f"{name}: num_ubatches", num_ubatches)
+        max_gathered_tokens, token_dim, num_ubatches = checked_sizes(
+            name,
+            max_gathered_tokens=max_gathered_tokens,
+            token_dim=token_dim,
+            num_ubatches=num_ubatches,
+        )
         if dtype not in DIRECT_KV_GATHER_DTYPES:
             raise ValueError(f"{name} does not support {dtype}; supported: fp16, bf16, fp8_e4m3fn")
-        if num_ubatches < 1:
-            raise ValueError(f"{name} requires at least one ubatch slot, got {num_ubatches}")
-        if max_gathered_tokens < 1 or token_dim < 1:
-            raise ValueError(
-                f"{name} dimensions must be positive, got T={max_gathered_tokens}, D={token_dim}"
-            )
-        elem = torch.empty((), dtype=dtype).element_size()
-        if (token_dim * elem) % 16 != 0:
-            raise ValueError(
-                f"{name} requires 16-byte-aligned KV rows: token_dim {token_dim} * {elem} bytes "
-                f"= {token_dim * elem} is not a multiple of 16"
-            )
+        check_16b_rows(name, dtype, token_dim=token_dim)
         super().__init__(
-            name,
-            group,
-            device,
-            num_ubatches,
-            max_spins=max_spins,
+            name, group, device, num_ubatches, max_spins=max_spins,
             error_check_interval=error_check_interval,
-        )
+        )  # fmt: skip
         n = self.world_size
-        if n < 2:
-            raise ValueError(f"{name} requires at least two ranks, got world size {n}")
         if max_gathered_tokens % n != 0:
             raise ValueError(
                 f"{name} capacity must divide evenly across ranks: {max_gathered_tokens} % {n} != 0"
@@ -126,9 +105,8 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         self._nan_bits = nan_bits(dtype)  # what a failed wait stores into ``gathered_kv``
 
     def _kv_rows_reason(self, what: str, kv: torch.Tensor, layout: bool = True) -> str | None:
-        """Why ``kv`` (named ``what``) is not a contiguous, 16-byte-aligned ``[rows, D]``
-        tensor of this workspace's dtype and device, without torch's negative bit (``None``:
-        it is); ``layout=False`` leaves out contiguity, alignment and the negative bit."""
+        """Why ``kv`` (named ``what``) is not a ``[rows, D]`` tensor of this workspace's dtype
+        and device with ``layout_ok`` (``None``: it is; ``layout=False``: layout unchecked)."""
         if kv.dim() != 2:
             return f"expected {what} [rows, D], got {tuple(kv.shape)}"
         if kv.shape[1] != self.token_dim:
@@ -147,8 +125,7 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
 
     def layout_ok(self, kv: torch.Tensor) -> bool:
         """Whether ``kv``'s layout is one the direct gather reads or writes as is: contiguous,
-        16-byte aligned and without torch's negative bit (a lazily negated view, whose memory
-        holds the negated values); its shape, dtype and device are not looked at."""
+        16-byte aligned, without torch's negative bit (shape, dtype and device unchecked)."""
         return (
             kv.is_contiguous() and (kv.numel() == 0 or kv.data_ptr() % 16 == 0) and not kv.is_neg()
         )
@@ -184,18 +161,12 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
     def unsupported_reason(
         self, gathered_kv: torch.Tensor, local_kv: torch.Tensor, *, layout: bool = True
     ) -> str | None:
-        """Why this call cannot take the direct path (``None``: it can).
-
-        ``local_kv [T, D]`` and ``gathered_kv [N*T, D]`` must be contiguous, 16-byte aligned,
-        without torch's negative bit, of the workspace dtype, device and token dim, with
-        ``N*T <= max_gathered_tokens``. ``layout=False`` leaves out contiguity, alignment and
-        the negative bit: those are properties of this rank's tensors, which packed copies
-        mend, while the others are the same on every rank of a call. ``TypeError`` for an
-        argument that is not a tensor.
-        """
+        """Why this call cannot take the direct path (``None``: it can): ``local_kv [T, D]``
+        and ``gathered_kv [N*T, D]`` of the workspace dtype, device and token dim, ``N*T <=
+        max_gathered_tokens``, and (unless ``layout=False``: what packed copies of this rank's
+        tensors mend) ``layout_ok``. ``TypeError`` for a non-tensor."""
         check_tensors(self.name, gathered_kv=gathered_kv, local_kv=local_kv)
-        # Accept in one expression first (the manager's hot path, each shape read once); the
-        # per-tensor checks below only name what is wrong.
+        # Accept in one expression first (the hot path); the checks below name what is wrong.
         local_shape, gathered_shape = local_kv.shape, gathered_kv.shape
         if (
             len(local_shape) == 2
@@ -223,25 +194,10 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
     def publish(
         self, local_kv: torch.Tensor, *, ubatch_id: int | None = None, validate: bool = True
     ) -> None:
-        """First launch: store this rank's rows into every peer's parity slot and signal.
-
-        ``gather`` = ``publish`` + ``wait``; the split exists so simulated ranks sharing one
-        process can run all publishes before any wait.
-
-        Args:
-            local_kv: ``[T, D]``, contiguous, with ``N*T <= max_gathered_tokens``.
-            ubatch_id: micro-batch slot (default ``cpattn_common.current_ubatch_id()``).
-            validate: check the workspace state and ``local_kv`` first. Only callers that have
-                made these checks themselves (``gather``) pass ``False``: an unchecked call
-                stores out of bounds of the peers' slots.
-
-        Raises:
-            RuntimeError: the workspace is closed, or (with ``validate``) grad mode is on and
-                ``local_kv`` requires grad (``cpattn_common.dispatch.refuse_grad``).
-            DirectProtocolError: an earlier call's bounded wait timed out.
-            ValueError: ``local_kv`` has the wrong shape, dtype, device or layout, or
-                ``N*T > max_gathered_tokens``, or the ubatch is out of range.
-        """
+        """First launch of ``gather``: store this rank's rows into every peer's parity slot and
+        signal (separate so simulated ranks of one process can all publish before any wait).
+        ``validate=False`` only after ``gather``'s checks: an unchecked call stores out of
+        bounds. Raises as ``gather`` for ``local_kv``."""
         if validate:
             refuse_grad("DirectDCPKVGatherWorkspace.publish", local_kv=local_kv)
             self._before_call()
@@ -255,49 +211,20 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         d = self.token_dim
         num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
         _direct_gather_publish_kernel[(self.world_size, num_pub)](
-            src_ptr=local_kv,
-            stride_src_t=local_kv.stride(0),
-            peer_dst_ptrs=self._kv_ptrs[u],
-            peer_sig_ptrs=self._sig_ptrs[u],
-            counter_ptr=self._pub_counter[u],
-            epoch_ptr=self.epoch[u:],
-            err_ptr=self._error[u],
-            grp_err_ptr=self._group_failure,
-            T=t,
-            rank=self.rank,
-            dst_parity_stride=self.max_gathered_tokens * d,
-            dst_rank_stride=t * d,
-            dst_row_stride=d,
-            NUM_PUB=num_pub,
-            N=self.world_size,
-            W=d,
-            BLOCK_W=self._block_w,
-        )
+            src_ptr=local_kv, stride_src_t=local_kv.stride(0), peer_dst_ptrs=self._kv_ptrs[u],
+            peer_sig_ptrs=self._sig_ptrs[u], counter_ptr=self._pub_counter[u],
+            epoch_ptr=self.epoch[u:], err_ptr=self._error[u], grp_err_ptr=self._group_failure, T=t,
+            rank=self.rank, dst_parity_stride=self.max_gathered_tokens * d, dst_rank_stride=t * d,
+            dst_row_stride=d, NUM_PUB=num_pub, N=self.world_size, W=d, BLOCK_W=self._block_w,
+        )  # fmt: skip
 
     @on_workspace_device
     def wait(
         self, gathered_kv: torch.Tensor, *, ubatch_id: int | None = None, validate: bool = True
     ) -> None:
-        """Second launch: bounded wait, then copy the slot's ``N*T`` rows into ``gathered_kv``.
-
-        If the wait timed out, or the ubatch's error record was already set, nothing is read:
-        ``gathered_kv`` is filled with NaN, and ``DirectProtocolError`` is raised at a later
-        call or by ``check_error()``.
-
-        Args:
-            gathered_kv: ``[N*T, D]`` output, contiguous, T that of every rank's ``publish``.
-            ubatch_id: micro-batch slot (default ``cpattn_common.current_ubatch_id()``).
-            validate: check the workspace state and ``gathered_kv`` first (``gather``, which
-                checked them, passes ``False``).
-
-        Raises:
-            RuntimeError: the workspace is closed, or (with ``validate``) grad mode is on and
-                ``gathered_kv`` requires grad (``cpattn_common.dispatch.refuse_grad``).
-            DirectProtocolError: an earlier call's bounded wait timed out.
-            ValueError: ``gathered_kv`` has the wrong shape, dtype, device or layout, a row
-                count that is not a multiple of N, or more rows than ``max_gathered_tokens``
-                (the copy would read past the slot), or the ubatch is out of range.
-        """
+        """Second launch of ``gather``: bounded wait, then copy the slot's ``N*T`` rows into
+        ``gathered_kv [N*T, D]`` (NaN after a timeout). Raises as ``gather`` for
+        ``gathered_kv``, whose rows must be a multiple of N."""
         if validate:
             refuse_grad("DirectDCPKVGatherWorkspace.wait", gathered_kv=gathered_kv)
             self._before_call()
@@ -310,23 +237,13 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             return
         grid = (-(-num_elems // _COPY_BLOCK),)
         _direct_gather_wait_kernel[grid](
-            sig_ptr=self.recv_signal[u],
-            epoch_ptr=self.epoch[u:],
-            done_ptr=self._wait_done[u:],
-            err_ptr=self._error[u],
-            grp_err_ptr=self._group_failure,
-            slot_ptr=self.received_kv[u],
-            dst_ptr=gathered_kv,
-            num_elems=num_elems,
-            slot_parity_stride=self.max_gathered_tokens * self.token_dim,
-            max_spins=self.max_spins,
-            num_programs=grid[0],
-            N=self.world_size,
-            N_POW2=self._n_pow2,
-            HAS_COPY=True,
-            BLOCK=_COPY_BLOCK,
-            NAN_BITS=self._nan_bits,
-        )
+            sig_ptr=self.recv_signal[u], epoch_ptr=self.epoch[u:], done_ptr=self._wait_done[u:],
+            err_ptr=self._error[u], grp_err_ptr=self._group_failure, slot_ptr=self.received_kv[u],
+            dst_ptr=gathered_kv, num_elems=num_elems,
+            slot_parity_stride=self.max_gathered_tokens * self.token_dim, max_spins=self.max_spins,
+            num_programs=grid[0], N=self.world_size, N_POW2=self._n_pow2, HAS_COPY=True,
+            BLOCK=_COPY_BLOCK, NAN_BITS=self._nan_bits,
+        )  # fmt: skip
         # As all_gather_into_tensor does through the dispatcher.
         mark_written_in_place(gathered_kv)
         self._after_call()
@@ -342,12 +259,15 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
     ) -> None:
         """``gathered_kv [N*T, D]`` = every rank's ``local_kv [T, D]``, rank-major (in place).
 
-        Same result as ``all_gather_into_tensor(gathered_kv, local_kv)``. ``checked=True``:
-        the caller has just found ``unsupported_reason(gathered_kv, local_kv)`` to be ``None``
-        (``DCPManager`` does, to choose the path), so it is not run again. NaN after a
-        timed-out wait (see ``wait``). Inference only: with grad mode on, a ``gathered_kv`` or
-        ``local_kv`` that requires grad raises ``RuntimeError``
-        (``cpattn_common.dispatch.refuse_grad``).
+        Same result as ``all_gather_into_tensor(gathered_kv, local_kv)``; NaN after a timed-out
+        wait. ``checked=True``: the caller has just found ``unsupported_reason`` to be ``None``.
+
+        Raises:
+            ValueError: ``unsupported_reason(gathered_kv, local_kv)`` is not ``None``, or the
+                ubatch is out of range.
+            RuntimeError: the workspace is closed, or grad mode is on and a tensor requires
+                grad.
+            DirectProtocolError: an earlier call's bounded wait timed out.
         """
         refuse_grad("DirectDCPKVGatherWorkspace.gather", gathered_kv=gathered_kv, local_kv=local_kv)
         self._before_call()

@@ -1,31 +1,22 @@
 """Direct DCP query gather: every rank stores its query heads straight into every peer's
 consumer-final ``[T, N*H_r, D]`` buffer (rank-major heads), signals, and waits.
 
-Created only where NVLS multicast spans the group (``direct_cp_multicast_enabled``); the
-factory returns ``None`` everywhere else, and always when the environment disables multicast.
-The data path itself stores through the peer-pointer table (one store per peer), which is
-correct on any symmetric-memory fabric; a multicast store is a drop-in optimisation of the
-same layout.
+Created only where NVLS multicast spans the group (the factory returns ``None`` elsewhere, and
+always when the environment disables multicast). The data path stores through the
+peer-pointer table (one store per peer); a multicast store would be a drop-in optimisation.
 
-Reuse contract (as in the serving engine this mirrors): the returned tensor is a view of the
-ubatch's persistent buffer, which every peer's next gather on the same ubatch overwrites. It is
-valid until this rank enters this layer's combine (the next rendezvous across ranks), not until
-this rank's next gather: once this rank has published into the combine, a peer can finish it
-and start its next gather while this rank has made no further call. Copy the result if it is
-needed after the combine. Before that no peer can overwrite it: the combine waits for this
-rank's attention output, so a peer reaches its next gather only after this rank's attention
-has read the gathered query. Using the gather without a subsequent cross-rank combine therefore
-needs an extra rendezvous between calls. Because of that reliance, a timeout of any direct
-workspace of the group (the combine's, say) stops this workspace's publishes on the rank too:
-the group failure word of ``cpattn_dcp.kernels.direct_protocol``.
+Reuse contract: the returned tensor is a view of the ubatch's persistent buffer, which every
+peer's next gather on the same ubatch overwrites. It is valid until this rank enters this
+layer's combine (the next rendezvous across ranks): once this rank has published into the
+combine, a peer can finish it and start its next gather. Copy the result if it is needed after
+the combine; a gather without a following cross-rank combine needs a rendezvous between calls.
+Because of that reliance, a timeout of any direct workspace of the group stops this
+workspace's publishes too (the group failure word).
 
-A wait that times out (or runs on a ubatch whose error record, or the group's failure word, is
-set: the sticky failure of ``cpattn_dcp.kernels.direct_protocol``) fills the call's
-``T * S * D`` elements of the ubatch's buffer with NaN: the returned ``[T, N*H_r, D]`` view and the padding heads of the storage behind
-it. The caller sees NaN, not the previous call's finite queries, until the host raises
-``DirectProtocolError`` (on CUDA up to ``error_check_interval`` calls later). A peer that was
-only slow can still store its heads of this call over the NaN afterwards: those rows are then
-that peer's correct data, never an earlier call's.
+A wait that times out (or finds the ubatch's error record or the group's failure word set)
+fills the call's ``T * S * D`` elements of the buffer with NaN until the host raises
+``DirectProtocolError``; a peer that was only slow may still store its heads of this call
+over the NaN afterwards (its correct data, never an earlier call's).
 """
 
 from __future__ import annotations
@@ -45,6 +36,8 @@ from cpattn_dcp.direct._base import (
     DirectWorkspaceBase,
     as_int,
     check_16b_aligned,
+    check_16b_rows,
+    checked_sizes,
     next_pow2,
     on_workspace_device,
 )
@@ -57,28 +50,20 @@ from cpattn_dcp.kernels.direct_gather import (
 
 __all__ = ["DirectDCPQGatherWorkspace"]
 
-_MAX_PUBLISH_PROGRAMS = 32
+_MAX_PUBLISH_PROGRAMS = 32  # per destination; rows are strided over them
 # Elements per NaN store of a failed wait (its single program loops over the call's rows).
 _NAN_FILL_BLOCK = 1024
-# Query dtypes the publish passes to Triton as they are. Triton has no type for
-# float8_e8m0fnu and does not build the fnuz fp8 types for NVIDIA GPUs: the publish moves those
-# through a same-size integer view (a bit-exact copy either way).
+# Query dtypes the publish passes to Triton as they are; others (float8_e8m0fnu, the fnuz fp8
+# types) move through a same-size integer view (a bit-exact copy either way).
 _PUBLISHED_AS_IS = frozenset(
     {torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2}
 )
 
 
 def _require_multicast(workspace: DirectWorkspaceBase, storages: list[torch.Tensor]) -> None:
-    """Raise ``DirectPathUnavailable`` (a ``RuntimeError``) on every rank unless every rank's
-    storages have a multicast pointer for every ubatch (collective over the group); the
-    refusing ranks close ``workspace`` first, so its symmetric buffers are released at once
-    rather than with the last reference to the traceback.
-
-    Whether a handle has a multicast address is this rank's own answer, so the ranks agree on
-    it first: a rank that refused alone would take the NCCL gather while its peers wait in the
-    direct one. The environment check comes first, so no multicast query is made where it is
-    disabled.
-    """
+    """Raise ``DirectPathUnavailable`` on every rank (closing ``workspace`` first) unless every
+    rank's storages have a multicast pointer for every ubatch: collective, the ranks agree on
+    their own answers. No multicast query where the environment disables it."""
     name, symm = workspace.name, workspace.symmetric_workspace
     env_off = multicast_disabled_by_env()
     ok = not env_off and all(
@@ -107,19 +92,15 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
     ``signal [U, 2, N]`` int64.
 
     Args:
-        group: the DCP group.
-        device: device of the buffers.
-        max_num_tokens: T_max.
-        heads_per_rank: H_r, this rank's query heads.
-        head_dim: D (e.g. 576 for MLA).
+        group / device / num_ubatches / max_spins / error_check_interval: as
+            ``DirectDCPA2AWorkspace``.
+        max_num_tokens / heads_per_rank / head_dim: T_max, this rank's query heads H_r, D.
         dtype: query dtype (any 1-, 2- or 4-byte floating dtype with a NaN encoding, fp8
-            included, float8_e8m0fnu too).
-        num_ubatches: micro-batch slots.
+            included).
         padded_num_heads: head capacity S >= N*H_r of the returned tensor's storage, for
             fixed-head attention kernels (``None``: N*H_r).
-        require_multicast: raise ``RuntimeError`` unless multicast spans the group (default;
-            ``False`` only for tests with simulated peers).
-        max_spins / error_check_interval: see ``DirectDCPA2AWorkspace``.
+        require_multicast: raise ``DirectPathUnavailable`` unless multicast spans the group
+            (``False`` only for tests with simulated peers).
     """
 
     def __init__(
@@ -138,10 +119,13 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         error_check_interval: int = DEFAULT_ERROR_CHECK_INTERVAL,
     ) -> None:
         name = "Direct DCP q-gather"
-        max_num_tokens = as_int(f"{name}: max_num_tokens", max_num_tokens)
-        heads_per_rank = as_int(f"{name}: heads_per_rank", heads_per_rank)
-        head_dim = as_int(f"{name}: head_dim", head_dim)
-        num_ubatches = as_int(f"{name}: num_ubatches", num_ubatches)
+        max_num_tokens, heads_per_rank, head_dim, num_ubatches = checked_sizes(
+            name,
+            max_num_tokens=max_num_tokens,
+            heads_per_rank=heads_per_rank,
+            head_dim=head_dim,
+            num_ubatches=num_ubatches,
+        )
         if padded_num_heads is not None:
             padded_num_heads = as_int(f"{name}: padded_num_heads", padded_num_heads)
         try:
@@ -149,35 +133,19 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
             self._nan_bits = nan_bits(dtype)
         except ValueError as exc:
             raise ValueError(f"{name} does not support {dtype}: {exc}") from None
-        if num_ubatches < 1:
-            raise ValueError(f"{name} requires at least one ubatch slot, got {num_ubatches}")
-        if max_num_tokens < 1 or heads_per_rank < 1 or head_dim < 1:
-            raise ValueError(
-                f"{name} dimensions must be positive, got T={max_num_tokens}, "
-                f"H={heads_per_rank}, D={head_dim}"
-            )
         super().__init__(
-            name,
-            group,
-            device,
-            num_ubatches,
-            max_spins=max_spins,
+            name, group, device, num_ubatches, max_spins=max_spins,
             error_check_interval=error_check_interval,
-        )
+        )  # fmt: skip
         n = self.world_size
-        elem = torch.empty((), dtype=dtype).element_size()
         gathered = n * heads_per_rank
         storage_heads = gathered if padded_num_heads is None else padded_num_heads
-        if (heads_per_rank * head_dim * elem) % 16 != 0 or (
-            storage_heads * head_dim * elem
-        ) % 16 != 0:
-            raise ValueError(
-                f"{name} requires 16-byte-aligned query rows: H_r*D*elem = "
-                f"{heads_per_rank}*{head_dim}*{elem} and S*D*elem = {storage_heads}*{head_dim}*{elem} "
-                "must be multiples of 16"
-            )
-        if n < 2:
-            raise ValueError(f"{name} requires at least two ranks, got world size {n}")
+        check_16b_rows(
+            name,
+            dtype,
+            local_heads=heads_per_rank * head_dim,
+            storage_heads=storage_heads * head_dim,
+        )
         if storage_heads < gathered:
             raise ValueError(
                 f"{name} padded heads must cover gathered heads: {storage_heads} < {gathered}"
@@ -201,12 +169,9 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         self._n_pow2 = next_pow2(n)
 
     def unsupported_reason(self, local_query: torch.Tensor, *, layout: bool = True) -> str | None:
-        """Why ``local_query`` cannot take the direct path (``None``: it can).
-
-        ``layout=False`` leaves out the negative bit (a lazily negated view, whose memory holds
-        the negated values), head packing and alignment checks: those are properties of this
-        rank's tensor, which a packed copy mends, while the others are the same on every rank
-        of a call. ``TypeError`` for a ``local_query`` that is not a tensor."""
+        """Why ``local_query`` cannot take the direct path (``None``: it can). ``layout=False``
+        leaves out what a packed copy of this rank's tensor mends (the negative bit, head
+        packing, alignment). ``TypeError`` for a non-tensor."""
         check_tensors(self.name, local_query=local_query)
         if local_query.dim() != 3:
             return f"expected local_query [T, H_r, D], got {tuple(local_query.shape)}"
@@ -233,25 +198,10 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
     def publish(
         self, local_query: torch.Tensor, *, ubatch_id: int | None = None, validate: bool = True
     ) -> None:
-        """First launch: store this rank's heads into every peer's final buffer and signal.
-
-        ``gather`` = ``publish`` + ``wait``; the split exists so simulated ranks sharing one
-        process can run all publishes before any wait.
-
-        Args:
-            local_query: ``[T, H_r, D]`` with ``T <= max_num_tokens`` (see ``gather``).
-            ubatch_id: micro-batch slot (default ``cpattn_common.current_ubatch_id()``).
-            validate: check the workspace state and ``local_query`` first. Only callers that
-                have made exactly these checks themselves (``gather``) pass ``False``: an
-                unchecked call stores out of bounds of the peers' slots.
-
-        Raises:
-            RuntimeError: the workspace is closed, or (with ``validate``) grad mode is on and
-                ``local_query`` requires grad (``cpattn_common.dispatch.refuse_grad``).
-            DirectProtocolError: an earlier call's bounded wait timed out.
-            ValueError: ``unsupported_reason(local_query)`` is not ``None`` (wrong shape,
-                dtype, device, layout or ``T > max_num_tokens``), or the ubatch is out of range.
-        """
+        """First launch of ``gather``: store this rank's heads into every peer's buffer and
+        signal (separate so simulated ranks of one process can all publish before any wait).
+        ``validate=False`` only after exactly ``gather``'s checks: an unchecked call stores out
+        of bounds. Raises as ``gather``."""
         if validate:
             refuse_grad("DirectDCPQGatherWorkspace.publish", local_query=local_query)
             self._before_call()
@@ -266,76 +216,37 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
         src = local_query if self._publish_view is None else local_query.view(self._publish_view)
         _direct_gather_publish_kernel[(n, num_pub)](
-            src_ptr=src,
-            stride_src_t=local_query.stride(0),
-            peer_dst_ptrs=self._q_ptrs[u],
-            peer_sig_ptrs=self._sig_ptrs[u],
-            counter_ptr=self._pub_counter[u],
-            epoch_ptr=self.epoch[u:],
-            err_ptr=self._error[u],
-            grp_err_ptr=self._group_failure,
-            T=t,
-            rank=self.rank,
-            dst_parity_stride=0,
-            dst_rank_stride=w,
-            dst_row_stride=n * w,
-            NUM_PUB=num_pub,
-            N=n,
-            W=w,
-            BLOCK_W=self._block_w,
-        )
+            src_ptr=src, stride_src_t=local_query.stride(0), peer_dst_ptrs=self._q_ptrs[u],
+            peer_sig_ptrs=self._sig_ptrs[u], counter_ptr=self._pub_counter[u],
+            epoch_ptr=self.epoch[u:], err_ptr=self._error[u], grp_err_ptr=self._group_failure, T=t,
+            rank=self.rank, dst_parity_stride=0, dst_rank_stride=w, dst_row_stride=n * w,
+            NUM_PUB=num_pub, N=n, W=w, BLOCK_W=self._block_w,
+        )  # fmt: skip
 
     @on_workspace_device
     def wait(
         self, num_tokens: int, *, ubatch_id: int | None = None, validate: bool = True
     ) -> torch.Tensor:
-        """Second launch: bounded wait for every source's ``publish`` of this call.
-
-        Args:
-            num_tokens: T of this call (every rank published ``T`` rows).
-            ubatch_id: micro-batch slot (default ``cpattn_common.current_ubatch_id()``).
-            validate: check the workspace state and ``num_tokens`` first (``gather``, which
-                checked them, passes ``False``).
-
-        Returns:
-            The gathered ``[T, N*H_r, D]`` view of the ubatch's persistent buffer, valid until
-            this rank enters this layer's combine (see ``gather``). If the bounded wait timed
-            out, or the ubatch's error record was already set, the view (and the padding heads
-            of the ``T * S * D`` storage behind it) holds NaN, and ``DirectProtocolError`` is
-            raised at a later call or by ``check_error()``.
-
-        Raises:
-            RuntimeError: the workspace is closed.
-            DirectProtocolError: an earlier call's bounded wait timed out.
-            ValueError: ``num_tokens`` not in ``[0, max_num_tokens]`` (a larger view would
-                reach into the next ubatch's slot or past the buffer), or the ubatch is out of
-                range.
-        """
+        """Second launch of ``gather``: bounded wait for every source's ``publish`` of this call
+        (T = ``num_tokens`` rows each); returns ``gather``'s view, valid until this rank enters
+        this layer's combine. Raises as ``gather``, and ``ValueError`` for ``num_tokens``
+        outside ``[0, max_num_tokens]``."""
         t = as_int(f"{self.name}: num_tokens", num_tokens)
         if validate:
             self._before_call()
             if not 0 <= t <= self.max_num_tokens:
                 raise ValueError(f"{self.name}: num_tokens {t} not in [0, {self.max_num_tokens}]")
         u = self._resolve_ubatch(ubatch_id)
-        if t > 0:
+        if t > 0:  # dst: written (NaN) only on a failure, there is nothing to copy
             _direct_gather_wait_kernel[(1,)](
-                sig_ptr=self.recv_signal[u],
-                epoch_ptr=self.epoch[u:],
-                done_ptr=self._wait_done[u:],
-                err_ptr=self._error[u],
-                grp_err_ptr=self._group_failure,
-                slot_ptr=self.recv_signal[u],
-                dst_ptr=self._final_query_bits[u],  # NaN only on a failure: nothing to copy
-                num_elems=t * self.storage_heads * self.head_dim,
-                slot_parity_stride=0,
-                max_spins=self.max_spins,
-                num_programs=1,
-                N=self.world_size,
-                N_POW2=self._n_pow2,
-                HAS_COPY=False,
-                BLOCK=_NAN_FILL_BLOCK,
-                NAN_BITS=self._nan_bits,
-            )
+                sig_ptr=self.recv_signal[u], epoch_ptr=self.epoch[u:],
+                done_ptr=self._wait_done[u:], err_ptr=self._error[u],
+                grp_err_ptr=self._group_failure, slot_ptr=self.recv_signal[u],
+                dst_ptr=self._final_query_bits[u],
+                num_elems=t * self.storage_heads * self.head_dim, slot_parity_stride=0,
+                max_spins=self.max_spins, num_programs=1, N=self.world_size, N_POW2=self._n_pow2,
+                HAS_COPY=False, BLOCK=_NAN_FILL_BLOCK, NAN_BITS=self._nan_bits,
+            )  # fmt: skip
             self._after_call()
         g = self.world_size * self.heads_per_rank
         buf = self.final_query[u]
@@ -350,23 +261,19 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         """All-gather the query heads of the DCP group.
 
         Args:
-            local_query: ``[T, H_r, D]``; heads packed, rows 16-byte aligned (token stride may
-                exceed H_r*D).
+            local_query: ``[T, H_r, D]``; heads packed, rows 16-byte aligned.
             ubatch_id: micro-batch slot (default ``cpattn_common.current_ubatch_id()``).
             checked: the caller has just found ``unsupported_reason(local_query)`` to be
-                ``None`` (``DCPManager`` does, to choose the path), so it is not run again.
+                ``None``, so it is not run again.
 
         Returns:
             ``[T, N*H_r, D]`` contiguous view (rank-major heads) of the persistent buffer, with
-            storage for ``T * S * D`` elements behind it (S = padded heads). Valid until this
-            rank enters this layer's combine (the next rendezvous across ranks): a peer's next
-            gather, which it can start as soon as this rank has published into that combine,
-            overwrites it. Copy it if it is needed afterwards. NaN after a timed-out wait
-            (see ``wait``).
+            storage for ``T * S * D`` elements behind it (S = padded heads), valid until this
+            rank enters this layer's combine (module docstring); NaN after a timed-out wait.
 
         Raises:
             RuntimeError: the workspace is closed, or grad mode is on and ``local_query``
-                requires grad (no autograd formula: ``cpattn_common.dispatch.refuse_grad``).
+                requires grad.
             DirectProtocolError: an earlier call's bounded wait timed out.
             ValueError: ``unsupported_reason(local_query)`` is not ``None``, or the ubatch is
                 out of range.

@@ -2,53 +2,31 @@
 
 Block format of the send/receive buffers ``[N, B, H_r, D + P]`` (output dtype, contiguous;
 ``P = 2`` lanes carry one fp32 LSE for fp16/bf16, ``P = 1`` for fp32; see
-``ops.a2a_combine.a2a_buffer_views``). Each destination n owns one contiguous block of
+``ops.a2a_pack.a2a_buffer_views``). Each destination n owns one contiguous block of
 ``R * (D + P)`` lanes, ``R = B * H_r`` rows (row ``r = b * H_r + j``: token b, local head j,
 global head ``n * H_r + j``): lanes ``[0, R * D)`` of the block are the payloads, row r at
 lane ``r * D`` (a bit copy of ``out[b, n * H_r + j, :]``); lanes ``[R * D, R * (D + P))`` are
 the LSEs, row r's fp32 LSE (set to -inf for empty rows when the mask is fused) at lanes
 ``R * D + r * P ..``: for ``P = 2`` its low 16 bits first, then its high 16 bits, each
 bit-cast to the 16-bit output dtype (never numbers), i.e. one little-endian 32-bit word. No
-padding: every lane is written.
+padding: every lane is written. Blocks, not records, so that the unpack reads each source's
+payloads of a row tile as one contiguous range (docs/design.md, "The A2A buffer format").
 
-Why blocks, not one record per row (``[D payload | P LSE | zero padding to 16 bytes]``, the
-former format): the unpack then reads each source's payloads of a row tile as
-one contiguous range and the tile's LSEs as one contiguous vector, with no padding bytes.
-H200, bf16, B=4096, fraction of the copy bandwidth (``benchmarks/unpack_variants.py --family
-split``, three rounds, ``results/h200-2026-11-29-s7/unpack_split_guard.txt``): H=64 D=128
-N=2 / 4 / 8 0.935 / 0.891 / 0.828 against 0.885 / 0.813-0.831 / 0.777 for 272-byte records;
-H=128 D=512 1.018-1.026 against 0.998-1.010.
+Alignment: payload row offsets carry ``tl.multiple_of`` hints of ``PAY_ALIGN`` / ``DST_ALIGN``
+elements, the largest power of two <= 16 bytes dividing the block size and D (from the host):
+16-byte vectors where they are valid, never a misaligned access. LSEs move as 32-bit words when
+``R * D`` is even (``LSE_WORD``), else as 16-bit lanes.
 
-Alignment. Payload row offsets ``n * R * (D + P) + r * D`` carry a ``tl.multiple_of`` hint of
-``PAY_ALIGN`` / ``DST_ALIGN`` elements, the largest power of two <= 16 bytes dividing both
-terms (host-computed from R and D): 16-byte vectors whenever the block size and D allow (e.g.
-bf16 D=128 with ``R % 4 == 0``), narrower accesses otherwise, never a misaligned one (Triton
-3.6's axis analysis can over-state the divisibility of index expressions; the hints override
-it). The LSE words are read and written as 32-bit words when ``R * D`` is even (``LSE_WORD``),
-else as 16-bit lanes.
+Pack (grid ``(payload programs + LSE programs, N)``): a payload program copies ``BLOCK_V``
+vectors of ``VEC`` lanes of destination n's payload region; an LSE program converts
+``BLOCK_T`` tokens' LSEs to fp32, applies the fused empty-row mask once per token and stores
+their words. Index arithmetic is int32 unless an offset could overflow it (``IDX64``).
 
-Pack (``_a2a_pack_kernel``, grid ``(payload programs + LSE programs, N)``): a payload program
-copies ``BLOCK_V`` consecutive vectors of ``VEC`` lanes of destination n's payload region
-(contiguous stores; the source rows through their strides, 16-byte loads when the head dim is
-unit-stride and the row strides allow, ``IN_ALIGN``); an LSE program converts ``BLOCK_T``
-tokens' LSEs to fp32, applies the fused empty-row mask (``_row_is_empty``, once per token) and
-stores their words. Index arithmetic is int32 unless an offset could overflow it (``IDX64``).
-
-Unpack-combine: one program per ``BLOCK_R`` consecutive output rows (recv rows and output rows
-are both the flattened (b, j): no index division). For N <= 8 the N payload tiles (16-byte
-vector loads) and the N LSE vectors are loaded together (no load depends on a computed value),
-then the weights (element-wise, once per row in a compact layout, moved to the payload rows
-with ``tl.gather``), the fp32 weighted sum (zero-weight sources contribute exactly 0) and one
-store of the output rows. LSE math in the LSEs' own base (``lse_math``: weights
-``b^(l - m) / s``, large LSEs keep fp32 accuracy).
-
-Load order. ``ptxas`` schedules the LSE loads first and starts the LSE math, which waits for
-them, before most payload loads: a second DRAM round trip per program (``cuobjdump`` of the
-sm_90 SASS, ``benchmarks/unpack_asm.py --compile-only``). Each source's weight is therefore
-formed just before its weighted sum, not all N first: at N=8 with 4 warps 5 of the 8 payload
-loads then come before the first ``exp2`` (none did), and with one vector per thread at N=8
-(``ops.a2a_combine._UNPACK_ONE_VECTOR_MIN_N``) the H200 unpack at bf16 H=64 D=128 B=4096
-reads 0.844-0.849 of the copy against 0.817-0.820 (``results/h200-2026-12-01-s21/``).
+Unpack-combine: one program per ``BLOCK_R`` consecutive output rows. For N <= 8 the N payload
+tiles and the N LSE vectors are loaded first, then the weights (once per row in a compact
+layout, moved with ``tl.gather``), the fp32 weighted sum and one store. Each source's weight is
+formed just before its weighted sum, not all N first: ``ptxas`` then issues more payload loads
+before the LSE math (one DRAM round trip per program, not two).
 """
 
 from typing import Any  # noqa: F401  (used by type comments in the kernel)
@@ -63,34 +41,13 @@ from cpattn_dcp.kernels.tiles import _chunk_mask
 
 @triton.jit
 def _a2a_pack_kernel(
-    out_ptr,
-    stride_out_b,
-    stride_out_h,
-    stride_out_d,
-    lse_ptr,
-    stride_lse_b,
-    stride_lse_h,
-    send_ptr,
-    seq_lens_ptr,
-    qsl_ptr,
-    num_seqs,
-    num_tokens,
-    num_pay_programs,
-    HEADS_PER_RANK: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    VEC: tl.constexpr,
-    PACK: tl.constexpr,
-    UNIT_D: tl.constexpr,
-    IN_ALIGN: tl.constexpr,
-    DST_ALIGN: tl.constexpr,
-    LSE_WORD: tl.constexpr,
-    IDX64: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    HR_POW2: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-):
+    out_ptr, stride_out_b, stride_out_h, stride_out_d, lse_ptr, stride_lse_b, stride_lse_h,
+    send_ptr, seq_lens_ptr, qsl_ptr, num_seqs, num_tokens, num_pay_programs,
+    HEADS_PER_RANK: tl.constexpr, HEAD_DIM: tl.constexpr, VEC: tl.constexpr, PACK: tl.constexpr,
+    UNIT_D: tl.constexpr, IN_ALIGN: tl.constexpr, DST_ALIGN: tl.constexpr, LSE_WORD: tl.constexpr,
+    IDX64: tl.constexpr, HAS_MASK: tl.constexpr, SEARCH_STEPS: tl.constexpr, BLOCK_V: tl.constexpr,
+    HR_POW2: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
     """Grid ``(num_pay_programs + cdiv(B, BLOCK_T), N)``; ``send_ptr`` the contiguous block
     buffer (module docstring), ``R = num_tokens * HEADS_PER_RANK``. An LSE program takes the
     ``[BLOCK_T, HR_POW2]`` tile of ``BLOCK_T`` tokens' LSEs (one empty-row search per token).
@@ -212,40 +169,22 @@ def _wsum(b_acc, b_x, b_w):
 
 @triton.jit
 def _a2a_unpack_combine_fwd_kernel(
-    recv_ptr,
-    dst_ptr,
-    lse_out_ptr,
-    num_rows,
-    N: tl.constexpr,
-    N_POW2: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    PACK: tl.constexpr,
-    PAY_ALIGN: tl.constexpr,
-    LSE_WORD: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    IS_BASE_E: tl.constexpr,
-    HAS_LSE_OUT: tl.constexpr,
-    OUT_CACHE: tl.constexpr = "",
+    recv_ptr, dst_ptr, lse_out_ptr, num_rows,
+    N: tl.constexpr, N_POW2: tl.constexpr, HEAD_DIM: tl.constexpr, PACK: tl.constexpr,
+    PAY_ALIGN: tl.constexpr, LSE_WORD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_BASE_E: tl.constexpr, HAS_LSE_OUT: tl.constexpr, OUT_CACHE: tl.constexpr = "",
     PAY_EVICT: tl.constexpr = "",
-):
+):  # fmt: skip
     """Grid ``(cdiv(R, BLOCK_R),)``; ``recv`` the contiguous block buffer of N sources
     (module docstring), ``R = num_rows = B * H_r``.
 
     ``PAY_ALIGN``: a power of two <= 16 bytes' lanes dividing D and the block size (payload
     rows start that aligned in a 16-byte-aligned buffer). ``LSE_WORD``: 16-bit dtype and
     ``R * D`` even (``recv`` 4-byte aligned): each LSE is one aligned 32-bit word.
-    N <= 8: unrolled over the sources (static loops) and element-wise per row (no
-    cross-thread reductions); the N payload tiles of the first head-dim chunk and the N LSE
-    vectors are loaded before any math. The LSE math runs in a compact layout of the rows
-    (once per row instead of once per thread holding a row, 16 per row at D=128); each
-    weight moves to the payload layout with ``tl.gather`` (H200, bf16: B=64 H=128 D=512
-    graph replay 2.7-2.8 instead of 3.0-3.4 µs; ``results/h200-2026-11-29-s4/
-    ab_unpack_gather.txt``). N > 8: one ``[N_POW2, BLOCK_R]`` LSE pass, then the N payloads
-    one after another. ``OUT_CACHE``: cache modifier of the output and LSE stores (the op
-    passes ``""``, the default write-back; see ``ops.a2a_combine._UNPACK_OUT_CACHE``).
-    ``PAY_EVICT``: eviction policy of the payload loads (see
-    ``ops.a2a_combine._UNPACK_PAY_EVICT``).
+    N <= 8: unrolled over the sources, element-wise per row (no cross-thread reductions).
+    N > 8: one ``[N_POW2, BLOCK_R]`` LSE pass, then the N payloads one after another.
+    ``OUT_CACHE``: cache modifier of the output and LSE stores; ``PAY_EVICT``: eviction
+    policy of the payload loads (``ops.a2a_unpack`` picks both).
     """
     r0 = tl.program_id(0).to(tl.int64) * BLOCK_R
     i_r = r0 + tl.arange(0, BLOCK_R).to(tl.int64)

@@ -3,27 +3,20 @@
 For every (row b, head h), with the gathered LSEs ``l_n = lses[n, b, h]`` (n < N):
 ``L = log(sum_n b^(l_n - m)) + m`` (``m = max_n l_n``, 0 if all are -inf) and
 ``dst[b, h, :] = w == 0 ? 0 : w * src[b, h, :]`` with ``w = b^(l_r - L)``, ``r = cp_rank``.
-NaN / +inf LSEs count as -inf; math in fp32, in the LSEs' base (``lse_math``: differences
-``l - m`` before any scaling, so large LSEs keep fp32 accuracy).
+NaN / +inf LSEs count as -inf; math in fp32, in the LSEs' base (``lse_math``).
 
-Lean contiguous kernel (``correct_attn_out``): a program takes ``BLOCK_R`` consecutive
-flattened (b, h) rows times the full head dim (~16 KiB of bf16), so consecutive programs stream
-consecutive memory and no index division is needed. General kernel (AG+RS / AG+AR, any row
-strides, grouped destination): grid ``(cdiv(B, BLOCK_B), cdiv(H, BLOCK_H))`` over ``BLOCK_B x
-BLOCK_H`` blocks of (b, h) rows, again without a division by a runtime value. Both issue every
-load first (first payload chunk, then the LSEs), so one memory latency covers the program, and
-run the LSE math once per (source, row) in a compact layout (``w = b^(l_r - m) / sum_n
-b^(l_n - m)``: N exp2 and one division per row) instead of once per thread that holds the row
-in the payload layout (16-32x replicated); only the weight moves to the payload layout. The
-general kernel (and the lean one for N > 8) loads the LSEs as ONE ``[N_POW2, rows]`` tile; the
-lean kernel for N <= 8 as N row vectors, its weight moved with ``tl.gather``. The head dim is unit-stride; the row offsets carry ``tl.multiple_of``
-hints with their true alignment (``ALIGN`` / ``SRC_ALIGN`` / ``DST_ALIGN`` elements, from the
-host), which gives 16-byte vector accesses where they are valid and never where they are not
-(Triton 3.6's axis analysis can over-state the divisibility of index expressions; the hints
-override it). ``src`` and ``dst`` may be the same tensor (in place). ``dst`` addresses the
-head axis as ``(h // HEADS_PER_GROUP, h % HEADS_PER_GROUP)`` so the AG+RS path writes the
-reduce-scatter's rank-major ``[N, B, H/N, D]`` layout directly. The LSE output stores heads
-``[lse_h0, lse_h0 + lse_hn)`` only (this rank's slice for AG+RS).
+Lean contiguous kernel: a program takes ``BLOCK_R`` consecutive flattened (b, h) rows times the
+full head dim (~16 KiB), so consecutive programs stream consecutive memory. General kernel
+(AG+RS / AG+AR, any row strides, grouped destination): grid ``(cdiv(B, BLOCK_B), cdiv(H,
+BLOCK_H))`` over ``BLOCK_B x BLOCK_H`` blocks of rows. Both issue every load first (first
+payload chunk, then the LSEs) and run the LSE math once per (source, row) in a compact layout,
+moving only the weight to the payload layout (as one ``[N_POW2, rows]`` tile, or for the lean
+kernel with N <= 8 as N row vectors and ``tl.gather``). Row offsets carry ``tl.multiple_of``
+hints with their true alignment (``ALIGN`` / ``SRC_ALIGN`` / ``DST_ALIGN``, from the host):
+16-byte vectors where valid, never where not. ``src`` and ``dst`` may be the same tensor.
+``dst`` addresses the head axis as ``(h // HEADS_PER_GROUP, h % HEADS_PER_GROUP)`` so the
+AG+RS path writes the reduce-scatter's rank-major ``[N, B, H/N, D]`` layout directly; the LSE
+output stores heads ``[lse_h0, lse_h0 + lse_hn)`` only.
 """
 
 from typing import Any  # noqa: F401  (used by type comments in the kernels)
@@ -43,16 +36,10 @@ def _add2(a0, a1, b0, b1):
 @triton.jit
 def _lse_weight(lses_ptr, stride_n, o_l, m_r, cp_rank, cp_world_size, N_POW2: tl.constexpr,
                 IS_BASE_E: tl.constexpr):  # fmt: skip
-    """Load the ``[N_POW2, rows]`` LSE tile at ``lses_ptr + n * stride_n + o_l`` (one 2-D load,
-    padding sources -inf) and return ``(w, L)``: this rank's weight and the global LSE ``L``
-    (the LSEs' base) of each row, in the tile's own (compact) layout.
-
-    ``w = b^(l_r - m) / max(s, 1)`` with ``s = sum_n b^(l_n - m)``: one exp2 per source plus
-    one, no ``-inf - -inf``; ``s >= 1`` whenever a source is finite and ``s = 0`` (then
-    ``l_r = -inf``, ``w = 0``) for an all-empty row, whose ``L = 0 + log(0) = -inf``.
-    Not ``lse_math._max_sum``: the sum and this rank's term share one two-operand reduction
-    (one shared-memory pass instead of two).
-    """
+    """Load the ``[N_POW2, rows]`` LSE tile at ``lses_ptr + n * stride_n + o_l`` (padding
+    sources -inf) and return ``(w, L)``: this rank's weight ``b^(l_r - m) / max(s, 1)`` and the
+    global LSE of each row, in the tile's compact layout (an all-empty row: ``s = 0``, ``w = 0``,
+    ``L = -inf``). The sum and this rank's term share one two-operand reduction."""
     i_n = tl.arange(0, N_POW2)
     m_l = (i_n[:, None] < cp_world_size) & m_r[None, :]
     b_l = tl.load(
@@ -92,37 +79,16 @@ def _lse_weight_rows(lses_ptr, stride_n, o_l, m_r, cp_rank, N: tl.constexpr,
 
 
 @triton.jit
-def _correct_body(
-    src_ptr,
-    stride_src_b,
-    stride_src_h,
-    dst_ptr,
-    stride_dst_b,
-    stride_dst_g,
-    stride_dst_h,
-    lses_ptr,
-    stride_lses_n,
-    stride_lses_b,
-    stride_lses_h,
-    lse_out_ptr,
-    num_tokens,
-    num_heads,
-    lse_h0,
-    lse_hn,
-    cp_rank,
-    cp_world_size,
-    HEAD_DIM: tl.constexpr,
-    HEADS_PER_GROUP: tl.constexpr,
-    N_POW2: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    SRC_ALIGN: tl.constexpr,
-    DST_ALIGN: tl.constexpr,
-    IS_BASE_E: tl.constexpr,
-    HAS_LSE_OUT: tl.constexpr,
-):
-    """``dst[b, h // G, h % G, :] = w * src[b, h, :]`` (``G = HEADS_PER_GROUP``; ``G = 0``:
+def _correct_attn_out_fwd_kernel(
+    src_ptr, stride_src_b, stride_src_h, dst_ptr, stride_dst_b, stride_dst_g, stride_dst_h,
+    lses_ptr, stride_lses_n, stride_lses_b, stride_lses_h, lse_out_ptr, num_tokens, num_heads,
+    lse_h0, lse_hn, cp_rank, cp_world_size,
+    HEAD_DIM: tl.constexpr, HEADS_PER_GROUP: tl.constexpr, N_POW2: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SRC_ALIGN: tl.constexpr,
+    DST_ALIGN: tl.constexpr, IS_BASE_E: tl.constexpr, HAS_LSE_OUT: tl.constexpr,
+):  # fmt: skip
+    """General form (any row strides, grouped destination: the AG+RS / AG+AR paths):
+    ``dst[b, h // G, h % G, :] = w * src[b, h, :]`` (``G = HEADS_PER_GROUP``; ``G = 0``:
     ``dst[b, h, :]`` with strides ``(stride_dst_b, stride_dst_h)``); the head dim is
     unit-stride in both; ``lse_out`` contiguous ``[B, lse_hn]`` for heads from ``lse_h0``."""
     BLOCK_R: tl.constexpr = BLOCK_B * BLOCK_H
@@ -177,76 +143,20 @@ def _correct_body(
 
 
 @triton.jit
-def _correct_attn_out_fwd_kernel(
-    src_ptr,
-    stride_src_b,
-    stride_src_h,
-    dst_ptr,
-    stride_dst_b,
-    stride_dst_g,
-    stride_dst_h,
-    lses_ptr,
-    stride_lses_n,
-    stride_lses_b,
-    stride_lses_h,
-    lse_out_ptr,
-    num_tokens,
-    num_heads,
-    lse_h0,
-    lse_hn,
-    cp_rank,
-    cp_world_size,
-    HEAD_DIM: tl.constexpr,
-    HEADS_PER_GROUP: tl.constexpr,
-    N_POW2: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    SRC_ALIGN: tl.constexpr,
-    DST_ALIGN: tl.constexpr,
-    IS_BASE_E: tl.constexpr,
-    HAS_LSE_OUT: tl.constexpr,
-):
-    """General form (any row strides, grouped destination): the AG+RS / AG+AR paths."""
-    _correct_body(
-        src_ptr, stride_src_b, stride_src_h,
-        dst_ptr, stride_dst_b, stride_dst_g, stride_dst_h,
-        lses_ptr, stride_lses_n, stride_lses_b, stride_lses_h,
-        lse_out_ptr, num_tokens, num_heads, lse_h0, lse_hn, cp_rank, cp_world_size,
-        HEAD_DIM, HEADS_PER_GROUP, N_POW2, BLOCK_B, BLOCK_H, BLOCK_D,
-        SRC_ALIGN, DST_ALIGN, IS_BASE_E, HAS_LSE_OUT,
-    )  # fmt: skip
-
-
-@triton.jit
 def _correct_attn_out_contig_kernel(
-    out_ptr,
-    lses_ptr,
-    lse_out_ptr,
-    num_rows,
-    cp_rank,
-    HEAD_DIM: tl.constexpr,
-    N: tl.constexpr,
-    N_POW2: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    ALIGN: tl.constexpr,
-    IS_BASE_E: tl.constexpr,
-    LSE_ROWS: tl.constexpr,
-):
+    out_ptr, lses_ptr, lse_out_ptr, num_rows, cp_rank,
+    HEAD_DIM: tl.constexpr, N: tl.constexpr, N_POW2: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr, ALIGN: tl.constexpr, IS_BASE_E: tl.constexpr, LSE_ROWS: tl.constexpr,
+):  # fmt: skip
     """Lean form for ``correct_attn_out``: contiguous ``out [B, H, D]`` scaled in place,
     contiguous ``lses [N, B, H]``, ``lse_out [B, H]``; ``num_rows = B * H``.
 
-    A program takes ``BLOCK_R`` consecutive flattened (b, h) rows: consecutive programs
-    stream consecutive memory, the row offset is ``row * D`` (no division), the LSEs of
-    source n are the contiguous ``lses[n * B * H + row]``. Every load (first payload chunk,
-    the LSEs) is issued before any math or store. ``LSE_ROWS`` (N <= 8): the LSEs as N row
-    vectors with element-wise math, once per row in a compact layout of their own, and the
-    weight moved to the payload's row layout with ``tl.gather`` (one shared-memory round
-    trip). In the payload's row layout each of the threads that hold a row would repeat the
-    math (N=8, D=128, 64 rows / 4 warps: 72 instead of 8 ex2 and 72 instead of 8 LSE loads
-    per thread; H200, B=4096: 0.83 of the copy bandwidth, 0.93 in the compact layout). Otherwise one
-    ``[N_POW2, BLOCK_R]`` tile reduced across threads (``_lse_weight``).
+    A program takes ``BLOCK_R`` consecutive flattened (b, h) rows (row offset ``row * D``, the
+    LSEs of source n at ``lses[n * B * H + row]``); every load is issued before any math or
+    store. ``LSE_ROWS`` (N <= 8): the LSEs as N row vectors, the math once per row in a compact
+    layout, the weight moved to the payload rows with ``tl.gather`` (in the payload layout
+    every thread holding a row would repeat it). Otherwise one ``[N_POW2, BLOCK_R]`` tile
+    reduced across threads (``_lse_weight``).
     """
     r0 = tl.program_id(0).to(tl.int64) * BLOCK_R
     i_r = r0 + tl.arange(0, BLOCK_R)

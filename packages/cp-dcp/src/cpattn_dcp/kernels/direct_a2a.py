@@ -11,29 +11,14 @@ Receive layout of every rank (one ubatch ``u``; ``P`` = parity slot, ``s`` = sou
 ``_direct_a2a_publish_kernel`` (grid ``(N, NUM_PUB)``; program ``(d, p)`` handles destination
 ``d`` and rows ``p, p + NUM_PUB, ...``) copies the head slice ``[d*H_r, (d+1)*H_r)`` of each
 row of ``partial_out [T, H, D]`` and the fp32 LSE into destination ``d`` at source index
-``rank``. Empty-shard masking (``HAS_MASK``): row ``t`` is empty iff
-``t >= query_start_loc[R]`` (padding) or ``seq_lens[seq(t)] == 0`` with
-``seq(t) = min(#{i in 1..R : query_start_loc[i] <= t}, R - 1)``; empty rows send LSE ``-inf``
-and skip the payload (the receiver never reads a zero-weight payload). Once a wait of this
-rank timed out on the ubatch (``err[0]`` set), or a wait of any direct workspace of the group
-on this rank did (the group word ``grp_err[0]`` set), every program returns before storing
-anything: no payload, no counter, no signal (sticky failure, see ``direct_protocol``).
+``rank``. With ``HAS_MASK`` empty rows (``kernels.empty_shards``) send LSE ``-inf`` and skip
+the payload (the receiver never reads a zero-weight payload).
 
 ``_direct_a2a_combine_kernel`` (grid ``(T, cdiv(H_r, BLOCK_H), cdiv(D, D_PER_PROG))``; small
-batches split heads and the head dim over more programs to cut latency) waits for every source's
-signal of this call, then for each (row, head) combines (in the LSEs' base b, exp2 on the
-differences, which fp32 holds exactly for close LSEs; see ``kernels.lse_math``)::
-
-    l_s   = sanitize(lse_s)                                  # NaN / +inf -> -inf
-    m     = max_s l_s  (0 if all -inf)
-    S     = sum_s b^(l_s - m);   w_s = b^(l_s - m) / S  (0 if S == 0)
-    out   = sum_{s: w_s > 0} w_s * o_s                       # fp32 accumulation
-    lse   = m + log_b(S)                                     # -inf if all sources empty
-
-On a timeout nothing is read; the output is NaN, the error record and the group word are set.
-Once the record or the group word is set, later combines on the ubatch do not poll: NaN at once,
-a set record kept, a clear one set to flag 2 (the group failed elsewhere first). A failed rank
-no longer publishes either, so its peers' next combines on the ubatch time out in turn.
+batches split heads and the head dim over more programs) waits for every source's signal of
+this call, then combines each (row, head) in the LSEs' base (``kernels.lse_math``): weights
+``b^(l_s - m) / S``, ``out = sum_{w_s > 0} w_s * o_s`` in fp32, ``lse = m + log_b(S)``. On a
+failure nothing is read and the output is NaN (``direct_protocol``).
 """
 
 from __future__ import annotations
@@ -53,35 +38,12 @@ from cpattn_dcp.kernels.lse_math import _lse_f32, _lse_from, _max_sum, _weight
 
 @triton.jit
 def _direct_a2a_publish_kernel(
-    out_ptr,
-    stride_out_t,
-    stride_out_h,
-    stride_out_d,
-    lse_ptr,
-    stride_lse_t,
-    stride_lse_h,
-    seq_lens_ptr,
-    qsl_ptr,
-    num_seqs,
-    peer_out_ptrs,
-    peer_lse_ptrs,
-    peer_sig_ptrs,
-    counter_ptr,
-    epoch_ptr,
-    err_ptr,
-    grp_err_ptr,
-    T,
-    T_MAX,
-    rank,
-    NUM_PUB,
-    N: tl.constexpr,
-    H_R: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_HD: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    NUM_SEQS_POW2: tl.constexpr,
-):
+    out_ptr, stride_out_t, stride_out_h, stride_out_d, lse_ptr, stride_lse_t, stride_lse_h,
+    seq_lens_ptr, qsl_ptr, num_seqs, peer_out_ptrs, peer_lse_ptrs, peer_sig_ptrs, counter_ptr,
+    epoch_ptr, err_ptr, grp_err_ptr, T, T_MAX, rank, NUM_PUB,
+    N: tl.constexpr, H_R: tl.constexpr, D: tl.constexpr, BLOCK_HD: tl.constexpr,
+    BLOCK_H: tl.constexpr, HAS_MASK: tl.constexpr, NUM_SEQS_POW2: tl.constexpr,
+):  # fmt: skip
     # Sticky: after a timeout of this workspace or of any of its group's, never write into a
     # peer again.
     if _failed(err_ptr, grp_err_ptr):
@@ -137,31 +99,12 @@ def _direct_a2a_publish_kernel(
 
 @triton.jit
 def _direct_a2a_combine_kernel(
-    recv_out_ptr,
-    recv_lse_ptr,
-    sig_ptr,
-    epoch_ptr,
-    done_ptr,
-    err_ptr,
-    grp_err_ptr,
-    res_ptr,
-    stride_res_t,
-    stride_res_h,
-    res_lse_ptr,
-    stride_res_lse_t,
-    T_MAX,
-    max_spins,
-    num_programs,
-    N: tl.constexpr,
-    N_POW2: tl.constexpr,
-    H_R: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    D_PER_PROG: tl.constexpr,
-    IS_BASE_E: tl.constexpr,
-    HAS_LSE_OUT: tl.constexpr,
-):
+    recv_out_ptr, recv_lse_ptr, sig_ptr, epoch_ptr, done_ptr, err_ptr, grp_err_ptr, res_ptr,
+    stride_res_t, stride_res_h, res_lse_ptr, stride_res_lse_t, T_MAX, max_spins, num_programs,
+    N: tl.constexpr, N_POW2: tl.constexpr, H_R: tl.constexpr, D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, D_PER_PROG: tl.constexpr,
+    IS_BASE_E: tl.constexpr, HAS_LSE_OUT: tl.constexpr,
+):  # fmt: skip
     i_t = tl.program_id(0).to(tl.int64)
     i_hb = tl.program_id(1).to(tl.int64)
     i_db = tl.program_id(2)

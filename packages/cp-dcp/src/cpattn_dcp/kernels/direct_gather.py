@@ -12,27 +12,16 @@ element offset::
 * KV gather: ``W = D``, ``dst_parity_stride = T_cap * D``, ``dst_rank_stride = T * D``,
   ``dst_row_stride = D`` — rank-major ``[N*T, D]`` in the parity slot.
 
-The last program of each destination raises ``signal[parity, rank] = E`` there (release, system
-scope; see ``cpattn_dcp.kernels.direct_protocol``). Once a wait of this rank timed out on the
-ubatch (``err[0]`` set), or one of any direct workspace of the group on this rank did (the group
-word ``grp_err[0]`` set), every program returns before storing anything: no rows, no counter, no
-signal (sticky failure), so the peers' next waits on the ubatch time out.
+The last program of each destination raises ``signal[parity, rank] = E`` there
+(``direct_protocol``, which also describes the sticky failure).
 
 ``_direct_gather_wait_kernel`` waits (bounded) for all sources' signals of this call; with
 ``HAS_COPY`` each program then copies its ``BLOCK`` elements of ``slot[parity][0:num_elems]``
-into the caller's ``dst`` (the KV materialization). On a timeout nothing is read: the programs
-fill ``dst[0:num_elems]`` with NaN instead (program ``p`` of ``num_programs`` the blocks
-``p, p + num_programs, ...``; the query gather's single program, which has nothing to copy on
-success, loops over all of them only then), so a caller that uses the result before the host
-learns of the timeout sees NaN, not stale finite data. A timeout also sets the group word.
-Once the error record or the group word is set, later waits on the ubatch do not poll: they fail
-at once and write NaN the same way, keeping a set record and setting a clear one to flag 2 (the
-group failed elsewhere first).
-
-The NaN is stored as the element type's bit pattern ``NAN_BITS`` (``nan_bits(dtype)``, taken
-on the host from torch) through an integer pointer of the element's width, never as a float
-constant converted in the kernel: the fp8 formats encode NaN differently (0x7F for
-float8_e4m3fn, 0x80 for the ``fnuz`` formats, 0xFF for float8_e8m0fnu).
+into the caller's ``dst`` (the KV materialization). On a failure nothing is read: the programs
+fill ``dst[0:num_elems]`` with NaN (program ``p`` the blocks ``p, p + num_programs, ...``).
+The NaN is the element type's bit pattern ``NAN_BITS`` (``nan_bits(dtype)``, from torch),
+stored through an integer pointer of the element's width: the fp8 formats encode NaN
+differently (0x7F for float8_e4m3fn, 0x80 for the ``fnuz`` formats, 0xFF for float8_e8m0fnu).
 """
 
 from __future__ import annotations
@@ -105,24 +94,10 @@ def _store_nan_bits(ptr, offs, mask, NAN_BITS: tl.constexpr):
 
 @triton.jit
 def _direct_gather_publish_kernel(
-    src_ptr,
-    stride_src_t,
-    peer_dst_ptrs,
-    peer_sig_ptrs,
-    counter_ptr,
-    epoch_ptr,
-    err_ptr,
-    grp_err_ptr,
-    T,
-    rank,
-    dst_parity_stride,
-    dst_rank_stride,
-    dst_row_stride,
-    NUM_PUB,
-    N: tl.constexpr,
-    W: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-):
+    src_ptr, stride_src_t, peer_dst_ptrs, peer_sig_ptrs, counter_ptr, epoch_ptr, err_ptr,
+    grp_err_ptr, T, rank, dst_parity_stride, dst_rank_stride, dst_row_stride, NUM_PUB,
+    N: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr,
+):  # fmt: skip
     # Sticky: after a timeout of this workspace or of any of its group's, never write into a
     # peer again.
     if _failed(err_ptr, grp_err_ptr):
@@ -150,23 +125,11 @@ def _direct_gather_publish_kernel(
 
 @triton.jit
 def _direct_gather_wait_kernel(
-    sig_ptr,
-    epoch_ptr,
-    done_ptr,
-    err_ptr,
-    grp_err_ptr,
-    slot_ptr,
-    dst_ptr,
-    num_elems,
-    slot_parity_stride,
-    max_spins,
-    num_programs,
-    N: tl.constexpr,
-    N_POW2: tl.constexpr,
-    HAS_COPY: tl.constexpr,
-    BLOCK: tl.constexpr,
+    sig_ptr, epoch_ptr, done_ptr, err_ptr, grp_err_ptr, slot_ptr, dst_ptr, num_elems,
+    slot_parity_stride, max_spins, num_programs,
+    N: tl.constexpr, N_POW2: tl.constexpr, HAS_COPY: tl.constexpr, BLOCK: tl.constexpr,
     NAN_BITS: tl.constexpr,
-):
+):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     e, parity = _call_epoch(epoch_ptr)
     ok = _checked_wait(sig_ptr + parity * N, err_ptr, grp_err_ptr, e, max_spins, N, N_POW2)

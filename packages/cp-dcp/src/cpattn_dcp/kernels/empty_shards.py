@@ -4,16 +4,12 @@ A row ``i`` of a DCP decode batch is *empty* on this rank when it is a padding r
 (``i >= query_start_loc[R]``) or its request ``s`` has no local KV (``seq_lens[s] == 0``),
 where ``s = min(#{k in 1..R : query_start_loc[k] <= i}, R - 1)``. Empty rows get LSE -inf.
 
-The request index ``#{k : query_start_loc[k] <= i}`` is counted directly over all ``R``
-boundaries, loaded together with all ``R`` lengths (one round of independent loads, the
-length picked by a one-hot reduction: lowest latency at decode sizes) when
-``R < 2^COUNT_MAX_STEPS``, and found by a branchless 16-ary search over the sorted boundaries
-otherwise (``ceil(SEARCH_STEPS / 4)`` rounds of 16 independent loads; a binary search took
-``SEARCH_STEPS`` dependent rounds: H200, fused into the A2A pack at B = R = 4096, 0.80-0.82
-of the copy bandwidth against 0.84-0.86). Only ``SEARCH_STEPS = log2(next_pow2(R + 1))`` is
-a compile-time constant, never ``R``.
-``_row_is_empty`` is shared with the A2A pack kernel, which makes the fused mask
-bit-identical to ``mask_dcp_empty_shards_``.
+The request index is counted directly over all ``R`` boundaries (one round of independent
+loads, the length picked by a one-hot reduction) when ``R < 2^COUNT_MAX_STEPS``, else found by
+a branchless 16-ary search (docs/design.md, "Empty shards: where they are masked"). Only
+``SEARCH_STEPS = log2(next_pow2(R + 1))`` is a compile-time constant, never ``R``.
+``_row_is_empty`` is shared with the A2A pack kernel, so the fused mask is bit-identical to
+``mask_dcp_empty_shards_``.
 """
 
 import triton
@@ -71,24 +67,11 @@ def _row_is_empty(i_row, seq_lens_ptr, qsl_ptr, num_seqs, SEARCH_STEPS: tl.const
 
 @triton.jit
 def _mask_empty_shards_kernel(
-    src_ptr,
-    stride_src_b,
-    stride_src_h,
-    dst_ptr,
-    stride_dst_b,
-    stride_dst_h,
-    seq_lens_ptr,
-    qsl_ptr,
-    num_seqs,
-    num_rows,
-    num_heads,
-    HAS_MASK: tl.constexpr,
-    IS_COPY: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr,
-    ROW32: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-):
+    src_ptr, stride_src_b, stride_src_h, dst_ptr, stride_dst_b, stride_dst_h, seq_lens_ptr,
+    qsl_ptr, num_seqs, num_rows, num_heads,
+    HAS_MASK: tl.constexpr, IS_COPY: tl.constexpr, SEARCH_STEPS: tl.constexpr, ROW32: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
     """``dst[b, h] = -inf if row b is empty else src[b, h]`` for ``[B, H]`` LSEs.
 
     ``IS_COPY=False`` is the in-place mask (``dst is src``; only empty rows are stored).
@@ -129,19 +112,9 @@ def _mask_empty_shards_kernel(
 
 @triton.jit
 def _mask_empty_shards_inplace_kernel(
-    lse_ptr,
-    stride_b,
-    stride_h,
-    seq_lens_ptr,
-    qsl_ptr,
-    num_seqs,
-    num_rows,
-    num_heads,
-    SEARCH_STEPS: tl.constexpr,
-    ROW32: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-):
+    lse_ptr, stride_b, stride_h, seq_lens_ptr, qsl_ptr, num_seqs, num_rows, num_heads,
+    SEARCH_STEPS: tl.constexpr, ROW32: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
     """Lean in-place form of ``_mask_empty_shards_kernel`` (fewer launch arguments)."""
     _mask_empty_shards_kernel(
         lse_ptr, stride_b, stride_h, lse_ptr, stride_b, stride_h, seq_lens_ptr, qsl_ptr,

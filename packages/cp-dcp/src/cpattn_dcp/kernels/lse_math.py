@@ -1,12 +1,10 @@
 """Shared LSE math: sanitise, stabiliser and sum of N sources, weights, global LSE.
 
 LSEs stay in their own base (e or 2); only a *difference* ``l - m`` (``m`` the row's largest
-LSE) is scaled by ``log2(e)`` before ``exp2``. fp32 holds the difference of two close LSEs
-exactly, so the weights keep fp32 accuracy at any magnitude: scaling each LSE first would
-round it by up to half an ulp of ``1.44 |l|`` (5e-4 at ``|l| = 1e4``) before the subtraction.
-Weights are ``b^(l - m) / s`` with ``s = sum_n b^(l_n - m)``, never ``b^(l - L)`` with the
-global ``L``, whose rounding would enter every weight. Reference: ``cpattn_testing.reference.
-lse_combine_ref`` (float64); ``cpattn_common``'s merge kernel uses the same scheme.
+LSE) is scaled by ``log2(e)`` before ``exp2``: fp32 holds the difference of two close LSEs
+exactly, so the weights keep fp32 accuracy at any magnitude. Weights are ``b^(l - m) / s``
+with ``s = sum_n b^(l_n - m)``, never ``b^(l - L)``, whose rounding of ``L`` would enter every
+weight. Reference: ``cpattn_testing.reference.lse_combine_ref`` (float64).
 """
 
 import triton

@@ -1,11 +1,10 @@
 """AG+RS and AG+AR combines: all-gather the LSEs, rescale, reduce-scatter / all-reduce.
 
-Per call: one masked-LSE copy kernel (skipped when there is no mask and the LSE is
-contiguous), one LSE all-gather, one correction kernel writing a fresh buffer laid out for
-the collective (``[N, B, H/N, D]`` for the reduce-scatter, ``[B, H, D]`` for the all-reduce,
-so no transpose or copy surrounds it), and the output collective. The caller's tensors are
-never modified. World size 1 runs the single-source combine (empty rows → 0 / -inf) with no
-communication and always returns the same type as for N > 1.
+Per call: one masked-LSE copy kernel (skipped without a mask for a contiguous LSE), one LSE
+all-gather, one correction kernel writing a fresh buffer laid out for the collective
+(``[N, B, H/N, D]`` for the reduce-scatter, ``[B, H, D]`` for the all-reduce), and the output
+collective; the caller's tensors are never modified. World size 1 runs the single-source
+combine without communication.
 """
 
 from __future__ import annotations

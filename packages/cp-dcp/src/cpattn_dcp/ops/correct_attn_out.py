@@ -1,12 +1,9 @@
 """``correct_attn_out``: in-place LSE rescale of this rank's partial output.
 
 ``out[b, h, :] *= b^(lses[r, b, h] - L[b, h])`` with the global ``L = log_b sum_n b^lses[n]``
-(sanitised: NaN/+inf count as -inf; weight 0 writes exactly 0). One kernel launch.
-
-Host cost per eager call is kept small (decode steps run this once per layer): a cheap
-validity check (the detailed validation only runs when it fails, and raises), a plain
-``new_output`` (``new_empty``) allocation, one memoised look-up of the grid and the kernel
-``Specialization`` (constexprs and ``num_warps`` fixed), and a positional cached launch.
+(sanitised: NaN/+inf count as -inf; weight 0 writes exactly 0). One kernel launch; an eager
+call is a cheap validity check (the detailed validation only when it fails), one memoised
+look-up of the grid and kernel ``Specialization`` and a cached launch.
 """
 
 from __future__ import annotations
@@ -38,22 +35,11 @@ from cpattn_dcp.ops._common import (
 __all__ = ["correct_attn_out", "correct_attn_out_fwd", "launch_correct"]
 
 _Tensor = torch.Tensor
-# The lean kernel computes the weights from one row vector per source (element-wise, once
-# per row in a compact layout, the weight gathered to the payload rows) when N <=
-# _LSE_ROWS_MAX_N, else from one [N_POW2, BLOCK_R] tile reduced across threads. H200, bf16,
-# B=4096 (fraction of the copy bandwidth; interleaved A/B in
-# benchmarks/results/h200-2026-11-29-s4/ab_correct_gather*.txt, run while both forms were a
-# module knob): H=64 D=128 N=2/4/8 0.914/0.926/0.932 with
-# the gathered rows (8 warps) against 0.937/0.901/0.834 with the rows in the payload layout
-# (4 warps; the N=2 pair is within the run-to-run noise: the same configuration read 0.913
-# in that run); H=128 D=512 0.95-0.98 either way; B=1 / B=64 graph replay equal or faster.
-# The tile form had measured 0.78 at N=8 D=128 (ncu: L1 91% busy with its shared-memory
-# reductions).
+# Up to N=8 the weights come from one compact row vector per source, gathered to the payload
+# rows (8 warps): 0.93 against 0.83 of the copy at H=64 D=128 N=8 on H200; beyond it from one
+# [N_POW2, BLOCK_R] tile reduced across threads (4 warps) (docs/design.md, "Tile rules").
 _LSE_ROWS_MAX_N = 8
-# Partial-output bytes one program of the lean kernel reads, and its most warps: 8 with the
-# row-vector weights (above), 4 with the tile (H200, bf16, B=4096, 4 / 8 warps with the rows
-# in the payload layout: H=64 D=128 N=2/4/8 0.936/0.908, 0.903/0.894, 0.834/0.822; H=128
-# D=512 0.957/0.953, 0.960/0.949, 0.958/0.947).
+# Partial-output bytes one program reads: 16 KiB, the shared tile rule.
 _CONTIG_TARGET_BYTES = 16384
 _ROWS_MAX_WARPS = 8
 _TILE_MAX_WARPS = 4

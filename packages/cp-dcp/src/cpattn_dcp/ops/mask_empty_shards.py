@@ -2,11 +2,8 @@
 
 Row i of ``lse [B, H]`` is empty when ``i >= query_start_loc[R]`` (CUDA-graph padding) or its
 request ``s = min(#{k in 1..R : query_start_loc[k] <= i}, R - 1)`` has ``seq_lens[s] == 0``
-(no local KV on this rank). One kernel launch, no host sync (CUDA-graph safe).
-
-Eager calls check their arguments cheaply (the detailed validation only runs when that check
-fails, and raises) and launch a memoised kernel ``Specialization`` positionally, so the host
-cost stays far below a generic keyword launch.
+(no local KV on this rank). One kernel launch, no host sync (CUDA-graph safe); eager calls
+check their arguments cheaply (the detailed validation only when that fails).
 """
 
 from __future__ import annotations
@@ -39,14 +36,9 @@ from cpattn_dcp.ops._common import (
 
 __all__ = ["mask_dcp_empty_shards_", "masked_lse_copy"]
 
-# Tiles of the mask kernels: at most _BLOCK_B rows per program and _MASK_TILE_LANES lanes in
-# a program's request-count tile [BLOCK_B, lanes] (lanes: 2^SEARCH_STEPS for the direct
-# count, 16 per round of the 16-ary search), then fewer rows per program until the grid has
-# _MASK_MIN_PROGRAMS programs; one warp; row indices in int32 where they fit. H200, graph
-# replay, fp32 LSEs [B, 128], one query row per request, µs (former: 64 rows, 2 warps, int64
-# rows -> now): B=64 3.44 -> 1.34, B=256 3.54 -> 1.94, B=4096 4.17 -> 2.40, B=1 / 8 equal
-# within 0.05 (benchmarks/results/h200-2026-11-29-s8/mask_sweep.txt; docs/performance-
-# notes.md, "The empty-shard mask at decode sizes").
+# Mask tiles: at most 64 rows and 256 request-count lanes per program, fewer rows until the
+# grid has MIN_PROGRAMS programs, one warp, int32 rows where they fit: B=64 3.44 -> 1.34 µs on
+# H200 against 64 rows / 2 warps / int64 (docs/design.md, "Empty shards: where they are masked").
 _BLOCK_B = 64
 _MASK_TILE_LANES = 256
 _MASK_NUM_WARPS = 1
