@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 import torch
 
+from cpattn_common.checks import check_device
+
 __all__ = ["current_device", "foreign_cuda_device", "indexed_device"]
 
 # torch.cuda.current_device without its Python wrapper (called only once CUDA is initialised:
@@ -28,8 +30,9 @@ current_device: Callable[[], int] = getattr(torch._C, "_cuda_getDevice", torch.c
 
 def indexed_device(device: torch.device | str) -> torch.device:
     """``device`` with an explicit index: a bare ``"cuda"`` becomes the current CUDA device, so
-    comparisons with a tensor's (always indexed) ``.device`` hold."""
-    dev = torch.device(device)
+    comparisons with a tensor's (always indexed) ``.device`` hold. Refuses (``check_device``)
+    ``None``, a string torch cannot parse and a CUDA device this process lacks."""
+    dev = check_device("device", device)
     index: int | None = dev.index  # the stubs say int; a bare device has None
     if dev.type == "cuda" and index is None:
         return torch.device("cuda", torch.cuda.current_device())

@@ -57,11 +57,6 @@ def test_gather_kv_refuses_a_buffer_overlapping_local_kv(device: torch.device) -
         dcp_gather_kv(buf, buf[2:5], group)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a2a_combine._pack needs check_no_overlap('a2a_pack', 'send', send=send, "
-    "cp_attn_out=cp_attn_out, cp_attn_lse=cp_attn_lse) (a2a_combine.py is not this change's)",
-)
 def test_a2a_pack_refuses_send_overlapping_its_inputs(device: torch.device) -> None:
     send = torch.zeros(1, B, H, D + 1, device=device)
     with pytest.raises(ValueError, match=r"a2a_pack: send .* overlaps cp_attn_out"):
@@ -124,11 +119,6 @@ def test_check_mode_reads_the_mask_values(
     torch.testing.assert_close(checked, plain, equal_nan=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="direct/_base.indexed_device (DCPManager's and the workspaces' device) needs "
-    "cpattn_common.checks.check_device (_base.py is not this change's)",
-)
 @pytest.mark.parametrize("bad", ["cdua", *([] if torch.cuda.is_available() else ["cuda"])])
 def test_manager_refuses_a_device_torch_cannot_use(bad: Any) -> None:
     from cpattn_dcp import DCPConfig, DCPManager

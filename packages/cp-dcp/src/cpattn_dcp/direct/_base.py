@@ -27,7 +27,7 @@ import torch
 import triton
 
 from cpattn_common.agreement import agree_on_local_step, agreement_flag
-from cpattn_common.checks import check_nonnegative_int, check_positive_int
+from cpattn_common.checks import check_device, check_nonnegative_int, check_positive_int
 from cpattn_common.device import foreign_cuda_device, indexed_device
 from cpattn_common.group import CPGroupLike, as_cp_group
 from cpattn_common.ubatch import current_ubatch_id
@@ -183,7 +183,9 @@ class DirectWorkspaceBase:
         max_spins: int = DEFAULT_MAX_SPINS,
         error_check_interval: int = DEFAULT_ERROR_CHECK_INTERVAL,
     ) -> None:
-        if torch.device(device).type == "cuda" and (reason := triton_unsupported_reason()):
+        if check_device("device", device, available=False).type == "cuda" and (
+            reason := triton_unsupported_reason()
+        ):
             raise DirectPathUnavailable(f"{name}: {reason}")
         # Checked, never converted: int(2.5) or int(True) would set another bound than meant.
         check_positive_int(f"{name}: max_spins", max_spins)

@@ -13,13 +13,18 @@ from typing import Any
 import torch
 
 from cpattn_common.alloc import new_output
-from cpattn_common.checks import check_bool
+from cpattn_common.checks import check_bool, check_state
 from cpattn_common.dispatch import must_dispatch
 from cpattn_common.group import CPGroupLike
 from cpattn_dcp.comm.collectives import all_to_all_records
 from cpattn_dcp.comm.groups import group_from_token, resolve_group
 from cpattn_dcp.context import CPTritonContext
-from cpattn_dcp.ops._collective_common import combine_op, traced_combine, validate_combine_args
+from cpattn_dcp.ops._collective_common import (
+    check_combine_agreement,
+    combine_op,
+    traced_combine,
+    validate_combine_args,
+)
 from cpattn_dcp.ops.a2a_pack import (
     _launch_pack,
     _send_shape,
@@ -156,6 +161,9 @@ def dcp_a2a_lse_reduce(
         "dcp_a2a_lse_reduce", cp_attn_out, cp_attn_lse, group.world_size, seq_lens,
         query_start_loc, heads_divisible=True,
     )  # fmt: skip
+    if check_state.enabled:  # check mode: the ranks' calls agree
+        check_combine_agreement("dcp_a2a_lse_reduce", group, cp_attn_out, cp_attn_lse,
+                                return_lse, is_lse_base_on_e, seq_lens)  # fmt: skip
     out, lse = a2a_combine_fwd(
         cp_attn_out,
         cp_attn_lse,

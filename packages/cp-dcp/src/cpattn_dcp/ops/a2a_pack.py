@@ -13,7 +13,7 @@ import functools
 import torch
 
 from cpattn_common.alloc import new_output
-from cpattn_common.checks import check_no_neg_bit
+from cpattn_common.checks import check_no_neg_bit, check_no_overlap
 from cpattn_common.device import foreign_cuda_device
 from cpattn_common.dispatch import mark_written_in_place, must_dispatch, refuse_grad_in_place
 from cpattn_common.launch import CachedKernel, Specialization
@@ -230,6 +230,9 @@ def _pack(
         send = new_output(cp_attn_out, _send_shape(cp_attn_out, cp_world_size))
     else:
         _check_send(send, cp_attn_out, cp_world_size)
+        check_no_overlap("a2a_pack", "send", send=send, cp_attn_out=cp_attn_out,
+                         cp_attn_lse=cp_attn_lse, seq_lens=seq_lens,
+                         query_start_loc=query_start_loc)  # fmt: skip
     masks = (seq_lens, query_start_loc) if has_mask else (None, None)
     _launch_pack(cp_attn_out, cp_attn_lse, send, cp_world_size, *masks)
     return send
