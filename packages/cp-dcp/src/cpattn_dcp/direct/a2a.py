@@ -195,7 +195,7 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         if reason is not None:
             raise ValueError(f"{self.name}: {reason}")
         # The check every op taking these arguments applies (same errors as the NCCL path).
-        check_mask_args(seq_lens, query_start_loc, self.device)
+        check_mask_args(seq_lens, query_start_loc, self.device, partial_lse.shape[0])
 
     @on_workspace_device
     def publish(

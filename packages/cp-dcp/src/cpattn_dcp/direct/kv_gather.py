@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from cpattn_common.checks import check_tensors
+from cpattn_common.checks import check_no_overlap, check_tensors
 from cpattn_common.dispatch import mark_written_in_place, refuse_grad
 from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
@@ -274,6 +274,7 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         reason = None if checked else self.unsupported_reason(gathered_kv, local_kv)
         if reason is not None:
             raise ValueError(f"{self.name}: {reason}")
+        check_no_overlap(self.name, "gathered_kv", gathered_kv=gathered_kv, local_kv=local_kv)
         u = self._resolve_ubatch(ubatch_id)
         # Checked above (N*T <= capacity included): the launches skip the checks.
         self.publish(local_kv, ubatch_id=u, validate=False)
