@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export CPATTN_TEST_DEVICE=cuda
 unset TRITON_INTERPRET
-export PYTHONPATH="packages/cp-common/src:packages/cp-dcp/src:packages/cp-pcp/src:packages/cp-testing/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD/packages/cp-common/src:$PWD/packages/cp-dcp/src:$PWD/packages/cp-pcp/src:$PWD/packages/cp-testing/src${PYTHONPATH:+:$PYTHONPATH}"
 # A python without torch is a setup error, not a machine without a GPU (that read as a pass).
 if ! python3 -c 'import torch, triton'; then
     echo "gpu_tests: $(command -v python3) cannot import torch and triton; run this with the" \

@@ -182,3 +182,18 @@ def test_handles_are_captured_in_cuda_graphs() -> None:
         y.fill_(float("nan"))
         graph.replay()
         torch.testing.assert_close(y, 2.0 * x)
+
+
+def test_a_pointer_triton_refuses_gets_a_clear_error(fake: _FakeJit) -> None:
+    class Refusing(_FakeJit):
+        def __getitem__(self, grid: Any) -> Any:
+            def run(*args: Any, **kwargs: Any) -> Any:
+                raise ValueError(
+                    "Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)"
+                )
+
+            return run
+
+    spec = CachedKernel(Refusing(scale_copy_body)).specialize(BLOCK=64, FLAG=False)
+    with pytest.raises(ValueError, match="every tensor must be on a CUDA device"):
+        spec((1,), torch.zeros(4), torch.zeros(4), 4, 1, 1.0)

@@ -32,6 +32,7 @@ __all__ = [
     "check_dtype",
     "check_fits_in_memory",
     "check_mode",
+    "check_mode_from_env",
     "check_no_neg_bit",
     "check_no_overlap",
     "check_nonnegative_int",
@@ -244,12 +245,20 @@ def check_no_neg_bit(op: str, /, **tensors: object) -> None:
             )
 
 
+def check_mode_from_env(default: bool = False) -> bool:
+    """What ``CPATTN_CHECKS`` asks for (``default`` when it is unset): ``0``, ``false``,
+    ``no``, ``off`` and the empty string are off, anything else on."""
+    value = os.environ.get("CPATTN_CHECKS")
+    if value is None:
+        return default
+    return value.strip().lower() not in ("", "0", "false", "no", "off")
+
+
 class _CheckState:
     __slots__ = ("enabled",)
 
     def __init__(self) -> None:
-        value = os.environ.get("CPATTN_CHECKS", "").strip().lower()
-        self.enabled = value not in ("", "0", "false", "no", "off")
+        self.enabled = check_mode_from_env()
 
 
 #: The check-mode switch; the ops read ``check_state.enabled`` (see the module docstring).
@@ -282,8 +291,9 @@ def check_mode(enabled: bool = True) -> Iterator[None]:
 def host_checkable() -> bool:
     """Whether a check may read device values on the host: not while tracing, under a
     dispatch mode or a functorch transform, nor during CUDA-graph capture."""
-    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-    return not (must_dispatch() or capturing)
+    if must_dispatch():  # first: under torch.compile the capture query is not traceable
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 def _span(t: torch.Tensor) -> int:

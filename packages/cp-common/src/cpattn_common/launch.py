@@ -98,14 +98,23 @@ class Specialization:
         return f"Specialization({getattr(self.kernel, '__name__', self.kernel)!r}, {self.constexprs!r})"
 
     def __call__(self, grid: tuple[int, ...], *args: Any) -> None:
-        if not self._fast:
-            self.kernel[grid](*args, **self.constexprs)
-            return
-        key = (current_device(), _key(args))
-        handle = self._handles.get(key)
-        if handle is None:
-            handle = self.kernel[grid](*args, **self.constexprs)
-            if len(args) == self._nargs:  # else a defaulted parameter: no tail for it
-                self._handles[key] = handle
-            return
-        handle[(*grid, 1, 1)[:3]](*args, *self._tail)
+        try:
+            if not self._fast:
+                self.kernel[grid](*args, **self.constexprs)
+                return
+            key = (current_device(), _key(args))
+            handle = self._handles.get(key)
+            if handle is None:
+                handle = self.kernel[grid](*args, **self.constexprs)
+                if len(args) == self._nargs:  # else a defaulted parameter: no tail for it
+                    self._handles[key] = handle
+                return
+            handle[(*grid, 1, 1)[:3]](*args, *self._tail)
+        except ValueError as exc:  # Triton's launcher refuses a pointer it cannot use
+            if "cannot be accessed from Triton" not in str(exc):
+                raise
+            raise ValueError(
+                f"{getattr(self.kernel, '__name__', 'kernel')}: every tensor must be on a CUDA "
+                "device: the Triton kernels are compiled for the GPU in this process (on the "
+                "CPU, set TRITON_INTERPRET=1 before importing triton)"
+            ) from exc

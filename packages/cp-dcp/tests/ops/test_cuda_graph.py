@@ -106,7 +106,7 @@ def test_collective_ops_graph_world_size_1(device: torch.device, op: Callable[..
     b, h, d = 6, 8, 64
     out = torch.empty(b, h, d, device=device, dtype=torch.bfloat16)
     lse = torch.empty(b, h, device=device)
-    seq_lens = torch.empty(3, dtype=torch.int32, device=device)
+    seq_lens = torch.zeros(3, dtype=torch.int32, device=device)
     qsl = torch.tensor([0, 1, 3, 5], dtype=torch.int32, device=device)
     group = _SoloGroup()
 

@@ -106,6 +106,7 @@ def test_narrow_index_dtypes(device: torch.device, index_dtype: torch.dtype, num
     assert torch.equal(actual.cpu(), expected)
 
 
+@pytest.mark.no_checks  # a request reaching past the batch: what check mode refuses
 @pytest.mark.parametrize("num_seqs", [5, 300])  # direct count, 16-ary search
 def test_int64_boundaries_past_int32(device: torch.device, num_seqs: int) -> None:
     """int64 boundaries beyond the int32 range (a request that reaches past the batch, and a
@@ -256,6 +257,7 @@ def _accepted(lse: object, sl: object, qsl: object) -> bool:
         return False
 
 
+@pytest.mark.no_checks  # check mode sends every call through the full validation
 def test_fast_check_implies_validation(device: torch.device) -> None:
     """The eager hot path skips the full validation only for arguments it accepts; anything
     else (``None``, other index dtypes, subclasses) takes the full path."""

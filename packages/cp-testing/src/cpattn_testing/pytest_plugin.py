@@ -18,7 +18,9 @@ What it provides:
   pinned through ``CUDA_VISIBLE_DEVICES`` before anything touches CUDA;
 - CPU machines work out of the box: without a CUDA device, and unless ``TRITON_INTERPRET`` is
   set, it sets ``TRITON_INTERPRET=1`` at configure time, before the tests import the kernels;
-- the library's checks are on (``CPATTN_CHECKS=1``) unless ``CPATTN_CHECKS`` is set.
+- the library's check mode (``cpattn_common.checks``) is on in every test unless
+  ``CPATTN_CHECKS`` is set (opt out with ``@pytest.mark.no_checks``), and ``CPATTN_CHECKS=1``
+  is set for the ranks.
 
 Both variables are set in ``os.environ``, so the ranks that ``run_ranks`` starts inherit them.
 """
@@ -116,6 +118,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers", "no_output_poison: do not fill fresh outputs with NaN in this test"
+    )
+    config.addinivalue_line(
+        "markers", "no_checks: run this test with the library's check mode off"
     )
 
 
@@ -223,6 +228,20 @@ def run_ranks(dist_backend: str) -> RunRanks:
             pytest.skip(str(exc))
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def _cpattn_check_mode(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The library's check mode as ``CPATTN_CHECKS`` says (the plugin defaults it to on), off
+    in tests marked ``no_checks``; set for the test whatever the import order was."""
+    try:
+        from cpattn_common.checks import check_mode, check_mode_from_env
+    except ImportError:
+        yield
+        return
+    wanted = check_mode_from_env(default=True)
+    with check_mode(wanted and request.node.get_closest_marker("no_checks") is None):
+        yield
 
 
 @pytest.fixture(autouse=True)
