@@ -1,20 +1,10 @@
 """Agreement of a group's ranks on a rank-local step before the next collective step.
 
-A symmetric allocation is a local step (``empty``: it can fail on one rank only, out of memory
-after a KV cache took the rest) followed by a collective one (``rendezvous``). If the failing
-rank raised at once, its peers would wait in the rendezvous for good. ``agree_on_local_step``
-sits between the two: one all-gather of a flag per rank, after which every rank knows whether
-all of them succeeded, and all raise ``SymmetricAllocationError`` together if not.
-``agreed_symmetric_empty`` is that local step and agreement in one, used by
-``DirectCPWorkspace.allocate`` and the capability probe's rendezvous. ``gather_rank_values``
-is the all-gather itself, for decisions that must come out the same on every rank (the probe's
-multicast answer, a workspace's multicast addresses). ``check_ranks_agree`` is check mode's
-comparison of a call's signature across ranks (``cpattn_common.checks``).
-
-An agreement allocates nothing: its all-gather sends from and receives into the scratch of
-``agreement_flag``, allocated by the caller before its first collective step. An allocation
-inside the agreement could itself fail on one rank only, and that rank would then leave the
-all-gather its peers are in.
+A step that can fail on one rank only (a symmetric ``empty`` out of memory) must not leave its
+peers waiting in the next collective: ``agree_on_local_step`` all-gathers a flag per rank and
+every rank raises ``SymmetricAllocationError`` together. An agreement allocates nothing (it
+gathers through ``agreement_flag``'s scratch, allocated first). ``check_ranks_agree`` is check
+mode's comparison of a call's signature across ranks.
 """
 
 from __future__ import annotations
@@ -93,11 +83,8 @@ def gather_rank_values(group: CPGroupLike, flag: torch.Tensor, value: int) -> li
 def agree_on_local_step(
     group: CPGroupLike, flag: torch.Tensor, failure: BaseException | None, what: str
 ) -> None:
-    """Collective: raise ``SymmetricAllocationError`` on every rank if ``failure`` is set on any.
-
-    Call it after a rank-local step that may fail on some ranks only and before the next
-    collective step. ``failure``: this rank's error of the step, or ``None``; ``what`` names
-    the step in the message; ``flag``: ``agreement_flag``'s scratch.
+    """Collective: raise ``SymmetricAllocationError`` on every rank if ``failure`` (this rank's
+    error of the step ``what``, or ``None``) is set on any; ``flag``: ``agreement_flag``'s.
 
     Raises:
         SymmetricAllocationError: on every rank, when the step failed on any.
@@ -173,12 +160,9 @@ def check_ranks_agree(
     op: str, group: CPGroupLike, device: torch.device, fields: Mapping[str, Any]
 ) -> None:
     """Collective (check mode): raise ``ValueError`` on every rank when the ranks' ``fields``
-    (at most 31 ints, bools or dtypes, keyed by what the message calls them) differ.
-
-    A call one rank makes with other shapes or dtypes than its peers would otherwise hang,
-    fail inside the backend or, at the same byte count, combine garbage. One all-gather of
-    32 int64 per rank on ``device`` (the host for gloo) and a host read; nothing for one
-    rank, while tracing or during CUDA-graph capture (``checks.host_checkable``).
+    (at most 31 ints, bools or dtypes, keyed by what the message calls them) differ. One
+    all-gather on ``device`` (the host for gloo); nothing for one rank, while tracing or
+    during CUDA-graph capture.
 
     Raises:
         ValueError: the message names each field that differs, rank 0's value and the

@@ -45,9 +45,8 @@ def get_output_poison() -> float | None:
     return _poison
 
 
-# The open poison_outputs contexts as [token, value, thread ident], in the order they were
-# entered (any thread, exits in any order), and the value outside them; _poison is the newest
-# open context's value, else _base.
+# Open poison_outputs contexts [token, value, thread ident] in entry order; _poison is the
+# newest one's value, else _base.
 _base: float | None = None
 _open: list[list[Any]] = []
 

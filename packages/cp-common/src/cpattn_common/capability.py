@@ -1,18 +1,9 @@
-"""Capability probing and gating of the direct (symmetric-memory) CP paths.
+"""Gating of the direct (symmetric-memory) CP paths: ``direct_cp_enabled``,
+``direct_cp_multicast_enabled`` and ``direct_cp_disabled_reason`` (why a path is off).
 
-``direct_cp_enabled`` answers "may this group use the direct symmetric-memory collectives for
-this dtype?", ``direct_cp_multicast_enabled`` additionally requires NVLink multicast (NVLS), and
-``direct_cp_disabled_reason`` says why a path is off. An explicit ``use_direct`` always wins
-for the unicast paths; the automatic decision needs symmetric memory, CUDA, a supported dtype,
-and a group over which a symmetric-memory rendezvous works.
-
-Multicast is **never probed** when the environment disables it
-(``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, ``NCCL_NVLS_ENABLE=0`` or ``NVSHMEM_DISABLE_NVLS=1``).
-
-Probes are collective over the group (every rank asks the same questions in the same order),
-cached per group, and report a failing step as "off" with a reason. What a rank finds on its
-own is agreed over the group before the probe answers, through all-gathers into one scratch
-tensor allocated first, so every rank gets the same answer.
+Multicast is never probed where the environment disables it (``MULTICAST_ENV_VARS``). Probes
+are collective, cached per group, agreed over the group (one answer on every rank), and report
+a failing step as "off" with a reason.
 """
 
 from __future__ import annotations
@@ -64,11 +55,8 @@ MULTICAST_ENV_VARS: dict[str, str] = {
     "NCCL_NVLS_ENABLE": "0",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
-# Values of TORCH_SYMM_MEM_DISABLE_MULTICAST that leave multicast on; any other non-empty value
-# turns it off.
+# Values that leave multicast on; any other non-empty value turns it off.
 _NOT_DISABLED = {"0", "false", "no", "off", "n", "f"}
-
-
 # strtoll saturates on overflow; past this many digits any base is out of int64 range.
 _INT64_MAX, _MAX_DIGITS = (1 << 63) - 1, 24
 
@@ -97,8 +85,7 @@ def _c_integer(text: str) -> int:
 
 
 def _disables(name: str, value: str) -> bool:
-    """Whether ``name=value`` disables multicast, read the way its owner reads it; a value
-    that is neither clearly on nor off disables."""
+    """Whether ``name=value`` disables multicast, read the way its owner reads it."""
     if name == "NVSHMEM_DISABLE_NVLS":
         # NVSHMEM: set (even empty) means true unless the value starts with 0, N, n, F or f.
         if value[:1] not in ("0", "N", "n", "F", "f"):
@@ -140,10 +127,7 @@ _SYMM_MEM_MULTICAST_OFF = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DIS
 
 def propagate_multicast_off() -> None:
     """If any variable disables multicast, also set ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` and
-    ``NVSHMEM_DISABLE_NVLS=1``.
-
-    Each symmetric-memory backend only reads its own variable; without it a plain rendezvous
-    may set up multicast objects. Called before every rendezvous.
+    ``NVSHMEM_DISABLE_NVLS=1`` (each backend reads only its own). Called before every rendezvous.
     """
     if not multicast_disabled_by_env():
         return
@@ -157,13 +141,7 @@ def propagate_multicast_off() -> None:
 
 @dataclass(frozen=True)
 class GroupProbe:
-    """What the (cached) probe found about one group.
-
-    ``same_node``: every rank runs on one host; ``symm_mem_reaches_group``: a rendezvous over
-    the group succeeded (``rendezvous_failed``: one was tried and failed); ``multicast``: a
-    multicast address is available (never where the environment disables multicast);
-    ``reason``: why one of them is False.
-    """
+    """What the cached probe found about one group; ``reason``: why a flag is False."""
 
     same_node: bool
     symm_mem_reaches_group: bool
@@ -183,7 +161,7 @@ def clear_capability_cache() -> None:
 
 
 def _host_key() -> int:
-    """A nonzero int64 of this host's name (an 8-byte BLAKE2b digest; 0: the name is unknown)."""
+    """A nonzero int64 hash of this host's name (0: unknown)."""
     try:
         digest = hashlib.blake2b(socket.gethostname().encode(), digest_size=8).digest()
     except Exception as exc:  # answered as "not on one node" through the gather, not raised
@@ -193,8 +171,7 @@ def _host_key() -> int:
 
 
 def _all_same_node(group: CPGroupLike, flag: torch.Tensor | None) -> bool:
-    """Whether every rank of ``group`` runs on this host: one all-gather of a hash of the host
-    name through the probe's scratch ``flag`` (collective). An unknown host name: False."""
+    """Whether every rank of ``group`` runs on this host (collective, through ``flag``)."""
     if group.world_size == 1 or group.device_group is None or flag is None:
         return True  # one rank, or simulated ranks in one process
     keys = gather_rank_values(group, flag, _host_key())
@@ -202,7 +179,6 @@ def _all_same_node(group: CPGroupLike, flag: torch.Tensor | None) -> bool:
 
 
 def _device_has_multicast(device: torch.device) -> bool:
-    """``_SymmetricMemory.has_multicast_support`` for ``device`` (a multicast probe)."""
     assert _symm_mem is not None
     from torch._C._distributed_c10d import _SymmetricMemory
 
@@ -213,14 +189,12 @@ def _device_has_multicast(device: torch.device) -> bool:
 def _rendezvous_probe(
     group: CPGroupLike, device: torch.device, want_multicast: bool, flag: torch.Tensor
 ) -> tuple[bool, bool]:
-    """Rendezvous an 8-byte symmetric buffer over ``group``: ``(reached, multicast)``
-    (``multicast`` read only when wanted); ``flag`` is the probe's agreement scratch."""
+    """Rendezvous an 8-byte symmetric buffer over ``group``: ``(reached, multicast)``."""
     assert _symm_mem is not None
     pg = group.device_group
     if pg is None:
         return False, False
     propagate_multicast_off()
-    # Every rank raises together if any failed to allocate.
     buf = agreed_symmetric_empty(
         _symm_mem, group, (8,), torch.uint8, device, "the probe's symmetric allocation", flag
     )
@@ -238,8 +212,7 @@ def _rendezvous_probe(
 
 
 def _probe_flag(group: CPGroupLike) -> torch.Tensor | None:
-    """The probe's agreement scratch (on the current CUDA device where CUDA is available), or
-    ``None`` for a group without a process group (simulated ranks: no collective to agree)."""
+    """The probe's agreement scratch; ``None`` without a process group (simulated ranks)."""
     if group.device_group is None:
         return None
     cuda = torch.cuda.is_available()
@@ -264,8 +237,7 @@ def _probe_group(group: CPGroupLike, flag: torch.Tensor | None) -> GroupProbe:
     if not torch.cuda.is_available():
         return GroupProbe(same_node, False, False, "CUDA is not available")
     if group.device_group is None:
-        # Simulated ranks in one process allocate their symmetric buffers themselves; any
-        # other group without a process group has no way to, so the direct paths stay off.
+        # Only simulated ranks allocate symmetric buffers without a process group.
         can_allocate = getattr(group, "allocate_symmetric", None) is not None
         return GroupProbe(
             same_node,
@@ -275,7 +247,7 @@ def _probe_group(group: CPGroupLike, flag: torch.Tensor | None) -> GroupProbe:
             + ("" if can_allocate else " and no allocate_symmetric"),
             rendezvous_failed=not can_allocate,
         )
-    assert flag is not None  # _probe_flag allocates it for every group with a process group
+    assert flag is not None
     device = torch.device("cuda", torch.cuda.current_device())
     env_off = multicast_env_reason()
     want_multicast = env_off is None
@@ -297,8 +269,7 @@ def _probe_group(group: CPGroupLike, flag: torch.Tensor | None) -> GroupProbe:
         logger.debug("symmetric-memory probe failed: %r", exc)
         reached, multicast = False, False
         failed = f"symmetric-memory probe failed: {type(exc).__name__}: {exc}"
-    # The rank-local steps above may fail on some ranks only; every rank must take the same
-    # paths. One all-gather: 0 not reached, 1 reached, 2 reached with a multicast address.
+    # Agree over ranks: 0 not reached, 1 reached, 2 reached with a multicast address.
     codes = gather_rank_values(group, flag, int(reached) + int(reached and multicast))
     unreached = [r for r, code in enumerate(codes) if code == 0]
     if unreached:

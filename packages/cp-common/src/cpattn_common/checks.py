@@ -1,18 +1,9 @@
 """Argument checks shared by every package, so that the same mistake gets the same error.
 
-Sizes (world sizes, group sizes, token budgets) are Python ints: a ``bool`` is refused (it is
-an ``int`` to ``isinstance``, but ``True`` as a world size is a bug), as is a float that happens
-to be whole. See ``docs/conventions.md``.
-
-Index and length tensors (``seq_lens``, ``query_start_loc``, ``slot_mapping``, ...) hold one of
-the whole-byte integer dtypes of ``INDEX_DTYPES``; ``is_index_dtype`` is the one test of that.
-
-An op that writes a tensor refuses one that overlaps its inputs (``check_no_overlap``;
-``overlaps`` is the per-call form). Check mode (``CPATTN_CHECKS=1`` at import, ``check_mode()``,
-``set_check_mode``; process-wide) adds what costs a host sync or a collective: the ops read
-device-side values (``seq_lens >= 0``, ``query_start_loc`` non-decreasing within the batch) and
-the collective ones compare their call across ranks first (``agreement.check_ranks_agree``).
-Outside it the ops pay one attribute read (``check_state.enabled``).
+Sizes are Python ints (a ``bool`` or a whole float is refused); index tensors hold one of
+``INDEX_DTYPES``. Check mode (``CPATTN_CHECKS=1`` at import, ``check_mode()``,
+``set_check_mode``; process-wide) adds the checks that cost a host sync or a collective;
+outside it the ops pay one attribute read (``check_state.enabled``).
 """
 
 from __future__ import annotations
@@ -51,14 +42,9 @@ __all__ = [
 def check_bool(name: str, value: object) -> bool:
     """Return ``value`` as a Python ``bool`` if it is a ``bool`` or a numpy bool scalar.
 
-    For flags such as ``is_lse_base_on_e``, where ``bool(None)`` or ``bool("False")`` would
-    quietly select the other behaviour.
-
     Raises:
         TypeError: ``value`` is anything else (``None``, an int, a float, a string, a tensor).
     """
-    # isinstance, not a class identity test: torch 2.11's dynamo evaluates
-    # True.__class__ is bool to False while it traces (bool has no subclasses, so the two agree).
     if isinstance(value, bool):
         return value
     cls = type(value)
@@ -68,9 +54,8 @@ def check_bool(name: str, value: object) -> bool:
 
 
 def is_bool_scalar(value: object) -> bool:
-    """Whether ``value`` is a bool in a wrapping that ``operator.index`` may take as 0 / 1: a
-    Python ``bool``, a bool tensor, or a numpy bool (older numpy, 2.2 among them, indexes it
-    with a deprecation warning). A size or a dim that is one of these is a bug, not 0 or 1."""
+    """Whether ``value`` is a Python ``bool``, a bool tensor or a numpy bool (which
+    ``operator.index`` may take as 0 / 1)."""
     if isinstance(value, bool):
         return True
     dtype = getattr(value, "dtype", None)
@@ -84,11 +69,7 @@ def check_positive_int(name: str, value: object) -> int:
         TypeError: ``value`` is not an int (or is a bool).
         ValueError: ``value`` < 1.
     """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
+    return _check_int(name, value, 1, "a positive int")
 
 
 def check_nonnegative_int(name: str, value: object) -> int:
@@ -98,10 +79,14 @@ def check_nonnegative_int(name: str, value: object) -> int:
         TypeError: ``value`` is not an int (or is a bool).
         ValueError: ``value`` < 0.
     """
+    return _check_int(name, value, 0, ">= 0")
+
+
+def _check_int(name: str, value: object, minimum: int, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
     return value
 
 
@@ -130,8 +115,7 @@ def check_device(name: str, value: object, *, available: bool = True) -> torch.d
 
 def check_fits_in_memory(op: str, what: str, nbytes: int, device: torch.device) -> None:
     """Raise ``ValueError`` when ``nbytes`` exceed the free memory of ``device`` (CUDA, or the
-    host's free pages for the CPU): for work sized by the caller's numbers (a plan for a huge
-    ``pcp_size``) that would otherwise die out of memory. Nothing is queried below 256 MiB."""
+    host's free pages for the CPU). Nothing is queried below 256 MiB."""
     if nbytes < 1 << 28 or device.type not in ("cpu", "cuda"):
         return
     if device.type == "cuda":
@@ -156,53 +140,21 @@ def check_dtype(name: str, value: object) -> torch.dtype:
     return value
 
 
-#: The dtypes an index or length tensor may have: torch's whole-byte integers, int8/16/32/64 and
-#: uint8/16/32/64, whose elements read as plain integers (``tolist``, ``.to(torch.int64)``,
-#: kernel loads). Torch's own arithmetic is another matter: torch 2.13 implements no
-#: subtraction, ``searchsorted`` or ``max`` for uint16/32/64 on the CPU, so callers widen to
-#: int64 before they compute with such a tensor.
-#: An explicit list rather than "not floating, complex or bool", because torch has other dtypes
-#: that are neither floating nor complex and are still no index dtype:
-#:
-#: * ``bool``: ``True`` / ``False`` as lengths or offsets are a bug, not 1 / 0;
-#: * quantized dtypes (``qint8``, ``quint8``, ``qint32``, ``quint4x2``, ``quint2x4``): an element
-#:   means ``scale * (q - zero_point)``, not ``q``, and most ops (``tolist``, subtraction)
-#:   refuse them with an unrelated error;
-#: * sub-byte and raw-bits dtypes (``int1``-``int7``, ``uint1``-``uint7``, ``bits8``,
-#:   ``bits16``, ``bits1x8``, ...): storage-only dtypes whose elements torch cannot read
-#:   (``tolist``) or compute with (subtraction, ``searchsorted``).
-#:
-#: A dtype added by a later torch is refused until it is listed here.
+#: The dtypes an index or length tensor may have: int8/16/32/64 and uint8/16/32/64, whose
+#: elements read as plain integers (bool, quantized and sub-byte dtypes do not). torch has no
+#: CPU subtraction or ``searchsorted`` for uint16/32/64: callers widen to int64 first.
 INDEX_DTYPES: frozenset[torch.dtype] = frozenset(
-    {
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.uint8,
-        torch.uint16,
-        torch.uint32,
-        torch.uint64,
-    }
+    getattr(torch, f"{sign}int{bits}") for sign in ("", "u") for bits in (8, 16, 32, 64)
 )
 
 
 def is_index_dtype(dtype: torch.dtype) -> bool:
-    """Whether ``dtype`` is one of ``INDEX_DTYPES`` (int8/16/32/64, uint8/16/32/64).
-
-    The one definition of "integer index dtype" shared by the packages: ``bool``, floating,
-    complex, quantized and sub-byte / raw-bits dtypes are refused (see ``INDEX_DTYPES`` for
-    why). Callers raise their own ``TypeError`` naming the argument.
-    """
+    """Whether ``dtype`` is one of ``INDEX_DTYPES`` (int8/16/32/64, uint8/16/32/64)."""
     return dtype in INDEX_DTYPES
 
 
 def check_tensors(op: str, /, **tensors: object) -> None:
     """Raise ``TypeError`` for an argument that is not a ``torch.Tensor``.
-
-    For functions whose next checks read tensor attributes (``.dim()``, ``.dtype``): without
-    it a list or ``None`` fails there with an ``AttributeError``, or passes through a
-    shortcut (a world size of 1) unchecked.
 
     Args:
         op: the public function's name, for the message.
@@ -218,12 +170,8 @@ def check_tensors(op: str, /, **tensors: object) -> None:
 
 
 def check_no_neg_bit(op: str, /, **tensors: object) -> None:
-    """Raise ``ValueError`` for a tensor with torch's negative bit set.
-
-    Such a tensor (``z.conj().imag`` of a complex ``z``, ``torch._neg_view``) stores its values
-    un-negated and negates them lazily; a kernel that reads or writes its memory would see the
-    wrong sign. torch's own ops resolve the bit, a direct launch does not. For the slow path of
-    an op's checks: ``tensor.is_neg()`` costs 0.1-0.2 µs of host time.
+    """Raise ``ValueError`` for a tensor with torch's negative bit set (a lazily negated view
+    whose memory a kernel would read with the wrong sign). Skipped while tracing.
 
     Args:
         op: the public function's name, for the message.
@@ -232,8 +180,6 @@ def check_no_neg_bit(op: str, /, **tensors: object) -> None:
     Raises:
         ValueError: a tensor has the negative bit; the message names ``op`` and the argument.
     """
-    # dynamo cannot trace is_neg() (a graph break), so traced calls skip the test; they reach
-    # the kernels through the registered ops. is_compiling() is a constant while tracing.
     if torch.compiler.is_compiling():
         return
     for name, tensor in tensors.items():
@@ -309,9 +255,8 @@ def _span(t: torch.Tensor) -> int:
 
 
 def overlaps(out: torch.Tensor, *inputs: torch.Tensor) -> bool:
-    """Whether the address range of ``out`` intersects that of one of ``inputs`` (ranges:
-    interleaved views of one buffer overlap; a tensor without memory overlaps nothing). The
-    ops' per-call form: two data pointers and a contiguity test per input."""
+    """Whether the address range of ``out`` intersects that of one of ``inputs`` (a tensor
+    without memory overlaps nothing)."""
     o0 = out.data_ptr()
     for t in inputs:
         t0 = t.data_ptr()

@@ -1,10 +1,7 @@
 """``CPGroup``: the collectives serving engines use, over a ``torch.distributed`` process group.
 
-``all_gather`` / ``reduce_scatter`` along any dim, an out-of-place ``all_reduce``,
-``all_to_all_single`` and ``all_gather_into_tensor`` on a gloo or nccl group. A world size of 1
-never communicates. Where a backend lacks a native collective, an equivalent built from ops
-every backend has (``all_gather`` into a list, ``all_reduce``) is used instead, and remembered
-per group. The argument checks here are shared with every ``CPGroupLike`` implementation.
+Where a backend lacks a native collective, a portable fallback is used (and remembered per
+group). The argument checks here are shared with every ``CPGroupLike`` implementation.
 """
 
 from __future__ import annotations
@@ -31,8 +28,7 @@ __all__ = [
 
 
 # torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single (the old names
-# still work, with a FutureWarning per call site); earlier torch has only the old names. Dynamo
-# traces both under either name. (None without torch.distributed, where no CPGroup is made.)
+# warn); earlier torch has only the old names.
 _all_gather_single: Any = getattr(dist, "all_gather_single", None) or getattr(
     dist, "all_gather_into_tensor", None
 )
@@ -42,12 +38,8 @@ _reduce_scatter_single: Any = getattr(dist, "reduce_scatter_single", None) or ge
 
 _T = TypeVar("_T")
 
-# Errors a backend raises when it does not implement a collective (or a dtype of it).
+# Errors a backend raises for a collective it lacks, recognised by their (lower-cased) text.
 _UNSUPPORTED_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, NotImplementedError)
-# What such an error's (lower-cased) text says; any other error of those types is re-raised.
-# torch's c10d Backend base class words a missing op "Backend <name> does not support
-# _allgather_base" (also _reduce_scatter_base, alltoall_base), as older gloo did for
-# reduce_scatter ("ProcessGroupGloo does not support reduce_scatter").
 _UNSUPPORTED_PHRASES: tuple[str, ...] = (
     "not supported",
     "unsupported",
@@ -59,9 +51,7 @@ _UNSUPPORTED_PHRASES: tuple[str, ...] = (
 def normalize_dim(dim: SupportsIndex, ndim: int) -> int:
     """Map ``dim`` in ``[-ndim, ndim)`` to ``[0, ndim)``; ``ValueError`` otherwise.
 
-    ``dim`` is anything ``operator.index`` takes (an int, a numpy integer, a one-element integer
-    tensor) except a bool: ``True`` as a dim is a bug, not 1. A float is refused too (it would
-    be truncated).
+    ``dim`` is anything ``operator.index`` takes except a bool (``TypeError``, as for a float).
     """
     if isinstance(dim, int) and not isinstance(dim, bool):  # the common case
         index = dim
@@ -89,11 +79,8 @@ def _check_same(output: torch.Tensor, input: torch.Tensor, op: str) -> None:
 def check_all_gather_into_tensor_args(
     output: torch.Tensor, input: torch.Tensor, world_size: int
 ) -> None:
-    """Validate ``all_gather_into_tensor(output [N*T, ...], input [T, ...])`` arguments.
-
-    Shared by every ``CPGroupLike`` implementation so that they reject the same inputs with the
-    same messages.
-    """
+    """Validate ``all_gather_into_tensor(output [N*T, ...], input [T, ...])`` arguments
+    (``TypeError`` for a dtype mismatch, ``ValueError`` for a device or shape one)."""
     _check_same(output, input, "all_gather_into_tensor")
     if input.dim() < 1:
         raise ValueError("all_gather_into_tensor needs tensors with at least 1 dimension")
@@ -108,11 +95,8 @@ def check_all_gather_into_tensor_args(
 def check_all_to_all_single_args(
     output: torch.Tensor, input: torch.Tensor, world_size: int
 ) -> None:
-    """Validate equal-split ``all_to_all_single(output [N*C, ...], input [N*C, ...])`` arguments.
-
-    ``output`` must not overlap ``input``: a backend writing received chunks while it still
-    sends from the same memory returns wrong data (gloo's native all-to-all does).
-    """
+    """Validate equal-split ``all_to_all_single(output [N*C, ...], input [N*C, ...])`` arguments
+    (``ValueError`` also when ``output`` overlaps ``input``: gloo would return wrong data)."""
     _check_same(output, input, "all_to_all_single")
     if _may_overlap(output, input):
         raise ValueError("all_to_all_single: output overlaps input; pass separate buffers")
@@ -129,8 +113,7 @@ def check_all_to_all_single_args(
 
 
 def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` may share an element: the same storage and intersecting byte
-    spans (conservative for interleaved strided views)."""
+    """Whether ``a`` and ``b`` may share an element (same storage, intersecting byte spans)."""
     if a.numel() == 0 or b.numel() == 0:
         return False
     if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
@@ -146,21 +129,13 @@ def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _resolved_contiguous(t: torch.Tensor) -> torch.Tensor:
-    """``t`` contiguous and without torch's conjugate or negative bit: the input of a
-    collective. ``contiguous()`` keeps either bit, and gloo refuses a conjugated input
-    (``view_as_real``); each ``resolve_*`` returns ``t`` itself when its bit is not set."""
+    """``t`` contiguous and without torch's conjugate or negative bit (gloo refuses those)."""
     return t.resolve_conj().resolve_neg().contiguous()
 
 
 def _contiguous_target(output: torch.Tensor) -> torch.Tensor:
-    """``output`` itself when contiguous, else a contiguous scratch to copy back from.
-
-    A lazily negated or conjugated view (torch's negative / conjugate bit) also gets a
-    scratch: gloo wrote a negated view's values into a resolved copy, never into its memory
-    (the caller's buffer was left as it was), and refused a conjugated one; ``copy_`` back
-    honours either bit. Traced code skips that test: dynamo cannot trace ``is_neg()`` (such an
-    output under ``torch.compile`` is untested).
-    """
+    """``output`` itself when contiguous and without a negative or conjugate bit, else a
+    contiguous scratch to copy back from (traced code skips the bit test)."""
     if output.is_contiguous() and (
         torch.compiler.is_compiling() or not (output.is_neg() or output.is_conj())
     ):
@@ -177,12 +152,8 @@ class CPGroup:
             ``reduce_scatter_tensor`` and ``all_to_all_single`` when it has them (default).
             ``False`` forces the portable fallbacks (used by tests; slower).
 
-    The collectives are inference only: with grad mode on, a tensor argument that requires
-    grad raises ``RuntimeError`` (``cpattn_common.dispatch.refuse_grad``), on every world size.
-    Without that, the all-gathers failed with an obscure view error, and the others returned
-    results without a gradient or with one that ignored the other ranks. A non-tensor argument
-    raises ``TypeError``, also at world size 1. Inputs may carry torch's conjugate or negative
-    bit (``z.conj()``, ``torch._neg_view``): a resolved copy is what travels.
+    The collectives are inference only: in grad mode a tensor that requires grad raises
+    ``RuntimeError``; a non-tensor argument raises ``TypeError``, also at world size 1.
 
     Attributes:
         world_size: N, the group size.
@@ -194,10 +165,11 @@ class CPGroup:
     def __init__(self, group: ProcessGroup | None = None, *, native_collectives: bool = True):
         native_collectives = check_bool("native_collectives", native_collectives)
         # new_group() hands a non-member its NON_GROUP_MEMBER marker: refused below by name.
+        given: object = group  # whatever the caller passed, whatever the annotation says
         if (
-            group is not None
-            and not isinstance(group, dist.ProcessGroup)
-            and (group is not getattr(dist.GroupMember, "NON_GROUP_MEMBER", None))
+            given is not None
+            and not isinstance(given, dist.ProcessGroup)
+            and given is not getattr(dist.GroupMember, "NON_GROUP_MEMBER", None)
         ):
             raise TypeError(
                 f"group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}"
@@ -210,9 +182,7 @@ class CPGroup:
         self._group: ProcessGroup = pg
         self._world_size = dist.get_world_size(pg)
         self._rank_in_group = dist.get_rank(pg)
-        if self._rank_in_group < 0:
-            # torch answers -1 on a rank outside the group; every collective would then be
-            # wrong or fail obscurely (an all_reduce returned the input unreduced).
+        if self._rank_in_group < 0:  # torch answers -1 outside the group
             raise ValueError(
                 f"this process (global rank {dist.get_rank()}) is not a member of the group "
                 f"with ranks {list(dist.get_process_group_ranks(pg))}"
@@ -392,9 +362,7 @@ class CPGroup:
             return tensor
         moved = _resolved_contiguous(tensor.movedim(d, 0))
         out = torch.empty((size // n, *moved.shape[1:]), dtype=moved.dtype, device=moved.device)
-        # A complex sum is the sum of the real and imaginary parts: reduce the real view, as
-        # torch does for the other collectives (its reduce_scatter_tensor does not, and nccl
-        # refuses complex dtypes there).
+        # Reduce a complex tensor's real view (nccl refuses complex reduce_scatter_tensor).
         send, recv = (
             (torch.view_as_real(moved), torch.view_as_real(out))
             if moved.is_complex()

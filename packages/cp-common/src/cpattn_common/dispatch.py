@@ -1,28 +1,8 @@
-"""When an op's public function must go through the torch dispatcher.
-
-Every op of the packages is a ``torch.library`` custom op with a fake implementation, and its
-public function launches the kernel itself in plain eager use: the dispatcher would cost
-microseconds of host time per call. ``must_dispatch`` says when something listens to the
-dispatcher, so that the shortcut would be wrong:
-
-* ``torch.compile`` is tracing (dynamo), or ``torch.jit.trace`` is;
-* a dispatch mode is active (``FakeTensorMode``, ``make_fx``, ``torch.export``, any user
-  ``TorchDispatchMode``): a direct launch would bypass it;
-* a functorch transform is active (``torch.vmap``, ``torch.func.grad``, ``functionalize``);
-* grad mode is on and an input requires grad: through the dispatcher the output requires grad
-  and ``backward`` raises (the ops have no autograd formula), where a direct launch would drop
-  the gradient silently.
-
-A direct launch that writes a caller's tensor in place bumps its version counter, as the
-dispatcher does (``mark_written_in_place``), so autograd refuses a stale ``backward``.
-Functions that exchange data between ranks outside a registered op (gathers, direct
-workspaces, ``DCPManager``) call ``refuse_grad`` first: one clear ``RuntimeError`` instead of
-an obscure backend error or a gradient that ignores the other ranks. Each check stops at
-``torch.is_grad_enabled()`` under ``torch.inference_mode()`` / ``torch.no_grad()``.
-
-Not detected (a per-tensor test would cost more than the rest together): tensor subclasses
-with their own ``__torch_dispatch__`` (``DTensor``) and meta tensors; they fail loudly on the
-direct launch.
+"""When an op's public function must go through the torch dispatcher instead of launching its
+kernel directly: ``must_dispatch`` is true while tracing (dynamo, ``torch.jit.trace``), under a
+dispatch mode or a functorch transform, and in grad mode with an input that requires grad.
+``refuse_grad`` guards the functions that exchange data between ranks outside a registered op.
+Tensor subclasses (``DTensor``) and meta tensors are not detected; they fail loudly.
 """
 
 from __future__ import annotations

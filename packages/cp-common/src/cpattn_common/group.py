@@ -1,16 +1,6 @@
-"""Group arguments: what every op accepts as its group, checked and normalised.
-
-An op's group argument may be a ``torch.distributed.ProcessGroup``, a ``DeviceMesh`` (one
-dimension), a ``CPGroupLike`` wrapper (our ``CPGroup``, in-process simulated groups of
-cpattn_testing, a user's wrapper with collectives of its own) or an engine's group object
-shaped like vLLM's ``GroupCoordinator`` (``GroupCoordinatorLike``: ``world_size``,
-``rank_in_group`` and a ``device_group`` process group, whose collectives are ours, run on that
-process group). Every one is checked before any collective: a rank outside ``[0, world_size)``
-or a size or rank that disagrees with the process group raises.
-
-``as_cp_group`` normalises an argument into a ``CPGroupLike``; ``shared_cp_group`` does the
-same through a memo, so that the ops (which resolve their group argument on every call) share
-one weakly held wrapper per process group.
+"""Group arguments: a ``ProcessGroup``, a ``DeviceMesh``, a ``CPGroupLike`` wrapper or a
+``GroupCoordinatorLike``, checked before any collective. ``as_cp_group`` normalises one into a
+``CPGroupLike``; ``shared_cp_group`` memoises one weakly held wrapper per process group.
 """
 
 from __future__ import annotations
@@ -98,11 +88,8 @@ class CPGroupLike(Protocol):
 
 
 class GroupCoordinatorLike(Protocol):
-    """An engine's group object shaped like vLLM's ``GroupCoordinator``; the ops take it as is.
-
-    Only these three members are read; the object's own collectives (``all_gather``,
-    ``reduce_scatter``, ``all_reduce``) are not called: the ops run theirs on
-    ``device_group``, with results identical to passing ``device_group`` itself.
+    """An engine's group object shaped like vLLM's ``GroupCoordinator``. Only these three
+    members are read: the ops run their own collectives on ``device_group``.
 
     Attributes:
         world_size: number of ranks N of ``device_group``.
@@ -120,8 +107,7 @@ class GroupCoordinatorLike(Protocol):
     def device_group(self) -> ProcessGroup: ...
 
 
-# The members a group object carries; one lacking some of the protocol's is taken for a
-# GroupCoordinatorLike (vLLM's GroupCoordinator has no all_to_all_single, for one).
+# An object with some of these but not all of the protocol's is a GroupCoordinatorLike.
 _COORDINATOR_MEMBERS = ("world_size", "rank_in_group", "device_group")
 _PROTOCOL_MEMBERS = (
     *_COORDINATOR_MEMBERS,
@@ -139,8 +125,6 @@ def _is_int(x: Any) -> bool:
 
 
 def _check_ranks(owner: str, world_size: Any, rank_in_group: Any, pg: Any) -> None:
-    """``world_size`` an int >= 1, ``rank_in_group`` an int in ``[0, world_size)``, both equal to
-    the process group's when ``pg`` is one. ``owner`` names the object in the messages."""
     if not _is_int(world_size):
         raise TypeError(
             f"{owner}.world_size must be an int, got {world_size!r} ({type(world_size).__name__})"
@@ -173,11 +157,8 @@ def _check_ranks(owner: str, world_size: Any, rank_in_group: Any, pg: Any) -> No
 
 
 def check_group(group: CPGroupLike) -> CPGroupLike:
-    """Check a group wrapper's rank metadata before it reaches any collective; return it.
-
-    ``world_size`` must be an int >= 1 and ``rank_in_group`` an int in ``[0, world_size)``;
-    where ``device_group`` is a ``ProcessGroup``, both must equal its size and this process's
-    rank in it (a wrong rank read another rank's LSE slot, out of bounds for a rank >= N).
+    """Check a group wrapper's ``world_size`` and ``rank_in_group`` (against its
+    ``device_group`` where that is a ``ProcessGroup``); return it.
 
     Raises:
         TypeError: ``world_size`` or ``rank_in_group`` is not an int (a bool is refused).
@@ -189,16 +170,12 @@ def check_group(group: CPGroupLike) -> CPGroupLike:
 
 
 def _is_coordinator(x: Any) -> bool:
-    """Whether ``x`` is taken for a ``GroupCoordinatorLike``: it carries a member of a group
-    object but lacks one of ``CPGroupLike`` (checked by ``_coordinator_group``)."""
     return any(hasattr(x, m) for m in _COORDINATOR_MEMBERS) and not all(
         hasattr(x, m) for m in _PROTOCOL_MEMBERS
     )
 
 
 def _coordinator_group(x: Any) -> ProcessGroup:
-    """The ``device_group`` of a ``GroupCoordinatorLike``, checked: present, a ``ProcessGroup``
-    that ``world_size`` and ``rank_in_group`` agree with."""
     owner = type(x).__name__
     missing = [m for m in _COORDINATOR_MEMBERS if not hasattr(x, m)]
     if missing:
@@ -222,7 +199,7 @@ try:  # imported with torch.distributed already; looked up here, not in traced c
 except ImportError:  # pragma: no cover - torch without distributed
 
     class _DeviceMesh:  # type: ignore[no-redef]
-        """Stands for the mesh class where torch has none: nothing is an instance."""
+        pass
 
 
 def _is_device_mesh(x: Any) -> bool:
@@ -231,8 +208,6 @@ def _is_device_mesh(x: Any) -> bool:
 
 
 def _mesh_process_group(x: Any, mesh_dim: int | str | None) -> ProcessGroup | None:
-    """The process group of dimension ``mesh_dim`` of ``x`` if ``x`` is a ``DeviceMesh``,
-    else ``None``."""
     if not _is_device_mesh(x):
         return None
     if mesh_dim is None and x.ndim != 1:
@@ -253,8 +228,6 @@ def _not_a_group(x: Any) -> TypeError:
 
 
 def _process_group_of(x: Any, mesh_dim: int | str | None) -> ProcessGroup:
-    """The process group that ``x``, a ``DeviceMesh`` (dimension ``mesh_dim``) or a
-    ``GroupCoordinatorLike`` (checked), stands for; ``TypeError`` for anything else."""
     pg = _mesh_process_group(x, mesh_dim)
     if pg is not None:
         return pg
@@ -266,10 +239,7 @@ def _process_group_of(x: Any, mesh_dim: int | str | None) -> ProcessGroup:
 
 
 def as_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGroupLike:
-    """Turn a group argument into a checked ``CPGroupLike``.
-
-    Every call wraps a process group anew (``shared_cp_group`` memoises one wrapper per
-    group).
+    """Turn a group argument into a checked ``CPGroupLike`` (a process group is wrapped anew).
 
     Args:
         x: a ``CPGroupLike`` (checked with ``check_group``, then returned as is), a
@@ -300,15 +270,8 @@ def as_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGroupL
 
 
 class _SharedCPGroup(CPGroup):
-    """The ``CPGroup`` that ``shared_cp_group`` memoises for a ``ProcessGroup``: it refers to
-    the process group weakly, so that the memo (which holds this wrapper while the group
-    lives) never keeps alive a group that ``destroy_process_group`` released and the caller
-    dropped. A collective after that raises ``RuntimeError``, as one on a destroyed group
-    does anyway.
-
-    ``CPGroup`` reaches its process group only through ``self._group``; here that attribute
-    is a property over a weak reference.
-    """
+    """The memoised ``CPGroup`` of a ``ProcessGroup``: ``_group`` is a weak reference, so the
+    memo never keeps a destroyed group alive."""
 
     _group_ref: Callable[[], ProcessGroup | None]
 
@@ -340,9 +303,7 @@ def _unwrap_fake(obj: Any) -> Any:
     return obj
 
 
-# Object -> its shared wrapper (None: the object is a CPGroupLike, its own wrapper), for objects
-# checked already. An object that takes no weak reference is not memoised: the memo would hold
-# it for good.
+# Object -> its shared wrapper (None: a CPGroupLike, its own wrapper), for checked objects.
 _SHARED: IdentityMemo[CPGroupLike | None] = IdentityMemo(hold_unreferable=False)
 _SHARED_ENTRIES = _SHARED.entries  # read directly on the hit path (no method call)
 _is_compiling = torch.compiler.is_compiling
@@ -351,23 +312,9 @@ _is_compiling = torch.compiler.is_compiling
 def shared_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGroupLike:
     """``as_cp_group(x)``, memoised: every caller gets the same wrapper of a process group.
 
-    The ops resolve their group argument through this on every call, so a lookup is one dict
-    read. A shared wrapper learns once which collectives its backend lacks, for every caller.
-    Nothing here keeps a group alive: the memo forgets an object when it dies, and the
-    wrapper of a ``ProcessGroup`` refers to it weakly (torch.distributed holds a group until
-    ``destroy_process_group``; the caller's references hold it after that).
-
-    Under ``torch.compile`` the memo is not traced (dynamo cannot trace ``id()`` of a process
-    group on every torch we allow, nor the memo's lock): a ``ProcessGroup``, a mesh or ``None``
-    (or a ``GroupCoordinatorLike``'s ``device_group``) is resolved at trace time, through the
-    memo, and the graph uses that wrapper, guarded on the group's identity; a ``CPGroupLike``
-    is its own wrapper. So ``fullgraph=True`` works on a group no eager call resolved, and the
-    graph shares the wrapper of eager callers.
-
-    An object is checked (as ``as_cp_group`` does) when the memo first meets it (the memo holds
-    objects that take a weak reference: one that does not is checked on every call), and at
-    trace time (a ``CPGroupLike`` only on torch >= 2.13, whose dynamo passes it to trace-time
-    functions; on older torch, where no eager call resolved it first, a graph trusts it).
+    A lookup is one dict read; nothing here keeps a group alive. Under ``torch.compile`` the
+    group is resolved at trace time through the memo, so compiled and eager callers share one
+    wrapper. An object is checked when the memo first meets it (and at trace time).
 
     Args:
         x: a ``CPGroupLike`` (returned as is), a ``ProcessGroup`` (also the fake that
@@ -396,8 +343,7 @@ def shared_cp_group(x: Any = None, *, mesh_dim: int | str | None = None) -> CPGr
 
 
 def _lookup(x: Any, mesh_dim: int | str | None) -> CPGroupLike:
-    """``shared_cp_group`` without its ``torch.compile`` branch (for code that runs at trace
-    time, where ``is_compiling()`` may already be true)."""
+    """``shared_cp_group`` without its ``torch.compile`` branch (for trace-time code)."""
     if mesh_dim is None:
         entry = _SHARED_ENTRIES.get(id(x))
         if entry is not None and entry[0]() is x:
@@ -406,13 +352,11 @@ def _lookup(x: Any, mesh_dim: int | str | None) -> CPGroupLike:
 
 
 def _resolve(x: Any, mesh_dim: int | str | None) -> CPGroupLike:
-    """``shared_cp_group(x, mesh_dim=mesh_dim)`` for an ``x`` the memo lacks (eager, or at
-    trace time)."""
+    """``shared_cp_group`` for an ``x`` the memo lacks."""
     if x is None:
         world = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
         if world is not None:
-            # Memoised under the world group itself, never under None: a world destroyed and
-            # initialised again is never answered with the old one.
+            # Memoised under the world group itself, so a re-initialised world is new.
             return _lookup(world, None)
         return as_cp_group(None)  # raises: no default group
     real = _unwrap_fake(x)
@@ -435,8 +379,7 @@ def _resolve(x: Any, mesh_dim: int | str | None) -> CPGroupLike:
 
 
 def _traced_group(x: Any, mesh_dim: int | str | None) -> CPGroupLike:
-    """``shared_cp_group`` as dynamo traces it: what only the memo can answer is resolved at
-    trace time (``_trace_time_name``), and the graph reads the wrapper back by name."""
+    """``shared_cp_group`` as dynamo traces it: resolved at trace time, read back by name."""
     if x is None or isinstance(x, dist.ProcessGroup) or _is_device_mesh(x):
         return getattr(_TRACED, _trace_time_name(x, mesh_dim))  # type: ignore[no-any-return]
     if mesh_dim is not None:
@@ -448,17 +391,14 @@ def _traced_group(x: Any, mesh_dim: int | str | None) -> CPGroupLike:
     return x  # type: ignore[no-any-return]  # a CPGroupLike: its own wrapper
 
 
-# The shared wrappers that compiled graphs use, one attribute each (a graph reads its wrapper
-# as an attribute of a global, which dynamo looks up afresh for every name), and the name of
-# each process group's. An attribute goes with its group.
+# The shared wrappers compiled graphs read, one attribute per process group (gone with it).
 _TRACED = types.ModuleType(f"{__name__}._traced")
 _TRACED_NAMES: IdentityMemo[str] = IdentityMemo()
 _TRACED_NUMBERS = itertools.count()
 
 
 def _traced_name(pg: ProcessGroup, wrapper: CPGroupLike) -> str:
-    """The attribute of ``_TRACED`` that holds the shared wrapper of ``pg``: ``wrapper``, unless
-    ``pg`` has one there already. The attribute goes when ``pg`` dies."""
+    """The attribute of ``_TRACED`` holding the shared wrapper of ``pg`` (set on first use)."""
     name = _TRACED_NAMES.get(pg, None)
     if name is not None:
         return name
@@ -473,13 +413,9 @@ def _traced_name(pg: ProcessGroup, wrapper: CPGroupLike) -> str:
 
 
 def trace_time_constant(fn: _F) -> _F:
-    """``torch._dynamo.assume_constant_result`` without importing dynamo (about 1 s).
-
-    Dynamo runs a function carrying this mark at trace time on the real arguments (guarding on
-    the identity of an object argument) and bakes its result into the graph as a constant;
-    eager calls are unaffected. The result should be a constant (a str, an int): dynamo makes
-    an object result a constant whose methods traced code cannot call. Pass process groups,
-    meshes and constants: torch before 2.13 cannot pass other objects (a ``CPGroup``).
+    """``torch._dynamo.assume_constant_result`` without importing dynamo (about 1 s): dynamo
+    runs the function at trace time and bakes its result (a str, an int) into the graph. Pass
+    process groups, meshes and constants (torch before 2.13 cannot pass other objects).
     """
     fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
     return fn
@@ -487,17 +423,9 @@ def trace_time_constant(fn: _F) -> _F:
 
 def trace_time_group(x: Any) -> Any:
     """What stands for the group ``x`` in a call to a ``trace_time_constant`` function: the
-    process group of a ``CPGroup``, ``x`` itself otherwise.
-
-    torch 2.11's dynamo cannot pass a ``CPGroup`` object to such a function (it raises
-    ``AsPythonConstantNotImplementedError``), but it can pass a process group. A ``CPGroup``
-    runs the same collectives on the same process group as that group's shared wrapper, so
-    code resolved from its process group at trace time behaves the same (a graph does not
-    honour ``native_collectives=False``: the results are equal, the fallbacks are only
-    slower). Subclasses and other ``CPGroupLike`` objects, which may run their collectives
-    their own way, stand for themselves (under ``torch.compile`` they need a torch whose
-    dynamo passes objects, 2.13 does). A ``GroupCoordinatorLike``, whose collectives are ours,
-    stands for its ``device_group``, checked (at trace time under ``torch.compile``).
+    process group of a plain ``CPGroup`` or a ``GroupCoordinatorLike`` (checked), ``x`` itself
+    otherwise (older dynamo cannot pass a ``CPGroup`` object; other wrappers run their own
+    collectives).
     """
     if type(x) is CPGroup or type(x) is _SharedCPGroup:
         return x.device_group
@@ -511,8 +439,7 @@ def trace_time_group(x: Any) -> Any:
 
 @trace_time_constant
 def _trace_time_name(x: Any, mesh_dim: int | str | None) -> str:
-    """The attribute of ``_TRACED`` holding the shared wrapper of ``x`` (a ``ProcessGroup``, a
-    mesh, a ``GroupCoordinatorLike`` or ``None``), resolved through the memo at trace time."""
+    """The ``_TRACED`` attribute of ``x``'s shared wrapper, resolved at trace time."""
     group = _lookup(x, mesh_dim)
     pg = group.device_group
     if pg is None:  # pragma: no cover - the wrappers of groups and meshes have one
@@ -520,8 +447,7 @@ def _trace_time_name(x: Any, mesh_dim: int | str | None) -> str:
     return _traced_name(pg, group)
 
 
-# Whether dynamo passes any object to a trace_time_constant function (torch 2.13 does; earlier
-# ones only process groups, meshes and constants).
+# Whether dynamo passes any object to a trace_time_constant function.
 _TRACE_TIME_OBJECTS = torch.torch_version.TorchVersion(torch.__version__) >= "2.13"
 
 
@@ -533,9 +459,8 @@ def _trace_time_check(group: Any) -> bool:
 
 
 def cache_owner(group: CPGroupLike) -> object:
-    """What per-group caches key by: the process group under ``group``, so that several
-    wrappers of one process group (a ``CPGroup`` made per layer, say) share one entry;
-    ``group`` itself when it has none (simulated groups).
+    """What per-group caches key by: the process group under ``group`` (wrappers of one
+    process group share an entry), else ``group`` itself.
 
     Raises:
         RuntimeError: ``group`` is a ``shared_cp_group`` wrapper whose process group was

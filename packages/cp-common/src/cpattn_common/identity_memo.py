@@ -1,11 +1,5 @@
-"""A memo keyed by object identity that never keeps its keys alive.
-
-Per-group state (the shared wrapper of a process group, its capability probe, its token) is
-looked up on every op call, so it is keyed by ``id()``: a ``ProcessGroup`` has no value
-equality, and hashing a user's wrapper could call user code. Every entry holds its key through
-a weak reference whose callback drops the entry (an ``id()`` is reused once its object dies),
-and a lookup checks that the reference still names the very object asked about.
-"""
+"""A memo keyed by object identity (``id()`` plus a weak reference) that never keeps its keys
+alive: per-group state looked up on every op call."""
 
 from __future__ import annotations
 
@@ -23,11 +17,8 @@ _D = TypeVar("_D")
 
 
 class IdentityMemo(Generic[_V]):
-    """Values memoised by the identity of a key object, without keeping the key alive.
-
-    A value must not refer to its key (strongly), or the key never dies and its entry stays.
-    Lookups take no lock (the ops' host path); writes and the weak-reference callbacks take a
-    re-entrant lock (a callback can run inside a write that triggers a garbage collection).
+    """Values memoised by the identity of a key object, without keeping the key alive (a
+    value must not refer to its key). Lookups take no lock; writes take a re-entrant one.
 
     Args:
         hold_unreferable: what ``setdefault`` does with a key that takes no weak reference:
@@ -43,9 +34,7 @@ class IdentityMemo(Generic[_V]):
 
     @property
     def entries(self) -> Mapping[int, tuple[Callable[[], Any], _V]]:
-        """The live table, read-only, for a lookup without a method call: ``id(key) ->
-        (reference to key, value)``, which answers for ``key`` only when the reference returns
-        ``key`` itself."""
+        """The live table ``id(key) -> (reference to key, value)``, for a lookup without a call."""
         return self._entries
 
     def get(self, key: object, default: _D) -> _V | _D:
@@ -56,8 +45,7 @@ class IdentityMemo(Generic[_V]):
         return default
 
     def setdefault(self, key: object, value: _V) -> _V:
-        """Store ``value`` for ``key`` unless an entry for it exists; return the entry's value
-        (so that concurrent first lookups agree on one value)."""
+        """Store ``value`` for ``key`` unless an entry for it exists; return the entry's value."""
         ident = id(key)
         with self._lock:
             entry = self._entries.get(ident)

@@ -1,8 +1,7 @@
 """TP / PCP / DCP groups of a world in one consistent rank layout.
 
-World ranks are laid out as a 4-D mesh ``[R, PCP, TP/T_in, T_in]`` with TP innermost (global
-rank = ``((r * PCP + p) * TP + t)``), where ``R = world / (PCP * TP)`` counts the replicas
-(data / pipeline parallel) and ``T_in`` is the TP share of a DCP group:
+World ranks form a mesh ``[R, PCP, TP/T_in, T_in]`` with TP innermost (``R`` replicas,
+``T_in`` the TP share of a DCP group):
 
 - **TP group**: the ``TP`` consecutive ranks that share ``(r, p)``.
 - **PCP group**: the ``PCP`` ranks that share ``(r, t)`` (stride ``TP``).
@@ -10,14 +9,11 @@ rank = ``((r * PCP + p) * TP + t)``), where ``R = world / (PCP * TP)`` counts th
   - ``PCP == 1``: ``T_in = DCP``: a TP sub-group of ``DCP`` consecutive ranks;
   - ``PCP > 1``: the group spans the PCP axis before TP: ``T_in = DCP / PCP`` consecutive TP
     ranks in every PCP slice (``DCP == PCP``: the PCP group; ``DCP == PCP * TP``: all of it).
-- **TP-inner group** (size ``T_in``): the ``T_in`` consecutive TP ranks of this rank's DCP
-  group that share its PCP rank; the group ``cpattn_pcp`` gathers the query heads over (and
-  slices them back with) when the DCP group spans TP x PCP. It is the TP group when
-  ``DCP == PCP * TP``, and the DCP group when ``PCP == 1``.
+- **TP-inner group** (size ``T_in``): the TP ranks of this rank's DCP group that share its PCP
+  rank, over which ``cpattn_pcp`` gathers the query heads when the DCP group spans TP x PCP.
 
-Inside every group the group rank follows ascending global rank. ``cp_layout`` is the pure
-rank arithmetic; ``build_cp_groups`` creates the process groups through ``DeviceMesh``
-(collective: every rank of the world calls it) and checks them against ``cp_layout``.
+Group ranks follow ascending global rank. ``cp_layout`` is the pure arithmetic;
+``build_cp_groups`` creates the process groups (collective) and checks them against it.
 """
 
 from __future__ import annotations
@@ -58,15 +54,11 @@ class CPLayout:
     def group_of(self, kind: str, rank: int) -> list[int]:
         """The ``kind`` (``"tp"``, ``"pcp"``, ``"dcp"``, ``"tp_inner"``) group that holds
         global ``rank``."""
-        by_kind = {
-            "tp": self.tp_groups,
-            "pcp": self.pcp_groups,
-            "dcp": self.dcp_groups,
-            "tp_inner": self.tp_inner_groups,
-        }
-        if kind not in by_kind:
-            raise ValueError(f"kind must be one of {sorted(by_kind)}, got {kind!r}")
-        for g in by_kind[kind]:
+        kinds = ["dcp", "pcp", "tp", "tp_inner"]
+        if kind not in kinds:
+            raise ValueError(f"kind must be one of {kinds}, got {kind!r}")
+        groups: list[list[int]] = getattr(self, f"{kind}_groups")
+        for g in groups:
             if rank in g:
                 return g
         raise ValueError(f"rank {rank} is not in the world of size {self.world_size}")
@@ -103,12 +95,8 @@ def cp_layout(world_size: int, *, tp_size: int, pcp_size: int = 1, dcp_size: int
         >>> cp_layout(8, tp_size=4, pcp_size=2, dcp_size=4).dcp_groups
         [[0, 1, 4, 5], [2, 3, 6, 7]]
     """
-    for name, value in (
-        ("world_size", world_size),
-        ("tp_size", tp_size),
-        ("pcp_size", pcp_size),
-        ("dcp_size", dcp_size),
-    ):
+    sizes = dict(world_size=world_size, tp_size=tp_size, pcp_size=pcp_size, dcp_size=dcp_size)
+    for name, value in sizes.items():
         check_positive_int(name, value)
     if world_size % (pcp_size * tp_size):
         raise ValueError(

@@ -1,20 +1,12 @@
-"""``DirectCPWorkspace``: symmetric allocations, peer-pointer tables, per-ubatch epochs.
-
-``allocate(shape, dtype)`` is **collective** (identical shapes in identical order on every
-rank) and returns the local storage plus an int64 ``[U, N]`` table of the peers' addresses
-per ubatch slot (the first dim of every shape is the ubatch dim ``U``); ``epoch`` holds one
-int64 counter per slot. A group with ``allocate_symmetric`` (the simulated groups) allocates
-itself; otherwise ``torch.distributed._symmetric_memory``, with agreements around the
-rendezvous so that a rank-local failure raises ``SymmetricAllocationError`` on every rank
-together (docs/direct-internals.md, "Symmetric allocations"). ``close()`` drops every buffer.
-"""
+"""``DirectCPWorkspace``: symmetric allocations, peer-pointer tables, per-ubatch epochs
+(docs/direct-internals.md, "Symmetric allocations")."""
 
 from __future__ import annotations
 
 import math
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -37,10 +29,8 @@ __all__ = ["DirectCPWorkspace", "SymmetricAllocationError"]
 @dataclass
 class _Allocation:
     storage: torch.Tensor
-    peer_views: list[torch.Tensor]
-    peer_ptrs: torch.Tensor
+    peer_views: list[torch.Tensor]  # held: the peer table points into them
     handle: Any = None
-    extra: list[Any] = field(default_factory=list)
 
 
 class DirectCPWorkspace:
@@ -67,7 +57,6 @@ class DirectCPWorkspace:
         self._allocations: list[_Allocation] = []
         self._closed = False
 
-    # -- lifetime -----------------------------------------------------------------------------
     @property
     def closed(self) -> bool:
         """Whether ``close()`` was called."""
@@ -96,7 +85,6 @@ class DirectCPWorkspace:
             f"allocations={len(self._allocations)}, closed={self._closed})"
         )
 
-    # -- allocation ---------------------------------------------------------------------------
     def allocate(
         self, shape: Sequence[int], dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,7 +117,7 @@ class DirectCPWorkspace:
             peer_ptrs = self._peer_table(views)
         else:
             storage, views, peer_ptrs, handle = self._allocate_symm_mem(shape, dtype)
-        self._allocations.append(_Allocation(storage, views, peer_ptrs, handle))
+        self._allocations.append(_Allocation(storage, views, handle))
         return storage, peer_ptrs
 
     def _peer_table(self, views: list[torch.Tensor]) -> torch.Tensor:
@@ -167,8 +155,7 @@ class DirectCPWorkspace:
             symm_mem, self.group, shape, dtype, self.device, what, flag
         )
         handle: Any = symm_mem.rendezvous(storage, pg.group_name)
-        # What follows the rendezvous is rank-local again: agreed before the barrier, so a rank
-        # that failed there does not leave its peers waiting in it.
+        # Rank-local again: agreed before the barrier.
         failure: Exception | None = None
         views: list[torch.Tensor] = []  # bound on every rank for the del below
         try:
@@ -188,14 +175,9 @@ class DirectCPWorkspace:
             barrier()
         return storage, views, peer_ptrs, handle
 
-    # -- multicast ----------------------------------------------------------------------------
     def multicast_ptrs(self, storage: torch.Tensor) -> list[int]:
-        """Per-ubatch multicast addresses of ``storage`` (a buffer from ``allocate``).
-
-        A store through such an address lands in every rank's copy. All zeros when the
-        environment disables multicast (the handle is not asked), the storage is unknown, the
-        allocation has no multicast address, or anything fails.
-        """
+        """Per-ubatch multicast addresses of ``storage`` (a buffer from ``allocate``); all zeros
+        where multicast is disabled or unavailable, or anything fails."""
         zeros = [0] * self.num_ubatches
         if multicast_disabled_by_env():
             return zeros

@@ -1,20 +1,7 @@
 """Testing kit for context-parallel attention: multi-process launcher, simulated groups, float64 references, tolerances, strategies, demo.
 
-The main entry points are re-exported here; the modules hold the rest:
-
-- :mod:`cpattn_testing.launcher`: ``run_distributed`` (N ranks in N processes, gloo or nccl);
-- :mod:`cpattn_testing.pytest_plugin`: fixtures ``device``, ``dist_backend``, ``run_ranks`` and
-  markers ``gpu`` / ``multigpu(n)`` (opt in with ``pytest_plugins = [...]``);
-- :mod:`cpattn_testing.simulated`: ``SimulatedWorld`` (N virtual ranks in threads);
-- :mod:`cpattn_testing.reference`: float64 attention, combine, sharding and masking references;
-- :mod:`cpattn_testing.cases`: generators of per-rank partials with their reference;
-- :mod:`cpattn_testing.tolerances`: the per-dtype tolerance policy;
-- :mod:`cpattn_testing.strategies`: hypothesis strategies (imported on its own).
-
-The re-exports are imported on first use (PEP 562): importing a submodule, as a rank of
-``run_distributed`` does to find its entry point, must not import ``cpattn_common``, whose
-kernels read ``TRITON_INTERPRET`` when they are decorated, before the rank has applied its
-environment.
+The main entry points are re-exported here, imported on first use (PEP 562): a rank of
+``run_distributed`` must not import ``cpattn_common`` before it applied its environment.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The entry point of one rank of :func:`cpattn_testing.launcher.run_distributed`.
-
-A rank process imports this module first, before it applies the environment the launcher gave
-it: nothing here imports ``cpattn_common`` at import (its kernels read ``TRITON_INTERPRET`` when
-they are decorated; ``cpattn_testing.interpreter`` imports it only when called).
+"""The entry point of one rank of :func:`cpattn_testing.launcher.run_distributed`: imported
+before the launcher's environment is applied, so it imports ``cpattn_common`` only when called.
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["POISON_ENV", "worker"]
 
-#: Workers turn on ``cpattn_common.alloc`` output poisoning with this value when it is set
-#: (the pytest plugin sets it to ``nan`` for every test).
+#: Workers turn on ``cpattn_common.alloc`` output poisoning with this value when it is set.
 POISON_ENV = "CPATTN_OUTPUT_POISON"
 
 _WATCHDOG_PERIOD_S = 0.5
@@ -53,9 +49,7 @@ def _ensure_importable(files: Mapping[str, str]) -> None:
         if spec is None or spec.loader is None:
             continue
         module = importlib.util.module_from_spec(spec)
-        # Unpickling imports the parents of a dotted name first (``tests`` of ``tests.test_x``,
-        # pytest's importlib-mode name for a test file), which need not exist as packages:
-        # register empty ones, as pytest does in the launching process.
+        # Unpickling imports the parents of a dotted name first: register empty ones.
         parts = name.split(".")
         for i in range(1, len(parts)):
             prefix = ".".join(parts[:i])
@@ -97,17 +91,11 @@ def _start_watchdogs(launcher_pid: int) -> None:
 
 
 def _apply_output_poison() -> None:
-    """Turn on ``cpattn_common.alloc`` output poisoning in a worker when the launcher asks."""
     value = os.environ.get(POISON_ENV)
-    if not value:
-        return
-    try:
-        from cpattn_common import alloc
-    except ImportError:
-        return
-    setter = getattr(alloc, "set_output_poison", None)
-    if setter is not None:
-        setter(float(value))
+    if value:
+        from cpattn_common.alloc import set_output_poison
+
+        set_output_poison(float(value))
 
 
 def _to_cpu(obj: Any) -> Any:
@@ -165,8 +153,7 @@ def worker(
             device_id: torch.device | None = torch.device("cuda", rank)
         else:
             device_id = None
-            if "OMP_NUM_THREADS" not in env:
-                # N ranks share this machine's cores: avoid oversubscribing them.
+            if "OMP_NUM_THREADS" not in env:  # N ranks share the cores
                 torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         dist.init_process_group(
             backend,
@@ -182,32 +169,23 @@ def worker(
         message = pickle.dumps(("ok", pickle.dumps(_to_cpu(result))))
     except BaseException as exc:  # report everything, including SystemExit/KeyboardInterrupt
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        with contextlib.suppress(Exception):
-            # With the time it failed: the launcher names the rank that failed first, not a
-            # peer whose collective failed because of it (CLOCK_MONOTONIC is system-wide).
+        with contextlib.suppress(Exception):  # with the time: the first failure is named
             conn.send_bytes(pickle.dumps(("error", text, time.monotonic())))
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
     conn.send_bytes(message)
-    with contextlib.suppress(Exception):
-        # Leave only once every rank is done, so no rank closes its connections while a peer
-        # still reads from them. The launcher kills ranks still here once it has all results.
+    with contextlib.suppress(Exception):  # no rank closes connections a peer still reads
         _exit_handshake(init_method, world_size, pg_timeout_s)
         dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    # Skip interpreter teardown (slow with torch loaded, and it can block on backend threads).
-    os._exit(0)
+    os._exit(0)  # skip interpreter teardown (slow, and it can block on backend threads)
 
 
 def _exit_handshake(init_method: str, world_size: int, timeout_s: float) -> None:
-    """Wait until every rank has sent its result (or ``timeout_s`` passed).
-
-    A counter in a file store of its own, not a barrier of the process group: a collective of
-    the group under test would complete a barrier a peer is still waiting in because its own
-    rank skipped one (the bug the test should catch), and the run would pass.
-    """
+    """Wait until every rank has sent its result (or ``timeout_s`` passed): a counter in a
+    file store of its own, since a barrier of the group under test could hide a skipped one."""
     from torch._C._distributed_c10d import FileStore  # torch.distributed re-exports it
 
     store = FileStore(init_method.removeprefix("file://") + ".exit", world_size)

@@ -1,23 +1,7 @@
-"""Timing helpers for CP code on a GPU: per-call times, reference ceilings, environment stamp.
-
-What ``benchmarks/run.py`` times the project's ops with, and what a user of cpattn-testing can
-time their own context-parallel code with:
-
-- **Per-call timing.** :func:`time_cold` times each call with CUDA events after emptying L2 by
-  a read (bandwidth-bound sizes); :func:`time_cuda_graph` captures ``K`` calls into one CUDA
-  graph and times replays (decode sizes, where launch latency dominates); :func:`time_wall` is
-  the CPU fallback. Each makes a warm-up call first (JIT compilation is never timed) and
-  returns a :class:`Timing` in milliseconds *per call*.
-- **Host time.** :func:`measure_host_rounds` times eager loops of several functions in the
-  same rounds, so their per-round ratio survives a host whose speed drifts;
-  :func:`measure_host_overhead` / :func:`measure_host_ratio` are its one- and two-function forms.
-- **Reference points.** Device-to-device copy bandwidth (:func:`measure_copy_ceiling`, read +
-  write bytes counted), a copy of a decode row's bytes under graph replay
-  (:func:`measure_copy_graph`), an empty Triton kernel's and a one-vector load + store
-  kernel's replay time (:func:`measure_empty_kernel_graph`,
-  :func:`measure_touch_kernel_graph`), host time of ``add_`` and of a plain Triton launch
-  (:func:`measure_reference_host_times`).
-- **Stamp.** :func:`environment_stamp`: device, driver, CUDA, torch, triton, commit, date.
+"""Timing helpers for CP code on a GPU: per-call times (:func:`time_cold`,
+:func:`time_cuda_graph`, :func:`time_wall`), host times (:func:`measure_host_rounds`), reference
+points (copy bandwidth, empty and one-vector kernels) and :func:`environment_stamp`. Every
+:class:`Timing` is in milliseconds per call; warm-up calls are never timed.
 """
 
 from __future__ import annotations
@@ -67,11 +51,6 @@ DEFAULT_L2_BYTES = 60 * 1000 * 1000
 TimingMethod = Literal["cold", "cuda_graph", "wall"]
 
 
-# --------------------------------------------------------------------------------------------
-# Timing
-# --------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Timing:
     """One timed quantity, milliseconds per call: median and the 20th/80th percentiles."""
@@ -83,7 +62,7 @@ class Timing:
 
 
 def _quantile(samples: Sequence[float], q: float) -> float:
-    """Linear-interpolation quantile of a non-empty sample (no numpy needed)."""
+    """Linear-interpolation quantile of a non-empty sample."""
     if not samples:
         raise ValueError("quantile of an empty sample")
     ordered = sorted(samples)
@@ -113,22 +92,12 @@ def time_cold(
     flush_bytes: int = 256 * 1024 * 1024,
     host_guard_us: float = 0.0,
 ) -> Timing:
-    """Per-call time with L2 emptied by a *read* before every call (CUDA events per call).
+    """Per-call time with L2 emptied by a *read* of ``flush_bytes`` before every call (not
+    ``do_bench``'s zero-fill, whose dirty lines' write-back competes with the timed call), each
+    call timed by its own CUDA events: warm-up for ``warmup_ms``, samples for ``rep_ms``.
 
-    ``triton.testing.do_bench`` empties L2 by zero-filling a 256 MB buffer, so the timed call
-    starts with L2 full of *dirty* lines whose write-back then competes with it. For a call
-    that moves a few L2-sizes of data that is a large distortion (H200, bf16, B=4096, H=64,
-    D=128: the A2A unpack-combine measured 0.61 of the copy bandwidth with do_bench, ncu
-    timed the same kernel at 23 µs, about 0.87); a 2 GB copy hardly notices. Here a reduction
-    reads ``flush_bytes`` instead (the evicted dirty lines are written back during the flush,
-    before the start event), then each call is timed with its own pair of CUDA events: warm-up
-    for ``warmup_ms``, samples for ``rep_ms``, quantiles ``[0.5, 0.2, 0.8]``.
-
-    ``host_guard_us``: the GPU also waits about this long (``torch.cuda._sleep``, cycles at
-    2 GHz) after each flush, before the start event. The host enqueues flush, events and call
-    back to back without waiting; if one iteration's host time exceeds the GPU's, the start
-    event fires before the call is enqueued and the sample includes host time. A call with a
-    slow host path (a plain Triton JIT launch: 12-40 µs on the H200's host) needs the guard.
+    ``host_guard_us``: the GPU also sleeps about this long after each flush, so that a call
+    with a slow host path is enqueued before its start event fires.
     """
     dev = torch.cuda.current_device()
     key = f"{dev}:{flush_bytes}"
@@ -178,15 +147,9 @@ def time_cuda_graph(
     target_ms_per_repeat: float = 1.0,
     warmup_calls: int = 3,
 ) -> Timing:
-    """Per-call time of ``fns`` captured back to back into one CUDA graph, timed by replays.
-
-    Each entry of ``fns`` is one call (typically the same op on rotating input buffers). The
-    functions are warmed up on a side stream (compilation, autotuning, allocator), captured
-    once, then the graph is replayed enough times per repeat to fill ``target_ms_per_repeat``;
-    each repeat is one sample of ``elapsed / (replays * len(fns))``.
-
-    Raises whatever capture raises (e.g. an op that synchronises with the host); callers fall
-    back to :func:`time_cold`.
+    """Per-call time of ``fns`` (one call each) captured back to back into one CUDA graph:
+    warmed up on a side stream, then replayed to fill ``target_ms_per_repeat`` per sample.
+    Raises whatever capture raises (callers fall back to :func:`time_cold`).
     """
     if not fns:
         raise ValueError("time_cuda_graph needs at least one function")
@@ -246,22 +209,13 @@ def time_wall(fn: Callable[[], object], *, calls: int = 5, rounds: int = 3) -> T
 
 
 def measure_host_overhead(fn: Callable[[], object], *, calls: int = 200, rounds: int = 7) -> Timing:
-    """Host (CPU) time per eager call of ``fn``, without waiting for the device.
-
-    ``fn`` should launch small work (decode-size tensors) so the device keeps up and the loop
-    measures dispatch, validation and launch cost. The device is synchronised between rounds,
-    outside the timed region. Returns milliseconds per call (method ``"wall"``).
-    """
-    for _ in range(3):
-        fn()
-    samples = [_host_loop_ms(fn, calls) for _ in range(rounds)]
-    _sync()
-    return _timing_from_samples(samples, "wall")
+    """Host (CPU) time per eager call of ``fn`` (small work, so the device keeps up), the
+    device synchronised between rounds outside the timed region (method ``"wall"``)."""
+    return measure_host_rounds({"fn": fn}, calls=calls, rounds=rounds).timing("fn")
 
 
 def _host_loop_ms(fn: Callable[[], object], calls: int) -> float:
-    """Milliseconds per call of a loop of ``calls`` calls of ``fn``, timed on the host without
-    waiting for the device (which is synchronised first, outside the timed region)."""
+    """Host milliseconds per call of a loop of ``calls`` calls of ``fn``."""
     _sync()
     t0 = time.perf_counter()
     for _ in range(calls):
@@ -291,14 +245,9 @@ class HostRounds:
 def measure_host_rounds(
     fns: Mapping[str, Callable[[], object]], *, calls: int = 200, rounds: int = 7
 ) -> HostRounds:
-    """Host time per eager call of each function, all timed in the same rounds.
-
-    Each round times ``calls`` calls of every function in turn, in ``fns``' order (the device
-    synchronised before each loop, outside the timed region). A ratio of two functions is
-    then taken per round (:meth:`HostRounds.ratio`): each compares loops run a few
-    milliseconds apart, so a host whose speed drifts during a run (a shared machine) affects
-    both sides alike, where a ratio of two separately measured medians would not. One call
-    times an op against several references without timing the op again for each.
+    """Host time per eager call of each function, all timed in the same rounds (``calls``
+    calls of each in turn), so that a per-round ratio (:meth:`HostRounds.ratio`) survives a
+    host whose speed drifts.
     """
     if not fns:
         raise ValueError("measure_host_rounds needs at least one function")
@@ -316,11 +265,8 @@ def measure_host_rounds(
 def measure_host_ratio(
     fn: Callable[[], object], ref: Callable[[], object], *, calls: int = 200, rounds: int = 7
 ) -> tuple[Timing, Timing, float]:
-    """Host time per eager call of ``fn`` and of ``ref`` in alternating rounds, and their ratio.
-
-    :func:`measure_host_rounds` with ``ref`` first: returns ``(fn timing, ref timing, median
-    over rounds of fn / ref)``.
-    """
+    """``(fn timing, ref timing, median over rounds of fn / ref)`` of
+    :func:`measure_host_rounds` with ``ref`` first."""
     timed = measure_host_rounds({"ref": ref, "fn": fn}, calls=calls, rounds=rounds)
     return timed.timing("fn"), timed.timing("ref"), timed.ratio("fn", "ref")
 
@@ -353,11 +299,6 @@ def rotation_count(bytes_per_set: int, l2_bytes: int, *, max_sets: int = 32) -> 
     return max(1, min(max_sets, math.ceil(2 * l2_bytes / bytes_per_set)))
 
 
-# --------------------------------------------------------------------------------------------
-# Reference measurements
-# --------------------------------------------------------------------------------------------
-
-
 def measure_copy_ceiling(
     device: torch.device,
     *,
@@ -385,14 +326,10 @@ def measure_copy_ceiling(
 def measure_copy_graph(
     device: torch.device, *, nbytes: int, sets: int, calls_per_graph: int = 1
 ) -> tuple[int, Timing]:
-    """Graph-replay time per call of a device copy of ``nbytes`` (``dst.copy_(src)``, bf16)
-    over ``sets`` rotating buffer pairs (:func:`time_cuda_graph`, like a decode-size row),
-    ``max(calls_per_graph, sets)`` calls per graph: pass the rows' count, since the replay's
-    own launch cost is spread over the calls of a graph.
-
-    The floor of a decode-size kernel that moves the same bytes: launch, DRAM latency and
-    ramp included. Returns ``(bytes_moved, timing)`` with ``bytes_moved = 2 * nbytes`` rounded
-    to whole elements (read + write), as :func:`measure_copy_ceiling`.
+    """Graph-replay time per call of a bf16 device copy of ``nbytes`` over ``sets`` rotating
+    buffer pairs, ``max(calls_per_graph, sets)`` calls per graph: the floor of a decode-size
+    kernel moving the same bytes. Returns ``(bytes_moved, timing)`` as
+    :func:`measure_copy_ceiling`.
     """
     if sets < 1 or calls_per_graph < 1:
         raise ValueError(f"sets and calls_per_graph must be >= 1, got {sets}, {calls_per_graph}")
@@ -410,15 +347,10 @@ def measure_copy_graph(
     return 4 * numel, timing
 
 
-_EMPTY_LAUNCHERS: dict[str, Callable[[], object]] = {}
-
-
+@functools.cache
 def empty_kernel_launcher(device: torch.device) -> Callable[[], object]:
     """A callable that launches an empty Triton kernel (one unused pointer argument) the plain
     way, ``kernel[grid](...)``."""
-    key = str(device)
-    if key in _EMPTY_LAUNCHERS:
-        return _EMPTY_LAUNCHERS[key]
     import triton
 
     @triton.jit
@@ -427,43 +359,29 @@ def empty_kernel_launcher(device: torch.device) -> Callable[[], object]:
 
     buf = torch.empty(16, device=device, dtype=torch.float32)
 
-    def launch() -> object:
-        return _cpattn_bench_empty_kernel[(1,)](buf)
-
-    _EMPTY_LAUNCHERS[key] = launch
-    return _EMPTY_LAUNCHERS[key]
+    return lambda: _cpattn_bench_empty_kernel[(1,)](buf)
 
 
-_TOUCH_KERNELS: list[Any] = []
-
-
+@functools.cache
 def _touch_kernel() -> Any:
-    """The Triton kernel of :func:`measure_touch_kernel_graph` (defined once, on first use)."""
-    if not _TOUCH_KERNELS:
-        import triton
-        import triton.language as tl
+    """The Triton kernel of :func:`measure_touch_kernel_graph`."""
+    import triton
+    import triton.language as tl
 
-        @triton.jit
-        def _cpattn_bench_touch_kernel(src_ptr, dst_ptr):  # type: ignore[no-untyped-def]
-            offs = tl.program_id(0) * 4 + tl.arange(0, 4)
-            tl.store(dst_ptr + offs, tl.load(src_ptr + offs))
+    @triton.jit
+    def _cpattn_bench_touch_kernel(src_ptr, dst_ptr):  # type: ignore[no-untyped-def]
+        offs = tl.program_id(0) * 4 + tl.arange(0, 4)
+        tl.store(dst_ptr + offs, tl.load(src_ptr + offs))
 
-        _TOUCH_KERNELS.append(_cpattn_bench_touch_kernel)
-    return _TOUCH_KERNELS[0]
+    return _cpattn_bench_touch_kernel
 
 
 def measure_touch_kernel_graph(
     device: torch.device, *, calls_per_graph: int = 32, grid: int = 1, num_warps: int = 1
 ) -> Timing:
     """Per-launch time inside a replayed CUDA graph of the smallest kernel that reads and
-    writes memory: each of ``grid`` programs loads one 16-byte vector and stores it (rotating
-    over ``calls_per_graph`` buffer pairs, as decode-size rows rotate their inputs; at these
-    sizes both stay in L2 across replays, so this is the floor of an L2 round trip, the one
-    those rows pay).
-
-    The difference to :func:`measure_empty_kernel_graph` is one memory round trip plus a store
-    that must complete before the kernel ends: a floor for every decode-size op, none of which
-    can do less.
+    writes memory (each of ``grid`` programs loads and stores one 16-byte vector, rotating over
+    ``calls_per_graph`` buffer pairs that stay in L2): the floor of every decode-size op.
     """
     kernel = _touch_kernel()[(grid,)]
     pairs = [
@@ -477,11 +395,8 @@ def measure_touch_kernel_graph(
 
 
 def measure_empty_kernel_graph(device: torch.device, *, calls_per_graph: int = 32) -> Timing:
-    """Per-launch time of an empty Triton kernel inside a replayed CUDA graph.
-
-    Measured exactly like :func:`time_cuda_graph` measures decode-size ops (same number of
-    calls per graph), so the ratio of the two is the decode-latency figure of merit.
-    """
+    """Per-launch time of an empty Triton kernel inside a replayed CUDA graph (as
+    :func:`time_cuda_graph` measures decode-size ops)."""
     launch = empty_kernel_launcher(device)
     if device.type != "cuda":
         return time_wall(launch)
@@ -501,11 +416,6 @@ def measure_reference_host_times(
     }
 
 
-# --------------------------------------------------------------------------------------------
-# Environment stamp
-# --------------------------------------------------------------------------------------------
-
-
 def _run_quiet(cmd: Sequence[str], cwd: str | None = None) -> str | None:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20, cwd=cwd, check=False)
@@ -521,8 +431,7 @@ def environment_stamp(
 
     Keys: ``date`` (UTC, ISO 8601), ``device``, ``device_count``, ``driver``, ``cuda``,
     ``torch``, ``triton``, ``python``, ``platform``, ``git_commit``, ``l2_cache_bytes``.
-    ``commit`` (or env ``CPATTN_BENCH_COMMIT``) wins over ``git rev-parse`` (a GPU box that
-    received a copy of the tree without ``.git`` cannot ask git).
+    ``commit`` (or env ``CPATTN_BENCH_COMMIT``) wins over ``git rev-parse``.
     """
     stamp: dict[str, str] = {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

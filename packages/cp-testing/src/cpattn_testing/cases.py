@@ -1,11 +1,7 @@
-"""Generators of complete test cases: per-rank partials plus their float64 reference.
+"""Complete test cases: per-rank partials plus their float64 reference.
 
-:func:`make_dcp_decode_case` builds what N decode-context-parallel ranks would hold after their
-local attention over an interleaved KV shard: a batch of R requests of ``queries_per_request``
-query rows each. Each rank's partial ``(out, lse)`` is exact attention against its shard,
-except on rows whose shard on that rank is empty and on CUDA-graph padding rows, which hold NaN
-outputs and garbage LSEs the empty-shard mask must neutralise. The reference is full attention
-over the whole, unsharded KV.
+:func:`make_dcp_decode_case`: what N DCP ranks hold after local attention over an interleaved
+KV shard; empty-shard and padding rows hold NaN outputs and garbage LSEs the mask must fix.
 """
 
 from __future__ import annotations
@@ -198,11 +194,7 @@ def random_lses(
     special_fraction: float = 0.06,
 ) -> torch.Tensor:
     """Random LSEs (normal, standard deviation 4) with NaN, +inf and -inf each at about a third
-    of ``special_fraction`` of the entries, drawn on ``generator``'s device.
-
-    Made on the device in a few element-wise passes, so it serves tensors of billions of
-    entries (tests of offsets past 2**31) as well as small ones.
-    """
+    of ``special_fraction`` of the entries, made on ``generator``'s device (any size)."""
     dev = generator.device
     lses = torch.randn(shape, generator=generator, device=dev, dtype=torch.float32) * 4.0
     pick = torch.rand(shape, generator=generator, device=dev)

@@ -1,9 +1,5 @@
-"""Fork-safety tests: fork while another thread holds a lock, and see what the child can do.
-
-A module that keeps a lock (a cache's, a memo's, a log set's) must give a forked child a lock
-of its own (``os.register_at_fork``): a lock that another thread of the parent held at the fork
-stays held in the child, where no thread will ever release it. ``fork_while_held`` sets up
-exactly that moment and reports what the child could do.
+"""Fork-safety tests: ``fork_while_held`` forks while another thread holds a lock and reports
+what the child could do (a module's lock must be renewed in the child, ``os.register_at_fork``).
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """Corrections to Triton's CPU interpreter (``TRITON_INTERPRET=1``) where it disagrees with
-the GPU, so that CPU test runs check what a GPU computes.
-
-``exact_bf16_widening``: the interpreter widens a bfloat16 *subnormal* to a wrong float32
-(Triton 3.9: the bf16 bits ``0x0003``, 2.76e-40, become 5.88e-39). Both formats have the same
-exponent range, so the GPU widening is exact: the bf16 bits shifted left by 16. Kernels that
-widen a bf16 LSE (the A2A pack, ``correct_attn_out``, the merge) then disagreed with their
-float64 references on bf16 subnormal LSEs, which the property tests draw.
-
-``rtne_bf16_narrowing``: the interpreter narrows float32 to bfloat16 by truncation, both in
-``.to(tl.bfloat16)`` and in the implicit cast of a ``tl.store`` (Triton 3.9: 1 + 2**-8 + 2**-10
-becomes 1.0, not 1.0078125), where the GPU rounds to nearest, ties to even. CPU runs of every
-kernel with a bf16 output were biased toward zero by up to one bf16 ulp.
-
-``serialized_launches``: the interpreter keeps the program index and its patching of
-``triton.language`` in process-global state, so two threads interpreting kernels at once (the
-ranks of ``cpattn_testing.SimulatedWorld``) corrupt each other ("Did you forget to add
-@triton.jit ?"). Interpreted launches then take one process-wide lock.
+the GPU: ``exact_bf16_widening`` (it widens bf16 subnormals wrongly), ``rtne_bf16_narrowing``
+(it narrows float32 to bf16 by truncation, the GPU rounds to nearest even) and
+``serialized_launches`` (its global state breaks under concurrent threads, as the ranks of
+``SimulatedWorld`` are).
 """
 
 from __future__ import annotations
@@ -35,10 +22,8 @@ _installed: set[str] = set()
 
 
 def apply_interpreter_fixes() -> None:
-    """Every correction of this module, when this process runs Triton's interpreter
-    (``TRITON_INTERPRET`` on, as the installed Triton reads it); nothing otherwise. The pytest
-    plugin and the rank launcher's workers call it."""
-    # Imported when called: importing this module imports neither torch nor triton.
+    """Every correction of this module, when this process runs Triton's interpreter; nothing
+    otherwise."""
     from cpattn_common.interpret import triton_interpreting
 
     if triton_interpreting():
@@ -49,10 +34,7 @@ def apply_interpreter_fixes() -> None:
 
 def exact_bf16_widening() -> bool:
     """Make the interpreter widen bfloat16 to float32 exactly (a 16-bit shift of the bits),
-    leaving every other conversion as it is.
-
-    Wraps ``triton.runtime.interpreter._convert_float`` in this process, once, unless that
-    converter is already exact for bf16 subnormals (a fixed Triton).
+    once, unless its converter already is exact.
 
     Returns:
         Whether the interpreter's widening is exact now (``False`` only when its converter is
@@ -77,13 +59,9 @@ def exact_bf16_widening() -> bool:
 
 
 def rtne_bf16_narrowing() -> bool:
-    """Make the interpreter narrow float32 to bfloat16 as the GPU does: round to nearest, ties
-    to even (its default and ``"rtne"`` casts; overflow becomes infinity) or toward zero
-    (``"rtz"``: the interpreter's own truncation mishandles subnormals); NaN stays a quiet NaN
-    of the same sign.
-
-    Wraps ``triton.runtime.interpreter._convert_float`` in this process, once, unless that
-    converter already rounds (a fixed Triton).
+    """Make the interpreter narrow float32 to bfloat16 as the GPU does (round to nearest even,
+    or toward zero for ``"rtz"``; NaN stays a quiet NaN), once, unless its converter already
+    rounds.
 
     Returns:
         Whether the interpreter's narrowing rounds to nearest-even now (``False`` only when

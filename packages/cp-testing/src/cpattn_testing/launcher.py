@@ -1,25 +1,11 @@
 """Run a function on N ranks in N processes: gloo on the CPU, nccl with one GPU per rank.
 
-``run_distributed(fn, world_size, backend)`` starts ``world_size`` worker processes, initialises
-``torch.distributed`` in each (``file://`` rendezvous in a fresh temporary directory, so no port
-is shared between concurrent runs), calls ``fn(rank, world_size, *args)`` and returns every
-rank's return value in rank order.
-
-Failure handling is the point of this module:
-
-- each rank runs in a session of its own: when the run ends, every process of that session (the
-  rank and each process it started) gets SIGTERM, then SIGKILL after a short grace;
-- the first rank that raises (or dies, or exits without a result) stops the run, and one
-  :class:`DistributedError` names the rank and carries its traceback and the last lines of its
-  stderr (where a backend that aborts, like gloo on a size mismatch, says why);
-- at the deadline each rank still running dumps its Python stacks (:mod:`faulthandler`) first;
-- workers exit on their own when the launching process dies.
-
-Each rank's stdout and stderr go to files that the launcher echoes, line by line with a
-``[rank r]`` prefix, to its own ``sys.stdout`` / ``sys.stderr`` (so pytest captures them per
-test). Workers are forked from a ``forkserver`` that imported ``torch`` once (a launch costs
-milliseconds); each applies the launching process's *current* environment before it loads
-``fn``. ``start_method="spawn"`` is the slower, fully fresh alternative.
+The first rank that raises, dies or exits without a result stops the run with one
+:class:`DistributedError` naming it (traceback and stderr tail); at the deadline the stuck
+ranks' stacks are dumped first. Each rank runs in a session of its own, ended (children
+included) when the run ends; workers exit when the launcher dies. Rank output is echoed with a
+``[rank r]`` prefix. Workers fork from a warm ``forkserver`` and apply the launcher's current
+environment.
 """
 
 from __future__ import annotations
@@ -74,13 +60,10 @@ _EXIT_WITHOUT_RESULT_GRACE_S = 1.0
 _SETTLE_S = 0.5
 _ECHO_PERIOD_S = 0.2
 _STDERR_TAIL_LINES = 20
-# The process group's own timeout (NCCL watchdog abort) lies beyond the launcher's deadline, so
-# a stuck collective is always reported by the launcher, with the stuck ranks' stacks.
+# The process group's own timeout lies beyond the launcher's deadline, which reports first.
 _PG_TIMEOUT_MARGIN_S = 60.0
-# One week: the selector wait takes no infinite or astronomically long timeout.
 _MAX_TIMEOUT_S = 7 * 24 * 3600.0
-# Imported once by the fork server so workers start warm. None of them initialises CUDA or
-# reads TRITON_INTERPRET at import; missing ones are skipped.
+# Imported once by the fork server (none initialises CUDA or reads TRITON_INTERPRET).
 _PRELOAD = ["torch", "torch.distributed", "numpy", "triton", "pytest", "hypothesis"]
 
 
@@ -110,8 +93,7 @@ class DistributedError(RuntimeError):
         self.pids = list(pids)
         self.timed_out = timed_out
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Picklable with its attributes (pytest-xdist ships failures between processes).
+    def __reduce__(self) -> tuple[Any, ...]:  # pytest-xdist pickles failures
         return (type(self), (str(self),), self.__dict__)
 
 
@@ -147,7 +129,6 @@ def _worker_env(extra: Mapping[str, str] | None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(NO_MULTICAST_ENV)
     if "GLOO_SOCKET_IFNAME" not in env and os.path.exists("/sys/class/net/lo"):
-        # Every rank runs on this host: the loopback interface avoids hostname resolution.
         env["GLOO_SOCKET_IFNAME"] = "lo"
     if extra:
         env.update(extra)
@@ -155,11 +136,8 @@ def _worker_env(extra: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def _check_main_guard() -> None:
-    """Refuse a call made by the main script's top level outside ``if __name__ == "__main__":``.
-
-    Each rank re-imports the main script (the forkserver and spawn start methods do): the call
-    would run again in every rank, which fails with an obscure error.
-    """
+    """Refuse a call from the main script's top level outside ``if __name__ == "__main__":``
+    (each rank re-imports the main script and would run the call again)."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     spec_name = getattr(getattr(main, "__spec__", None), "name", None) or ""
@@ -193,11 +171,8 @@ def _check_main_guard() -> None:
 
 
 def _module_files(fn: Callable[..., Any]) -> dict[str, str]:
-    """Source files of fn's module, so a worker can load test modules that are not on sys.path.
-
-    pytest's ``--import-mode=importlib`` imports test files under names that ``import`` cannot
-    find again in a fresh process; the worker registers them from their files instead.
-    """
+    """Source file of fn's module, so a worker can load a module not on sys.path (pytest's
+    ``--import-mode=importlib``)."""
     name = getattr(fn, "__module__", None)
     module = sys.modules.get(name) if isinstance(name, str) else None
     path = getattr(module, "__file__", None)
@@ -207,8 +182,7 @@ def _module_files(fn: Callable[..., Any]) -> dict[str, str]:
 
 
 class _RankFiles:
-    """Each rank's ``out``, ``err`` and ``stacks`` files in the run's directory. :meth:`echo`
-    copies new complete lines of ``out`` and ``err`` to this process's stdout and stderr."""
+    """Each rank's ``out``, ``err`` and ``stacks`` files; :meth:`echo` copies new lines."""
 
     def __init__(self, tmpdir: str, world_size: int) -> None:
         self.tmpdir = tmpdir
@@ -267,7 +241,7 @@ def _signal_ranks(procs: Sequence[BaseProcess], sig: int) -> None:
             continue
         try:
             os.killpg(p.pid, sig)  # the rank's process group: the rank and what it started
-        except ProcessLookupError:  # not a group (yet): the rank has not called setsid
+        except ProcessLookupError:  # the rank has not called setsid yet
             if p.is_alive():
                 with contextlib.suppress(OSError):
                     os.kill(p.pid, sig)
@@ -276,8 +250,7 @@ def _signal_ranks(procs: Sequence[BaseProcess], sig: int) -> None:
 
 
 def _stop(procs: Sequence[BaseProcess]) -> None:
-    """End every rank's process group (the rank and every process it started): SIGTERM, then
-    SIGKILL to what is left after a grace period; returns when every rank is reaped."""
+    """End every rank's process group: SIGTERM, then SIGKILL after a grace; reap the ranks."""
     _signal_ranks(procs, signal.SIGTERM)
     groups = {p.pid for p in procs if p.pid is not None}
     deadline = time.monotonic() + _TERMINATE_GRACE_S
@@ -325,9 +298,8 @@ def run_distributed(
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks and return their results.
 
-    Each rank is a separate process in which ``torch.distributed`` is initialised
-    (``torch.distributed.group.WORLD`` is the group; pass it to ``as_cp_group``). With
-    ``backend="nccl"`` rank r uses ``cuda:r`` (set before the process group is created).
+    ``torch.distributed`` is initialised in each rank (``file://`` rendezvous in a fresh
+    temporary directory); with ``backend="nccl"`` rank r uses ``cuda:r``.
 
     Args:
         fn: a module-level function (it is pickled by reference). Its return value is pickled
@@ -338,10 +310,8 @@ def run_distributed(
         timeout: seconds for the whole run, start-up included (at most a week).
         env: extra environment variables for the workers (they win over the launching
             process's environment and over :data:`NO_MULTICAST_ENV`).
-        start_method: ``"forkserver"`` (default; workers forked from a warm server that imported
-            torch) or ``"spawn"`` (a fresh interpreter per rank). ``nccl`` runs always spawn, so
-            each rank initialises CUDA in a fresh process, whatever state the long-lived fork
-            server picked up from earlier tests.
+        start_method: ``"forkserver"`` (default; a warm server that imported torch) or
+            ``"spawn"`` (a fresh interpreter per rank; ``nccl`` runs always spawn).
 
     Returns:
         ``[result of rank 0, result of rank 1, ...]``.
@@ -459,17 +429,14 @@ def _collect(
                 " re-importing the main module: any traceback is on the launching process's"
                 " stderr)"
             )
-        # Noticed after the fact (the pipe's end, or the process sentinel, which the fork server
-        # signals only once it reaped the rank): its peers' errors caused by the death often
-        # carry earlier times. A death counts as that much earlier, so the dead rank is named.
+        # Noticed late (its peers' resulting errors often carry earlier times): counted earlier.
         failed_at[rank] = noticed - _EXIT_WITHOUT_RESULT_GRACE_S
 
     def read(rank: int) -> None:
         try:
             raw = open_readers.pop(rank).recv_bytes()
         except (EOFError, OSError):
-            # The pipe ends without a message only when the rank's process is gone (a rank
-            # sends its result or its error first): a death, known here before its sentinel.
+            # The pipe ends without a message only when the rank's process is gone.
             if rank not in results and rank not in failures:
                 died(rank, time.monotonic())
             return
@@ -486,9 +453,7 @@ def _collect(
 
     while len(results) < world_size:
         if failures:
-            # Name the rank that failed first, once the others had a moment to report: its
-            # peers' collectives fail a moment after it, and the pipe of a rank that died ends
-            # only when its last thread has closed every file (its sockets may close first).
+            # Name the rank that failed first, once the others had a moment to report.
             settle = time.monotonic() + _SETTLE_S
             while open_readers and (now := time.monotonic()) < settle:
                 ready = multiprocessing.connection.wait(list(open_readers.values()), settle - now)
@@ -529,8 +494,7 @@ def _collect(
         for r in range(world_size):
             if r not in exited_at and procs[r].sentinel in ready:
                 exited_at[r] = time.monotonic()
-        # A rank that exited without a message (killed, os._exit, crash) is a failure, once
-        # anything it wrote just before exiting has had time to arrive.
+        # A rank that exited without a message fails, once its last writes had time to arrive.
         for r, t in exited_at.items():
             if r in results or r in failures:
                 continue

@@ -10,24 +10,17 @@ What it provides:
   (:func:`cpattn_testing.launcher.run_distributed`) and skips, with a clear reason, when the run
   needs more GPUs than are visible;
 - an autouse fixture that turns on NaN output poisoning (``cpattn_common.alloc``) for every
-  test, when that module is importable (opt out with ``@pytest.mark.no_output_poison``);
-- markers ``gpu`` (needs a CUDA GPU) and ``multigpu(n)`` (needs at least n GPUs) that skip the
-  test with the reason when the machine does not have them, or when ``CPATTN_TEST_DEVICE``
-  asks for the CPU;
-- under pytest-xdist with ``CPATTN_XDIST_GPUS=<n>``: one GPU per worker (``gwK`` -> ``K % n``),
-  pinned through ``CUDA_VISIBLE_DEVICES`` before anything touches CUDA;
-- CPU machines work out of the box: without a CUDA device, and unless ``TRITON_INTERPRET`` is
-  set, it sets ``TRITON_INTERPRET=1`` at configure time, before the tests import the kernels;
-- the library's check mode (``cpattn_common.checks``) is on in every test unless
-  ``CPATTN_CHECKS`` is set (opt out with ``@pytest.mark.no_checks``), and ``CPATTN_CHECKS=1``
-  is set for the ranks.
-
-Both variables are set in ``os.environ``, so the ranks that ``run_ranks`` starts inherit them.
+  test (opt out with ``@pytest.mark.no_output_poison``);
+- markers ``gpu`` and ``multigpu(n)``, which skip with the reason where the GPUs are missing or
+  ``CPATTN_TEST_DEVICE`` asks for the CPU;
+- under pytest-xdist with ``CPATTN_XDIST_GPUS=<n>``: worker ``gwK`` sees only GPU ``K % n``;
+- ``TRITON_INTERPRET=1`` without a CUDA device and ``CPATTN_CHECKS=1``, each unless set (in
+  ``os.environ``, so the ranks inherit them); the library's check mode is on in every test
+  as ``CPATTN_CHECKS`` says (opt out with ``@pytest.mark.no_checks``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -67,11 +60,8 @@ class RunRanks(Protocol):
 
 
 def _pin_gpu_for_xdist_worker() -> None:
-    """Under pytest-xdist with ``CPATTN_XDIST_GPUS=<n>``, worker ``gwK`` sees only GPU ``K % n``.
-
-    Runs at configure time, before any test can initialise CUDA. Off unless asked for (and
-    never when ``CUDA_VISIBLE_DEVICES`` is already set); multi-GPU tests then skip.
-    """
+    """Under pytest-xdist with ``CPATTN_XDIST_GPUS=<n>`` (and no ``CUDA_VISIBLE_DEVICES``),
+    worker ``gwK`` sees only GPU ``K % n``."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = os.environ.get(_XDIST_GPUS_ENV, "")
     if not worker.startswith("gw") or not count or "CUDA_VISIBLE_DEVICES" in os.environ:
@@ -119,9 +109,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "no_output_poison: do not fill fresh outputs with NaN in this test"
     )
-    config.addinivalue_line(
-        "markers", "no_checks: run this test with the library's check mode off"
-    )
+    config.addinivalue_line("markers", "no_checks: run this test with the library's check mode off")
 
 
 def _multigpu_count(marker: pytest.Mark) -> int:
@@ -146,9 +134,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if needed == 1:
             pytest.skip("needs a CUDA GPU; none is visible to torch on this machine")
         pytest.skip(f"needs {needed} CUDA GPUs; {gpus} visible to torch on this machine")
-    if _requested_device().type != "cuda":
-        # Run anyway, such a test would get the CPU device and gloo ranks from the fixtures:
-        # a GPU test passing or failing for reasons that have nothing to do with the GPU.
+    if _requested_device().type != "cuda":  # the fixtures would hand it the CPU
         pytest.skip(
             f"runs on CUDA only, and {_DEVICE_ENV} asks for the CPU (set {_DEVICE_ENV}=cuda, "
             "as scripts/gpu_tests.sh does)"
@@ -156,12 +142,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def require_device_memory(device: torch.device, nbytes: int) -> None:
-    """Skip the calling test unless ``device`` is a CUDA device with ``nbytes`` free now.
-
-    For tests of very large tensors (offsets past 2**31 elements), which a smaller GPU or a
-    shared one cannot hold. Returns the blocks torch's caching allocator holds unused to the
-    device first, so that what earlier tests freed counts as free.
-    """
+    """Skip the calling test unless ``device`` is a CUDA device with ``nbytes`` free now (after
+    emptying torch's cache)."""
     if device.type != "cuda":
         pytest.skip(f"needs {nbytes / 2**30:.1f} GiB of CUDA memory; running on {device}")
     torch.cuda.empty_cache()
@@ -199,8 +181,7 @@ def device() -> torch.device:
     if dev.type == "cuda" and available_gpus() == 0:
         pytest.skip(f"{_DEVICE_ENV}={dev} but no CUDA GPU is visible to torch")
     index: int | None = dev.index  # None for a bare "cuda"
-    if dev.type == "cuda" and index is None:
-        # An indexed device: torch.cuda.set_device / current_stream reject a bare "cuda".
+    if dev.type == "cuda" and index is None:  # torch.cuda.set_device rejects a bare "cuda"
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
@@ -248,22 +229,14 @@ def _cpattn_check_mode(request: pytest.FixtureRequest) -> Iterator[None]:
 def _cpattn_output_poison(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[None]:
-    """Fill every output allocated through ``cpattn_common.alloc`` with NaN during the test.
-
-    Ranks started by ``run_ranks`` poison their outputs too (through ``POISON_ENV``).
-    """
+    """Fill every output allocated through ``cpattn_common.alloc`` with NaN during the test
+    (also in the ranks of ``run_ranks``, through ``POISON_ENV``)."""
     if request.node.get_closest_marker("no_output_poison") is not None:
         monkeypatch.delenv(POISON_ENV, raising=False)
         yield
         return
     monkeypatch.setenv(POISON_ENV, "nan")
-    poison: Any = None
-    with contextlib.suppress(ImportError):
-        from cpattn_common import alloc
+    from cpattn_common.alloc import poison_outputs
 
-        poison = getattr(alloc, "poison_outputs", None)
-    if poison is None:
-        yield
-        return
-    with poison(float("nan")):
+    with poison_outputs(float("nan")):
         yield

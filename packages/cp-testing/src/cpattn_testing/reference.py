@@ -1,21 +1,10 @@
-"""float64 references for context-parallel attention (pure torch, written for readability).
+"""float64 references for context-parallel attention: the definitions the fast paths are
+checked against, pure torch, importing nothing from the implementations.
 
-Every function here is the *definition* the fast paths are checked against: short and
-literal, fp64, importing nothing from the implementations they check.
-
-Shape vocabulary: ``N`` ranks, ``B`` query rows, ``T`` query tokens, ``S`` key tokens, ``H``
-heads (``Hq`` query heads, ``Hkv`` key/value heads), ``D`` head dim, ``R`` requests.
-
-LSE conventions (shared with every combine of the project):
-
-- base e: ``lse = ln(sum_s exp(score_s))``; base 2 (``is_lse_base_on_e=False``):
-  ``lse = ln(...) / ln 2``, so ``2 ** lse_2 == e ** lse_e``;
-- an empty key set has ``lse = -inf`` and output 0;
-- in a combine, NaN and +inf LSEs count as -inf, a source of weight 0 contributes exactly 0
-  even if its output holds NaN, and a row with no contribution has output 0 and LSE -inf.
-
-KV sharding of one request across ranks: contiguous blocks, interleaved by ``I`` (token ``t``
-on rank ``(t // I) % N``), or DualChunkSwap (prefill).
+Shapes: ``N`` ranks, ``B`` query rows, ``T`` query tokens, ``S`` key tokens, ``Hq`` / ``Hkv``
+heads, ``D`` head dim, ``R`` requests. LSEs are base e, or base 2 with
+``is_lse_base_on_e=False``; an empty key set has LSE -inf and output 0; in a combine NaN and
++inf LSEs count as -inf and a source of weight 0 contributes exactly 0.
 """
 
 from __future__ import annotations
@@ -59,10 +48,6 @@ def _check_rank(world_size: int, rank: int) -> None:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
 
 
-# ---------------------------------------------------------------------------------------------
-# LSE combine
-
-
 def lse_combine_ref(
     outs: torch.Tensor, lses: torch.Tensor, *, is_lse_base_on_e: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,10 +59,7 @@ def lse_combine_ref(
         w_n = exp(l_n - L)                        (0 when l_n is -inf or w_n is 0 in fp32)
         out = sum_n (w_n * o_n  if w_n != 0 else 0)
 
-    A weight that underflows to 0 in fp32 (``l_n`` more than about 104 below ``L``) is 0, as
-    in the ops, so a NaN partial there adds exactly 0 (``docs/conventions.md``, "Numerics").
-    Between about 88 and 104 below, the GPU kernels flush the subnormal weight that this one
-    keeps: a NaN partial there makes the reference row NaN, which the tolerance checks skip.
+    A weight that underflows to 0 in fp32 is 0, as in the ops (``docs/conventions.md``).
 
     Args:
         outs: partial outputs ``[N, B, H, D]`` (any float dtype).
@@ -101,14 +83,12 @@ def lse_combine_ref(
 def _combine_weights(
     lses: torch.Tensor, is_lse_base_on_e: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(w [N, B, H], L [B, H])`` of :func:`lse_combine_ref`, float64, ``L`` in the input's
-    base."""
+    """``(w [N, B, H], L [B, H])`` of :func:`lse_combine_ref`."""
     lse = lses.to(_F64)
     lse = torch.where(torch.isnan(lse) | (lse == math.inf), -math.inf, lse)
     if not is_lse_base_on_e:
         lse = lse * LN2
-    # Shifted by the largest LSE m: w_n = exp(l_n - m) / sum_k exp(l_k - m), L = m + ln(sum)
-    # (exp(l_n - logsumexp) would lose the ln(sum) term to rounding at |m| > ~1e13).
+    # Shifted by the largest LSE m (exp(l_n - logsumexp) loses ln(sum) at |m| > ~1e13).
     m = lse.amax(dim=0)  # [B, H]; -inf when every source is -inf
     m = torch.where(torch.isfinite(m), m, 0.0)
     shifted = torch.exp(lse - m)  # [N, B, H]; 0 for -inf sources
@@ -141,10 +121,6 @@ def correct_attn_out_ref(
     weights, combined = _combine_weights(lses, is_lse_base_on_e)
     w = weights[cp_rank, :, :, None]
     return torch.where(w == 0, 0.0, w * out.to(_F64)), combined
-
-
-# ---------------------------------------------------------------------------------------------
-# attention
 
 
 def attention_ref(
@@ -248,10 +224,6 @@ def partial_attention_ref(
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# KV sharding
-
-
 def interleaved_shard_positions(
     seq_len: int, world_size: int, rank: int, interleave_size: int = 1
 ) -> torch.Tensor:
@@ -330,10 +302,6 @@ def local_seq_lens(
     ]
     out = torch.tensor(table, dtype=torch.int32).reshape(len(lens), len(ranks))
     return out if rank is None else out[:, 0].contiguous()
-
-
-# ---------------------------------------------------------------------------------------------
-# empty-shard masking
 
 
 def mask_empty_shards_ref(

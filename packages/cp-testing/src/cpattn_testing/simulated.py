@@ -1,20 +1,10 @@
-"""N virtual ranks inside one process: a group interface for multi-rank logic without processes.
+"""N virtual ranks inside one process, each a thread: ``SimulatedWorld(world_size, device)``
+and ``world.run(fn, *args)`` -> ``fn(group, *args)`` per rank, results in rank order.
 
-``SimulatedWorld(world_size, device)`` holds one :class:`SimulatedGroup` per virtual rank.
-``world.run(fn, *args)`` calls ``fn(group, *args)`` for every rank, each in its own thread, and
-returns the results in rank order; the groups' collectives rendezvous across those threads.
-
-The groups implement the ``CPGroupLike`` protocol with ``CPGroup``'s semantics, shape checks
-and world-size-1 shortcuts (``all_reduce`` out of place; sums in rank order, in the tensor's
-dtype; inference only: a tensor that requires grad raises ``RuntimeError`` in grad mode).
-``allocate_symmetric(shape, dtype, device)`` stands in for symmetric memory: each rank's own
-zero-filled buffer plus every rank's (index = rank), whose ``data_ptr()`` values form a valid
-peer-pointer table on one device.
-
-Every collective works on the ranks' inputs as they were when each rank called it, and the
-inputs must agree in shape and dtype. Misuse fails loudly instead of hanging: different
-collectives or inputs raise ``RuntimeError`` naming what each rank passed, a rank that raises
-aborts the others, and a rank that never arrives makes the others raise ``TimeoutError``.
+The groups are ``CPGroupLike`` with ``CPGroup``'s semantics (sums in rank order, in the
+tensor's dtype); ``allocate_symmetric`` stands in for symmetric memory. Misuse fails loudly:
+mismatched collectives raise ``RuntimeError``, a rank that raises aborts the others, and a rank
+that never arrives makes the others raise ``TimeoutError``.
 """
 
 from __future__ import annotations
@@ -79,11 +69,8 @@ class _Rendezvous:
             ) from None
 
     def exchange(self, rank: int, op: str, value: Any, *, share: bool = False) -> list[Any]:
-        """Deposit ``value`` for collective ``op``; return every rank's value, in rank order.
-
-        A tensor is deposited as a snapshot (a copy; ``share``: the tensor itself, for
-        symmetric memory), and ``op`` is compared across ranks together with its shape and
-        dtype."""
+        """Deposit ``value`` (a tensor: a copy, or itself with ``share``) for ``op``; return
+        every rank's, in rank order (``op``, shape and dtype must agree)."""
         call = op
         if isinstance(value, torch.Tensor):
             call = f"{op} of {tuple(value.shape)} {value.dtype}"
@@ -246,19 +233,16 @@ class SimulatedWorld:
             n = self.world_size
             results: list[Any] = [None] * n
             errors: list[tuple[float, int, BaseException]] = []
-            done = [False] * n
 
             def body(rank: int) -> None:
                 try:
                     if self.device.type == "cuda" and self.device.index is not None:
                         torch.cuda.set_device(self.device)
                     results[rank] = fn(self.groups[rank], *args)
-                    done[rank] = True
                 except _PeerFailed:
-                    done[rank] = True
+                    pass
                 except BaseException as exc:
                     errors.append((time.monotonic(), rank, exc))
-                    done[rank] = True
                     self._rendezvous.abort()
 
             threads = [
@@ -272,10 +256,10 @@ class SimulatedWorld:
                 t.join(max(0.0, deadline - time.monotonic()))
             if errors:
                 _, rank, exc = min(errors, key=lambda e: e[0])
-                if hasattr(exc, "add_note"):
+                if hasattr(exc, "add_note"):  # Python >= 3.11
                     exc.add_note(f"(raised on simulated rank {rank} of {n})")
                 raise exc
-            stuck = [r for r in range(n) if not done[r]]
+            stuck = [r for r, t in enumerate(threads) if t.is_alive()]
             if stuck:
                 self._rendezvous.abort()
                 raise TimeoutError(

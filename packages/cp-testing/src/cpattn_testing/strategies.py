@@ -1,17 +1,5 @@
-"""hypothesis strategies: CP shapes and adversarial LSE values.
-
-LSEs are where combines break: NaN and +inf must count as -inf, rows where every source is
--inf must give 0 (not NaN), and magnitudes around ±1e4 overflow a naive ``exp``. The
-strategies here draw such values deliberately, mixed with ordinary ones.
-
-Example::
-
-    from hypothesis import given
-    from cpattn_testing import strategies as cst
-
-    @given(cst.partial_lses(), cst.seeds())
-    def test_combine_never_nan(lses, seed): ...
-"""
+"""hypothesis strategies: CP shapes and adversarial LSE values (NaN, ±inf, all -inf rows,
+magnitudes that overflow a naive ``exp``), mixed with ordinary ones."""
 
 from __future__ import annotations
 
@@ -119,11 +107,8 @@ def lse_tensors(
     magnitude: float = 1e4,
     empty_row_prob: float = 0.2,
 ) -> torch.Tensor:
-    """A tensor of adversarial LSE values of ``shape`` (last dim = heads).
-
-    Besides element-wise draws, each row (all heads of one ``[..., b, :]``: one source's
-    request) is set to -inf with probability about ``empty_row_prob`` (an empty KV shard).
-    Values stay within ``dtype``'s finite range, so ``allow_posinf=False`` holds for fp16 too.
+    """A tensor of adversarial LSE values of ``shape`` (last dim = heads), within ``dtype``'s
+    range; each row is all -inf (an empty KV shard) with probability about ``empty_row_prob``.
     """
     magnitude = min(magnitude, torch.finfo(dtype).max)
     count = math.prod(shape)
@@ -140,8 +125,7 @@ def lse_tensors(
     if len(shape) >= 2 and count:
         rows = t.reshape(-1, shape[-1])
         for i in range(rows.shape[0]):
-            # Hypothesis biases float draws toward the bounds (a rate near 0.5 for 0.2); a
-            # percent drawn as an integer keeps close to the asked-for rate.
+            # An integer percent: hypothesis biases float draws toward the bounds.
             if draw(st.integers(min_value=0, max_value=99)) < round(100 * empty_row_prob):
                 rows[i] = -math.inf
     return t.to(dtype)

@@ -1,13 +1,9 @@
-"""The project's one tolerance policy: per-dtype thresholds and a checker with a useful message.
+"""The project's one tolerance policy (docs/packages/testing.md, "One tolerance policy").
 
-A result passes :func:`assert_close_to_ref` when it has the reference's shape, is finite where
-the reference is finite and the same inf where it is ±inf, meets ``|actual - ref| <= atol +
-rtol * |ref|`` elementwise and ``||actual - ref|| / ||ref|| <= max_rel_norm`` over the finite
-entries (plus one subnormal spacing per entry; not checked for an essentially zero reference,
-``||ref|| <= 1e-3 * atol * sqrt(n)``). NaN reference entries are not checked. A merged LSE is
-checked with ``scale=lse_magnitude(lses)``: ``|ref|`` becomes ``max(|ref|, scale)``. For sums
-over a long axis, ``reduction_len`` grows ``atol`` with its square root. See
-docs/packages/testing.md, "One tolerance policy".
+A result passes :func:`assert_close_to_ref` with the reference's shape and infinities, finite
+where it is, ``|actual - ref| <= atol + rtol * |ref|`` elementwise and ``||actual - ref|| /
+||ref|| <= max_rel_norm`` over the finite entries (not for an essentially zero reference).
+NaN reference entries are not checked.
 """
 
 from __future__ import annotations
@@ -27,9 +23,7 @@ __all__ = [
     "tolerance",
 ]
 
-#: dtype -> (atol, rtol, max_rel_norm). Low-precision rows allow a few ulps of the output dtype
-#: (bf16 eps = 2**-7, fp16 eps = 2**-10) since outputs are rounded at least once, and the
-#: AG+RS path rounds a scaled partial before a sum.
+#: dtype -> (atol, rtol, max_rel_norm): a few ulps of the low-precision dtypes.
 TOLERANCES: dict[torch.dtype, tuple[float, float, float]] = {
     torch.float64: (1e-10, 1e-10, 1e-12),
     torch.float32: (1e-5, 1e-5, 1e-5),
@@ -212,11 +206,8 @@ def assert_close_to_ref(
 
 
 class ChunkedAgreement:
-    """:func:`assert_close_to_ref` for a result checked one chunk at a time.
-
-    For results too large to hold next to a float64 copy: :meth:`add` each chunk with its
-    float64 reference, then :meth:`check` (the norm criterion over the whole result). The work
-    stays on the chunks' device.
+    """:func:`assert_close_to_ref` for a result too large for a float64 copy: :meth:`add` each
+    chunk with its reference, then :meth:`check` (the norm over the whole result).
 
     Example::
 

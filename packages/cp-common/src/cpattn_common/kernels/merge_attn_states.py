@@ -16,10 +16,8 @@ handles row ``pid_b`` and ``BLOCK_H`` heads with ``BLOCK_D >= D`` (power of two,
 each partial element is read once; ``N`` and ``D`` are constexpr (the source loop unrolled).
 Offsets are int64; per-source pointers advance by addition.
 
-Host cost: every int parameter is annotated and listed in ``do_not_specialize``, so Triton's
-specialization depends only on the tensors and the constexprs: ``VEC`` (the widest
-power-of-two element count, at most 16 bytes, dividing the N / B / H strides, which arrive in
-its units: 16-byte vector loads) and ``D_CONTIG`` (``stride_po_d == 1``).
+Int parameters are not specialized; ``VEC`` (the strides' unit: 16-byte vector loads) and
+``D_CONTIG`` (``stride_po_d == 1``) are constexprs.
 
 ``EAGER`` (latency-bound decode grids): every load first in program order (N partial tiles,
 then N LSE rows), then the weights, then ``sum_n where(w_n == 0, 0, w_n * o_n)``. Otherwise
@@ -99,10 +97,7 @@ def _merge_attn_states_fwd_kernel(
     p_l0 = partial_lse_ptr + i_b * stride_pl_b + o_h * stride_pl_h
     b_acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     if EAGER:
-        # Every load first: the N partial tiles, then the N LSE rows, so that the partials need
-        # not wait for the weights (one DRAM round trip per program instead of two). A zero
-        # weight zeroes its term with a select, so NaN / garbage partials of empty sources
-        # never leak.
+        # Every load first (one DRAM round trip); a zero weight's term is selected away.
         b_os = ()  # type: tuple[Any, ...]
         p_o = p_o0
         for _ in tl.static_range(N):
@@ -129,9 +124,7 @@ def _merge_attn_states_fwd_kernel(
             b_c = b_w[:, None] * b_os[i].to(tl.float32)
             b_acc += tl.where(b_w[:, None] == 0.0, 0.0, b_c)
     else:
-        # LSE passes (stabiliser m, then the global LSE L; re-reads hit cache), then one
-        # weighted pass where a zero weight skips the partial's load entirely (saves the
-        # bandwidth of empty shards; the partial loads wait for the LSEs).
+        # LSE passes (re-reads hit cache), then a weighted pass skipping zero-weight loads.
         b_m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         p_l = p_l0
         for _ in tl.static_range(N):

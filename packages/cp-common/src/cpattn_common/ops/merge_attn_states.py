@@ -1,11 +1,6 @@
-"""``merge_attn_states``: exact N-way merge of partial attention states (validation, launcher, op).
-
-Chain: ``_merge_attn_states_fwd_kernel`` (kernels/) -> ``merge_attn_states_fwd`` (typed
-launcher) -> ``cpattn_common::merge_attn_states`` (``torch.library`` op with a fake impl) ->
-``merge_attn_states`` (public functional). ``cpattn_common.lse.merge_attn_states_torch`` is the
-pure-torch twin, used where Triton cannot run. The eager host path of plain CUDA tensors is one
-cheap validation (``_valid_cuda``; the detailed one only when it fails), two allocations, two
-``lru_cache`` lookups and the cached launch.
+"""``merge_attn_states``: exact N-way merge of partial attention states: the typed launcher
+``merge_attn_states_fwd``, the ``cpattn_common::merge_attn_states`` op and the public function
+(``lse.merge_attn_states_torch`` where Triton cannot run).
 """
 
 from __future__ import annotations
@@ -35,32 +30,27 @@ __all__ = [
 _OUT_SET = frozenset(OUT_DTYPES)
 _LSE_SET = frozenset(LSE_DTYPES)
 _Tensor = torch.Tensor
-# Grids under this many programs (4 per H200 SM) are latency-bound: tiles shrink, down to one
-# head per program, so each program's serial chain is short.
+# Grids under this many programs (4 per H200 SM) are latency-bound: tiles shrink.
 _MIN_PROGRAMS = 4 * 132
-# One-head decode grids of at most this many programs use EAGER loads, and about 2 head-dim
-# lanes per thread (at most 4 warps) at D >= 512: B=1 H=128 D=512 N=8 2.64 -> 1.93 µs on H200
-# (docs/design.md, "Tile rules"). The cached configuration keys the batch up to here only.
+# One-head decode grids up to this size use EAGER loads and 2 lanes per thread at D >= 512
+# (docs/design.md, "Tile rules").
 _EAGER_MAX_PROGRAMS = 8 * 132
 _EAGER_BY_DEFAULT = True
 _SMALL_GRID_LANES = 2
 _SMALL_GRID_MAX_WARPS = 4
 _SMALL_GRID_MIN_D = 512
-# Shrunk decode tiles of several heads use EAGER where a tile holds at most 1 KiB per source,
-# 8 bytes per thread: larger tiles lost at N=4, where ptxas sinks the loads anyway.
+# Shrunk decode tiles of several heads use EAGER up to 1 KiB per source, 8 bytes per thread.
 _MULTI_EAGER_MAX_BYTES = 1024
 _MULTI_EAGER_THREAD_BYTES = 8
 _MULTI_EAGER_MAX_WARPS = 4
-# Elements per program of large grids (two 16-byte vectors per thread: 8 warps at 16 bits;
-# 0.85 of the copy on H200 at D=128) for padded head dims >= 128, half that below.
+# Elements per program of large grids (two 16-byte vectors per thread) at D >= 128, half below.
 _BIG_TILE = 4096
 _BIG_TILE_MIN_D = 128
 
 _merge_kernel = CachedKernel(_merge_attn_states_fwd_kernel)
 
 
-# Whether @triton.jit gave the merge kernel to Triton's interpreter (decided by the kernel, not
-# by the variable now, which may have changed since the import).
+# Whether @triton.jit gave the merge kernel to Triton's interpreter.
 _INTERPRETED = not isinstance(_merge_attn_states_fwd_kernel, triton.runtime.JITFunction)
 
 

@@ -1,21 +1,6 @@
-"""Prefill with PCP, a KV cache sharded across DCP ranks, greedy decoding through each combine.
-
-One group of ``N`` ranks is the PCP group of the prefill and the DCP group of the decode (the
-"DCP = PCP" layout of ``cpattn_pcp``). Every rank holds the whole model; the decode tokens are
-replicated, the KV cache is not:
-
-1. **Prefill** (:func:`prefill`): ``cpattn_pcp.dual_chunk_swap`` splits the prompts' tokens;
-   each rank runs its rows through every layer, writes the cache rows it owns after
-   ``maybe_gather_kv_cache_inputs`` (MLA: ``maybe_gather_mla_latent_cache_inputs``), gathers
-   Q/K/V into global order (``gather_prefill_qkv_global``), attends causally and keeps its own
-   rows (``slice_prefill_output_local``).
-2. **KV cache** (:class:`KVShard`): position ``p`` lives on rank ``(p // I) % N`` only
-   (``I`` = interleave size); a new token's K/V are appended on that rank.
-3. **Decode** (:func:`generate`): each step every rank attends the step's queries to its own
-   shard with a real kernel (:func:`~cpattn_testing.demo.model.attention_with_lse`), rows
-   that see none of its keys get LSE ``-inf``, and a :class:`Combiner` merges the partials
-   into every head's output. Every ``verify_every``-th step verifies a drafted token: two
-   query tokens per request (a speculative decoding step); a rejected draft's KV is dropped.
+"""Prefill with PCP (:func:`prefill`), a KV cache sharded across the same ranks as DCP
+(:class:`KVShard`), and greedy decoding (:func:`generate`) whose partial attention a
+:class:`Combiner` merges every step; some steps verify a drafted token.
 """
 
 from __future__ import annotations
@@ -124,9 +109,8 @@ def prefill(
     """Run the prompts through the model, fill ``shard``, return logits ``[R, V]`` (float32) of
     each prompt's last token, on every rank.
 
-    With ``group`` (a ``CPGroup`` of ``shard.world_size`` ranks) the prompts are split by
-    DualChunkSwap as described in the module docstring. Without it, one rank runs them
-    whole and no library op is called (``shard`` must then be a one-rank shard).
+    With ``group`` the prompts are split by DualChunkSwap across its ranks; without it, one
+    rank runs them whole without any library op (``shard`` a one-rank shard).
     """
     from cpattn_pcp import (
         dual_chunk_swap,
@@ -151,8 +135,7 @@ def prefill(
     else:
         plan = dual_chunk_swap(lens, shard.world_size, device=dev)
         x = model.embed(plan.local_rows(ids, rank), plan.local_rows(pos, rank))
-        # The expanded rank-major slot mapping [N * P]: local row i of rank r goes to this
-        # rank's cache only if this rank owns its position (-1: padding or another owner).
+        # The rank-major slot mapping [N * P]: -1 for padding or another rank's position.
         p_all = plan.local_positions
         mine = plan.local_is_real & (shard.owner(p_all) == rank)
         slots = torch.where(mine, shard.slot(plan.local_request_idx, p_all), -1).reshape(-1)
@@ -201,15 +184,9 @@ class Combiner:
 
 
 class LibraryCombiner(Combiner):
-    """One of :data:`PATHS` over ``group``.
-
-    ``ag_ar`` leaves every head on every rank. ``ag_rs``, ``a2a``, ``direct`` and
-    ``manager`` leave this rank its ``H/N`` heads, which ``cpattn_pcp.finalize_mla_pcp_decode``
-    gathers back (the PCP group is the DCP group). ``manager`` is a TP-style layer: each rank
-    projects only its ``H/N`` query heads, one ``DCPManager`` per layer gathers the query and
-    combines with the path it selected (the direct A2A where the gate allows it, else the
-    packed A2A). ``fault`` raises rank 0's LSE by 2 before every combine (a test hook: the
-    outputs must then go wrong).
+    """One of :data:`PATHS` over ``group``; ``finalize_mla_pcp_decode`` gathers the heads
+    back. ``manager``: each rank projects its ``H/N`` query heads and one ``DCPManager`` per
+    layer gathers the query and combines. ``fault`` raises rank 0's LSE by 2 (a test hook).
 
     Raises:
         PathUnavailable: ``direct`` where the capability gate says no (collective: every rank
@@ -349,13 +326,10 @@ def generate(
     new_tokens: int,
     verify_every: int = 0,
 ) -> Generation:
-    """Greedy decoding of ``new_tokens`` tokens per request after :func:`prefill`.
-
-    Each step feeds every request its last token; every ``verify_every``-th step (0: never)
-    also feeds a drafted next token (:func:`draft_token`): two query tokens per request. A
-    draft equal to the greedy choice is accepted (its row's logits choose one more token),
-    else its K/V are dropped (``shard.seq_lens`` rolls back). Either way the tokens are those of
-    plain greedy decoding. Requests run until all have ``new_tokens``; extras are cut.
+    """Greedy decoding of ``new_tokens`` tokens per request after :func:`prefill`; every
+    ``verify_every``-th step (0: never) also feeds a drafted token (:func:`draft_token`),
+    accepted when it equals the greedy choice, else its K/V are dropped. The tokens are those
+    of plain greedy decoding either way.
     """
     r = len(prompts)
     tokens = [[int(first_logits[b].argmax())] for b in range(r)]

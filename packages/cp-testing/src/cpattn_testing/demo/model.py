@@ -1,16 +1,6 @@
-"""The demo's model: a small decoder-only transformer with deterministic random weights.
-
-Pre-norm blocks (RMSNorm without weights), learned absolute position embeddings, a SiLU MLP,
-and one of two attention variants:
-
-- ``"gqa"``: ``H`` query heads and ``Hkv`` key/value heads of dim ``D`` (query head ``h`` reads
-  KV head ``h // (H / Hkv)``);
-- ``"mla"``: MLA-like, with one latent KV head shared by every query head. The cached row of a
-  token is ``[latent (C) | decoupled key part (R)]``: the whole row is the key, its first ``C``
-  elements are the value (queries are "absorbed": ``H`` heads of ``C + R``).
-
-Attention runs through PyTorch's fused kernels that return the log-sum-exp (LSE) of each
-query row (:func:`attention_with_lse`), the two numbers a DCP rank contributes to the combine.
+"""The demo's model: a small pre-norm decoder-only transformer with deterministic random
+weights, in a ``"gqa"`` variant or an ``"mla"``-like one (one latent KV head whose cached row
+``[latent (C) | decoupled key part (R)]`` is the key, its first ``C`` elements the value).
 """
 
 from __future__ import annotations
@@ -83,8 +73,7 @@ def _rms_norm(x: torch.Tensor) -> torch.Tensor:
 
 
 class TinyLM:
-    """Weights drawn from ``torch.Generator().manual_seed(seed)`` (the same on every rank and
-    device), each matrix with standard deviation ``1/sqrt(fan_in)``.
+    """Weights drawn from ``torch.Generator().manual_seed(seed)`` (the same on every rank).
 
     Args:
         config: the sizes.
@@ -178,14 +167,7 @@ def attention_with_lse(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention and its natural-log LSE through PyTorch's fused kernels.
 
-    ``torch.ops.aten._scaled_dot_product_efficient_attention`` (``compute_log_sumexp=True``)
-    on CUDA, ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` on the CPU. Both
-    want one KV head per query head: without a causal mask the ``H / Hkv`` query heads of a
-    KV head become rows of one head (no KV copy), with it the KV heads are repeated.
-
-    Both kernels return output 0 and LSE 0 for a row whose keys are all masked, and the CPU
-    kernel crashes on an empty key set: here such rows get LSE ``-inf`` (output 0), the
-    convention of the DCP combines, and ``S == 0`` launches nothing.
+    A row that sees no key gets output 0 and LSE ``-inf`` (the convention of the DCP combines).
 
     Args:
         q: ``[B, H, Tq, D]``.
@@ -212,8 +194,7 @@ def attention_with_lse(
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     bias = None
     if visible is not None:
-        # An additive mask [B, 1, rows, S]; on CUDA its storage is padded to 16 keys and it
-        # is expanded over the heads (a stride-0 view), as the kernel requires.
+        # An additive mask [B, 1, rows, S], its storage padded to 16 keys for the CUDA kernel.
         padded = -(-s // 16) * 16
         full = torch.full((b, 1, rows, padded), -math.inf, dtype=q.dtype, device=q.device)
         seen = torch.arange(padded, device=q.device) < visible[:, None, :, None]

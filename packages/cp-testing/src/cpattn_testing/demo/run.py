@@ -1,12 +1,6 @@
-"""What each rank runs, and the verdict: every path's tokens and logits against the reference.
-
-The reference is the same model on one rank without any library op (rank 0 computes it
-before the paths run). A path passes when every rank generated the reference's tokens and
-its logits stay within the dtype's tolerance of the reference's: ``max |Δ logit| <= rtol *
-max |logit|`` per generated token (``rtol`` of :func:`cpattn_testing.tolerances.tolerance`).
-Two logits closer than that tolerance are a tie the rounding may break either way: where a
-path's token differs from the reference's at such a near-tie, the comparison of that request
-stops there and the path still passes (with a note); any other difference fails it.
+"""What each rank runs, and the verdict: a path passes when every rank generated the one-rank
+reference's tokens with logits within the dtype's ``rtol``; a token that differs at a near-tie
+ends that request's comparison with a note.
 """
 
 from __future__ import annotations
@@ -135,8 +129,7 @@ def rank_main(rank: int, world_size: int, cfg: DemoConfig) -> dict[str, Any]:
         torch.device("cpu"))  # fmt: skip
     group = as_cp_group(dist.group.WORLD)
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
-    # The Triton interpreter evaluates kernels with numpy, which warns on the intended -inf
-    # arithmetic of empty rows.
+    # The interpreter's numpy warns on the intended -inf arithmetic of empty rows.
     warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime")
     set_output_poison(float("nan"))  # an output an op forgets to write shows up as NaN
     talk = cfg.progress and rank == 0
