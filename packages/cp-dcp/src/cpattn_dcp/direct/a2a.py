@@ -21,6 +21,7 @@ from cpattn_common.dispatch import refuse_grad
 from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
     DEFAULT_MAX_SPINS,
+    MAX_PUBLISH_PROGRAMS,
     DirectWorkspaceBase,
     as_int,
     check_16b_aligned,
@@ -37,7 +38,6 @@ __all__ = ["DIRECT_A2A_DTYPES", "DirectDCPA2AWorkspace"]
 #: Output dtypes the direct A2A supports.
 DIRECT_A2A_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
 _LSE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_MAX_PUBLISH_PROGRAMS = 32  # per destination; rows are strided over them
 _SMALL_BATCH_PROGRAMS = 64  # below this many (row, head-block) programs, split D as well
 
 
@@ -191,9 +191,7 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
             raise TypeError(
                 f"{self.name}: partial_lse must be floating point, got {partial_lse.dtype}"
             )
-        reason = self.unsupported_reason(partial_output, partial_lse)
-        if reason is not None:
-            raise ValueError(f"{self.name}: {reason}")
+        self._refuse(self.unsupported_reason(partial_output, partial_lse))
         # The check every op taking these arguments applies (same errors as the NCCL path).
         check_mask_args(seq_lens, query_start_loc, self.device, partial_lse.shape[0])
 
@@ -231,7 +229,7 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
                 for x in (seq_lens, query_start_loc)
             )
         num_seqs = seq_lens.numel() if seq_lens is not None else 0
-        num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
+        num_pub = min(t, MAX_PUBLISH_PROGRAMS)
         _direct_a2a_publish_kernel[(self.world_size, num_pub)](
             **self._pub_static[u], out_ptr=partial_output, stride_out_t=partial_output.stride(0),
             stride_out_h=partial_output.stride(1), stride_out_d=partial_output.stride(2),

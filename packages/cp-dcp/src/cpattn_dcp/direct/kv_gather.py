@@ -19,6 +19,7 @@ from cpattn_common.dispatch import mark_written_in_place, refuse_grad
 from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
     DEFAULT_MAX_SPINS,
+    MAX_PUBLISH_PROGRAMS,
     DirectWorkspaceBase,
     check_16b_aligned,
     check_16b_rows,
@@ -41,7 +42,6 @@ DIRECT_KV_GATHER_DTYPES: tuple[torch.dtype, ...] = (
     torch.bfloat16,
     torch.float8_e4m3fn,
 )
-_MAX_PUBLISH_PROGRAMS = 32  # per destination; rows are strided over them
 _COPY_BLOCK = 2048  # elements one wait program copies out of the slot
 
 
@@ -201,15 +201,13 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         if validate:
             refuse_grad("DirectDCPKVGatherWorkspace.publish", local_kv=local_kv)
             self._before_call()
-            reason = self._local_kv_reason(local_kv)
-            if reason is not None:
-                raise ValueError(f"{self.name}: {reason}")
+            self._refuse(self._local_kv_reason(local_kv))
         u = self._resolve_ubatch(ubatch_id)
         t = local_kv.shape[0]
         if t == 0:
             return
         d = self.token_dim
-        num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
+        num_pub = min(t, MAX_PUBLISH_PROGRAMS)
         _direct_gather_publish_kernel[(self.world_size, num_pub)](
             src_ptr=local_kv, stride_src_t=local_kv.stride(0), peer_dst_ptrs=self._kv_ptrs[u],
             peer_sig_ptrs=self._sig_ptrs[u], counter_ptr=self._pub_counter[u],
@@ -228,9 +226,7 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         if validate:
             refuse_grad("DirectDCPKVGatherWorkspace.wait", gathered_kv=gathered_kv)
             self._before_call()
-            reason = self._gathered_kv_reason(gathered_kv)
-            if reason is not None:
-                raise ValueError(f"{self.name}: {reason}")
+            self._refuse(self._gathered_kv_reason(gathered_kv))
         u = self._resolve_ubatch(ubatch_id)
         num_elems = gathered_kv.numel()
         if num_elems == 0:
@@ -271,9 +267,7 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         """
         refuse_grad("DirectDCPKVGatherWorkspace.gather", gathered_kv=gathered_kv, local_kv=local_kv)
         self._before_call()
-        reason = None if checked else self.unsupported_reason(gathered_kv, local_kv)
-        if reason is not None:
-            raise ValueError(f"{self.name}: {reason}")
+        self._refuse(None if checked else self.unsupported_reason(gathered_kv, local_kv))
         check_no_overlap(self.name, "gathered_kv", gathered_kv=gathered_kv, local_kv=local_kv)
         u = self._resolve_ubatch(ubatch_id)
         # Checked above (N*T <= capacity included): the launches skip the checks.

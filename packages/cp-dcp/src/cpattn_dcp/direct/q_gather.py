@@ -32,6 +32,7 @@ from cpattn_common.dispatch import refuse_grad
 from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
     DEFAULT_MAX_SPINS,
+    MAX_PUBLISH_PROGRAMS,
     DirectPathUnavailable,
     DirectWorkspaceBase,
     as_int,
@@ -50,7 +51,6 @@ from cpattn_dcp.kernels.direct_gather import (
 
 __all__ = ["DirectDCPQGatherWorkspace"]
 
-_MAX_PUBLISH_PROGRAMS = 32  # per destination; rows are strided over them
 # Elements per NaN store of a failed wait (its single program loops over the call's rows).
 _NAN_FILL_BLOCK = 1024
 # Query dtypes the publish passes to Triton as they are; others (float8_e8m0fnu, the fnuz fp8
@@ -205,15 +205,13 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         if validate:
             refuse_grad("DirectDCPQGatherWorkspace.publish", local_query=local_query)
             self._before_call()
-            reason = self.unsupported_reason(local_query)
-            if reason is not None:
-                raise ValueError(f"{self.name}: {reason}")
+            self._refuse(self.unsupported_reason(local_query))
         u = self._resolve_ubatch(ubatch_id)
         t = local_query.shape[0]
         if t == 0:
             return
         n, w = self.world_size, self.heads_per_rank * self.head_dim
-        num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
+        num_pub = min(t, MAX_PUBLISH_PROGRAMS)
         src = local_query if self._publish_view is None else local_query.view(self._publish_view)
         _direct_gather_publish_kernel[(n, num_pub)](
             src_ptr=src, stride_src_t=local_query.stride(0), peer_dst_ptrs=self._q_ptrs[u],
@@ -280,9 +278,7 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         """
         refuse_grad("DirectDCPQGatherWorkspace.gather", local_query=local_query)
         self._before_call()
-        reason = None if checked else self.unsupported_reason(local_query)
-        if reason is not None:
-            raise ValueError(f"{self.name}: {reason}")
+        self._refuse(None if checked else self.unsupported_reason(local_query))
         u = self._resolve_ubatch(ubatch_id)
         # Checked above (T <= max_num_tokens included): the launches skip the checks.
         self.publish(local_query, ubatch_id=u, validate=False)

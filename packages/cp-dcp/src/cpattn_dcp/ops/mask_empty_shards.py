@@ -32,6 +32,7 @@ from cpattn_dcp.ops._common import (
     next_pow2,
     search_steps,
     shares_elements,
+    specialize,
 )
 
 __all__ = ["mask_dcp_empty_shards_", "masked_lse_copy"]
@@ -101,38 +102,22 @@ def _mask_tile(num_rows: int, steps: int, has_mask: bool) -> tuple[int, bool]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _copy_plan(
-    num_rows: int, num_heads: int, num_seqs: int, has_mask: bool, is_copy: bool
+def _mask_plan(
+    num_rows: int, num_heads: int, num_seqs: int, has_mask: bool, is_copy: bool | None
 ) -> tuple[tuple[int], Specialization]:
-    """Grid and specialization of the general mask kernel (memoised per shape)."""
+    """Grid and specialization (memoised per shape) of the in-place mask (``is_copy`` None)
+    or of the general mask kernel."""
     steps = search_steps(num_seqs)
     block_b, row32 = _mask_tile(num_rows, steps, has_mask)
-    spec = _copy_spec(
-        has_mask, is_copy, steps, row32, block_b, min(64, next_pow2(num_heads)), _MASK_NUM_WARPS
-    )
+    block_h = min(64, next_pow2(num_heads))
+    tile = dict(SEARCH_STEPS=steps, ROW32=row32, BLOCK_B=block_b, BLOCK_H=block_h)
+    if is_copy is None:
+        spec = specialize(_inplace_kernel, **tile, num_warps=_MASK_NUM_WARPS)
+    else:
+        spec = specialize(
+            _copy_kernel, HAS_MASK=has_mask, IS_COPY=is_copy, **tile, num_warps=_MASK_NUM_WARPS
+        )
     return (-(-num_rows // block_b),), spec
-
-
-@functools.lru_cache(maxsize=256)
-def _copy_spec(
-    has_mask: bool,
-    is_copy: bool,
-    steps: int,
-    row32: bool,
-    block_b: int,
-    block_h: int,
-    num_warps: int,
-) -> Specialization:
-    """The general mask kernel specialized on its constexprs (shared by every batch size)."""
-    return _copy_kernel.specialize(
-        HAS_MASK=has_mask,
-        IS_COPY=is_copy,
-        SEARCH_STEPS=steps,
-        ROW32=row32,
-        BLOCK_B=block_b,
-        BLOCK_H=block_h,
-        num_warps=num_warps,
-    )
 
 
 def _launch_mask(
@@ -151,7 +136,7 @@ def _launch_mask(
         return
     has_mask = seq_lens is not None and query_start_loc is not None
     num_seqs = seq_lens.shape[0] if seq_lens is not None else 0
-    grid, spec = _copy_plan(num_rows, num_heads, num_seqs, has_mask, is_copy)
+    grid, spec = _mask_plan(num_rows, num_heads, num_seqs, has_mask, is_copy)
     s_src = src.stride()
     s_dst = dst.stride()
     # Runtime arguments positionally, in the kernel's signature order; without a mask the
@@ -183,7 +168,7 @@ def mask_dcp_empty_shards_impl(
     if num_rows == 0 or num_heads == 0:
         return
     num_seqs = seq_lens.shape[0]
-    grid, spec = _inplace_plan(num_rows, num_heads, num_seqs)
+    grid, spec = _mask_plan(num_rows, num_heads, num_seqs, True, None)
     s = lse.stride()
     spec(
         grid,
@@ -195,27 +180,6 @@ def mask_dcp_empty_shards_impl(
         num_seqs,
         num_rows,
         num_heads,
-    )
-
-
-@functools.lru_cache(maxsize=1024)
-def _inplace_plan(
-    num_rows: int, num_heads: int, num_seqs: int
-) -> tuple[tuple[int], Specialization]:
-    """Grid and specialization of the in-place mask (memoised per shape)."""
-    steps = search_steps(num_seqs)
-    block_b, row32 = _mask_tile(num_rows, steps, True)
-    spec = _inplace_spec(steps, row32, block_b, min(64, next_pow2(num_heads)), _MASK_NUM_WARPS)
-    return (-(-num_rows // block_b),), spec
-
-
-@functools.lru_cache(maxsize=256)
-def _inplace_spec(
-    steps: int, row32: bool, block_b: int, block_h: int, num_warps: int
-) -> Specialization:
-    """The in-place mask kernel specialized on its constexprs (shared by every batch size)."""
-    return _inplace_kernel.specialize(
-        SEARCH_STEPS=steps, ROW32=row32, BLOCK_B=block_b, BLOCK_H=block_h, num_warps=num_warps
     )
 
 
