@@ -1,13 +1,9 @@
 """Global-order Q/K/V for a PCP prefill, and the local slice of its output.
 
-Attention option "gather to global order": every rank all-gathers its padded local Q/K/V,
-reorders them into global token order with the plan's ``restore_idx`` (padding dropped), runs
-ordinary causal varlen attention over ``plan.cu_seqlens``, and keeps its own rows of the output
-with ``slice_prefill_output_local``. Both directions only index with precomputed plan tensors
-(no host synchronisation).
-
-The gather is inference only (with grad mode on, a Q/K/V that requires grad raises
-``RuntimeError``); the slice is plain indexing and keeps its ordinary gradient.
+Every rank all-gathers its padded local Q/K/V and reorders them into global token order
+(``plan.restore_idx``, padding dropped), runs causal varlen attention over ``plan.cu_seqlens``
+and keeps its own output rows (``slice_prefill_output_local``); no host sync. The gather is
+inference only (a Q/K/V that requires grad raises ``RuntimeError`` under grad mode).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""Direct DCP A2A LSE-reduce over symmetric memory (no NCCL, no staging copies).
-
-Each rank writes, for every destination rank ``d``, the head slice ``[d*H_r, (d+1)*H_r)`` of
-its partial output ``[T, H, D]`` and the fp32 LSE straight into ``d``'s symmetric receive
-buffer, raises a per-(ubatch, parity-slot) signal carrying the call's epoch, waits (bounded)
-for all peers' signals of the same epoch and combines the N received partials with LSE weights.
-Result: ``[T, H_r, D]``, as ``dcp_a2a_lse_reduce``'s. Two launches per call, no allocation
-besides the output, no host sync (CUDA-graph capturable); the protocol:
-``cpattn_dcp.kernels.direct_protocol``.
+"""Direct DCP A2A LSE-reduce over symmetric memory: each rank writes every destination's head
+slice of its partial output and LSE straight into that rank's receive buffer, signals, waits
+(bounded) and combines the N partials (``dcp_a2a_lse_reduce``'s result). Two launches, no host
+sync (CUDA-graph capturable); protocol: ``cpattn_dcp.kernels.direct_protocol``.
 """
 
 from __future__ import annotations

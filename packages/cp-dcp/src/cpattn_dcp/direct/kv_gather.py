@@ -1,11 +1,7 @@
 """Direct DCP KV gather (MLA chunked-context prefill): every rank stores its local KV rows into
-every peer's symmetric parity slot at ``rank * T``, signals, waits, then the rows are copied
-(materialized) into the caller's ``gathered_kv [N*T, D]`` buffer.
-
-Created only where NVLS multicast spans the group (as the query gather). Because the result
-is copied out, the parity slot is free again once every rank finished the call. A wait that
-times out (or finds the ubatch's error record or the group's failure word set) reads nothing
-from the slot and fills ``gathered_kv`` with NaN until the host raises ``DirectProtocolError``.
+every peer's symmetric parity slot at ``rank * T``, signals and waits; the rows are then copied
+into the caller's ``gathered_kv [N*T, D]`` (NaN after a failed wait). Created only where NVLS
+multicast spans the group.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """Direct DCP query gather: every rank stores its query heads straight into every peer's
-consumer-final ``[T, N*H_r, D]`` buffer (rank-major heads), signals, and waits.
+consumer-final ``[T, N*H_r, D]`` buffer (rank-major heads), signals, and waits. Created only
+where NVLS multicast spans the group.
 
-Created only where NVLS multicast spans the group (the factory returns ``None`` elsewhere, and
-always when the environment disables multicast). The data path stores through the
-peer-pointer table (one store per peer); a multicast store would be a drop-in optimisation.
-
-Reuse contract: the returned tensor is a view of the ubatch's persistent buffer, which every
-peer's next gather on the same ubatch overwrites. It is valid until this rank enters this
-layer's combine (the next rendezvous across ranks): once this rank has published into the
-combine, a peer can finish it and start its next gather. Copy the result if it is needed after
-the combine; a gather without a following cross-rank combine needs a rendezvous between calls.
-Because of that reliance, a timeout of any direct workspace of the group stops this
-workspace's publishes too (the group failure word).
-
-A wait that times out (or finds the ubatch's error record or the group's failure word set)
-fills the call's ``T * S * D`` elements of the buffer with NaN until the host raises
-``DirectProtocolError``; a peer that was only slow may still store its heads of this call
-over the NaN afterwards (its correct data, never an earlier call's).
+Reuse contract: the result is a view of the ubatch's persistent buffer, which the peers' next
+gather overwrites: it is valid until this rank enters this layer's combine (the next
+rendezvous). Copy it if it is needed later; a gather without a following combine needs a
+rendezvous between calls. So a timeout of any direct workspace of the group also stops this
+workspace's publishes (the group failure word). A failed wait fills the call's ``T * S * D``
+elements with NaN until the host raises ``DirectProtocolError``.
 """
 
 from __future__ import annotations

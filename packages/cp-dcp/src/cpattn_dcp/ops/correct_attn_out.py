@@ -148,22 +148,6 @@ def _align(vec: int, *strides: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def _correct_config(
-    b: int, h: int, d: int, size: int
-) -> tuple[tuple[int, int], int, int, int, int]:
-    """``(grid, BLOCK_B, BLOCK_H, BLOCK_D, num_warps)`` over the ``[B, H]`` rows.
-
-    About 16 KiB of partial output per program (e.g. 64 heads x 128 or 16 heads x 512 bf16),
-    at least ``MIN_PROGRAMS`` programs where the batch allows it (decode: one or a few rows
-    per program), heads first within a program.
-    """
-    block_r, block_d, num_warps = tile_config(b * h, d, size)
-    block_h = min(next_pow2(h), block_r)
-    block_b = max(1, block_r // block_h)
-    return (-(-b // block_b), -(-h // block_h)), block_b, block_h, block_d, num_warps
-
-
-@functools.lru_cache(maxsize=4096)
 def _general_plan(
     n: int,
     b: int,
@@ -176,9 +160,13 @@ def _general_plan(
     is_base_e: bool,
     has_lse_out: bool,
 ) -> tuple[tuple[int, int], Specialization]:
-    """Grid and specialization of the general kernel for one call shape (memoised, so a
-    repeated call costs one look-up instead of the tile and alignment arithmetic)."""
-    grid, block_b, block_h, block_d, num_warps = _correct_config(b, h, d, size)
+    """Grid and specialization of the general kernel (memoised per call shape) over the
+    ``[B, H]`` rows: about 16 KiB of partial output per program, at least ``MIN_PROGRAMS``
+    programs where the batch allows it, heads first within a program."""
+    block_r, block_d, num_warps = tile_config(b * h, d, size)
+    block_h = min(next_pow2(h), block_r)
+    block_b = max(1, block_r // block_h)
+    grid = (-(-b // block_b), -(-h // block_h))
     vec = 16 // size
     grouped = heads_per_group != h
     dst_align = (
