@@ -277,15 +277,22 @@ def test_wrappers_of_one_group_share_a_workspace(monkeypatch: pytest.MonkeyPatch
     world = SimulatedWorld(1, "cpu")
     built: list[int] = []
 
-    def build() -> int:
-        built.append(1)
-        return len(built)
+    class Built:
+        closed = False
+
+        def __init__(self, group: Any, device: str, *geometry: int) -> None:
+            built.append(1)
+            self.number = len(built)
+
+    def memo(group: Any, geometry: tuple[int, ...]) -> int:
+        ws: Any = factories._memo("t", group, "cpu", geometry, Built)  # type: ignore[type-var]
+        return int(ws.number)
 
     first, second = (Wrapper(world, 0) for _ in range(2))
-    assert factories._memo("t", first, (1,), build) == 1
-    assert factories._memo("t", second, (1,), build) == 1
-    assert factories._memo("t", second, (2,), build) == 2  # another geometry
-    assert factories._memo("t", world.groups[0], (1,), build) == 3  # no process group: its own
+    assert memo(first, (1,)) == 1
+    assert memo(second, (1,)) == 1
+    assert memo(second, (2,)) == 2  # another geometry
+    assert memo(world.groups[0], (1,)) == 3  # no process group: its own
     assert len(built) == 3
 
 

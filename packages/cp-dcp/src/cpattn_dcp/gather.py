@@ -1,15 +1,7 @@
-"""NCCL-path query and KV gathers of decode context parallelism (the direct paths' fallback).
-
-* Query gather: each rank holds the query of its own ``H_r`` heads, ``[T, H_r, D]``; DCP
-  attention needs all ``N*H_r`` heads of the group, rank-major: ``[T, N*H_r, D]``. Optionally
-  the result is backed by storage for ``padded_num_heads`` heads (fixed-head decode kernels
-  read past the real heads without faulting).
-* KV gather (MLA chunked-context prefill): ``gathered_kv [N*T, D]`` = every rank's
-  ``local_kv [T, D]`` concatenated rank-major, written into a caller-owned buffer with one
-  ``all_gather_into_tensor``.
-
-Inference only: with grad mode on, an input that requires grad raises ``RuntimeError`` up
-front (``cpattn_common.dispatch.refuse_grad``), at N = 1 too.
+"""NCCL-path query and KV gathers of decode context parallelism (the direct paths' fallback):
+query heads ``[T, H_r, D] -> [T, N*H_r, D]`` rank-major (optionally in storage for more heads),
+KV rows ``[T, D] -> [N*T, D]`` into a caller buffer. Inference only: an input that requires
+grad raises ``RuntimeError`` under grad mode (``cpattn_common.dispatch.refuse_grad``).
 """
 
 from __future__ import annotations

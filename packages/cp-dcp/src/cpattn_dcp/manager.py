@@ -1,20 +1,14 @@
 """``DCPManager``: selects and owns the per-layer DCP collectives from a plain ``DCPConfig``.
 
-A layer running decode context parallelism needs three collectives: the query gather (all
-heads of the group on every rank), the output combine (LSE-weighted merge of the partial
-attention of every KV shard) and, for MLA chunked prefill, the KV gather. The manager picks
-one implementation of each once, at construction (collectively, on every rank of the group),
-by the rules of ``cpattn_dcp.selection``, logs the choice once, exposes it (``selection``),
-and falls back per call where a direct path cannot take the call.
+A DCP layer needs a query gather, an output combine and, for MLA chunked prefill, a KV gather.
+The manager picks one implementation of each at construction (collectively, by the rules of
+``cpattn_dcp.selection``), logs the choice once and exposes it (``selection``).
 
-A call of another geometry than the manager's (head count, head dims, the KV buffer's rows) is
-the caller's mistake on every path, so it raises ``ValueError`` rather than counting as a
-fallback (on a direct path the workspace's own check accepts a valid call, the hot path; the
-manager's check runs when the workspace refuses one). Only what is the same on every rank of a
-call (more rows than a direct workspace holds, another dtype) falls back to NCCL; strides or a
-data pointer the direct path refuses are this rank's own, so the manager packs a copy and stays
-direct (``_packed``). The first fallback of each reason is logged at INFO once per process,
-later ones at DEBUG.
+A call of another geometry than the manager's raises ``ValueError`` on every path (a caller
+mistake, not a fallback). What is the same on every rank of a call (more rows than a direct
+workspace holds, another dtype) falls back to NCCL; a layout the direct path refuses is this
+rank's own, so the manager packs a copy and stays direct (``_packed``). The first fallback of
+each reason is logged at INFO once per process, later ones at DEBUG.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Which implementation serves each DCP collective of a layer: ``DCPConfig`` and pure rules.
 
 ``select_combine``, ``select_query_gather`` and ``select_kv_gather`` map a configuration, the
-DCP group's size and a direct path's availability to a path and the reason for it;
-``DCPManager`` applies them once per layer and owns the workspaces they choose. Combine: with
-PCP an all-reduce (every rank keeps every head) unless ``"a2a"`` and the DCP group is the PCP
-group; ``"ag_rs"``; else the direct A2A where gating allows, the packed NCCL A2A otherwise.
-Query gather: none with PCP, else direct (multicast) or an all-gather. KV gather: direct when
-configured and allowed, else ``all_gather_into_tensor``. See docs/packages/dcp.md.
+group's size and a direct path's availability to a path and its reason; ``DCPManager`` applies
+them once per layer. See docs/packages/dcp.md.
 """
 
 from __future__ import annotations

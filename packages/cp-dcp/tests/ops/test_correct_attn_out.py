@@ -106,13 +106,11 @@ def test_weight_forms(
     import cpattn_dcp.ops.correct_attn_out as correct_mod
 
     monkeypatch.setattr(correct_mod, "_LSE_ROWS_MAX_N", 8 if form == "lse-rows" else 0)
-    correct_mod._contig_spec.cache_clear()
     correct_mod._contig_plan.cache_clear()
     try:
         for base_e in (True, False):
             _check(device, n, 5, 6, 64, torch.bfloat16, torch.float32, base_e, seed=n + 40)
     finally:
-        correct_mod._contig_spec.cache_clear()
         correct_mod._contig_plan.cache_clear()
 
 

@@ -138,15 +138,13 @@ def test_row_index_widths_agree(
             ("_MASK_MIN_PROGRAMS", min_programs),
         ):
             monkeypatch.setattr(mask_mod, name, value)
-        mask_mod._inplace_plan.cache_clear()
-        mask_mod._copy_plan.cache_clear()
+        mask_mod._mask_plan.cache_clear()
         args = (lens.to(device), qsl.to(device))
         copied = masked_lse_copy(lse.to(device), *args)
         assert torch.equal(copied.cpu(), expected)
         assert torch.equal(mask_dcp_empty_shards_(lse.to(device), *args).cpu(), expected)
     monkeypatch.undo()
-    mask_mod._inplace_plan.cache_clear()
-    mask_mod._copy_plan.cache_clear()
+    mask_mod._mask_plan.cache_clear()
 
 
 def test_mask_tile_rule(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -30,6 +30,7 @@ the all-gather.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -50,10 +51,7 @@ __all__ = [
 def _all_gather_rows(group: CPGroupLike, x: torch.Tensor) -> torch.Tensor:
     """``[T, *rest]`` on every rank -> ``[N*T, *rest]`` rank-major (contiguous)."""
     rows = x.shape[0]
-    width = 1
-    for s in x.shape[1:]:
-        width *= s
-    gathered = group.all_gather(x.reshape(rows, width), dim=0)
+    gathered = group.all_gather(x.reshape(rows, math.prod(x.shape[1:])), dim=0)
     # A group of one returns its input: a strided one (K split from a fused QKV projection)
     # would come back strided and aliased. For N > 1 the gather's output is contiguous.
     return gathered.reshape(group.world_size * rows, *x.shape[1:]).contiguous()

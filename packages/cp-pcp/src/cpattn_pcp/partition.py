@@ -135,9 +135,7 @@ class DualChunkSwapPlan:
         return replace(self, device=dev, **moved)
 
     def _check_rank(self, rank: int) -> None:
-        # The package's rule for a size or rank (``check_size``): a bool or a non-int
-        # (numpy integers included) is a TypeError, an int out of range a ValueError.
-        if isinstance(rank, bool) or not isinstance(rank, int):
+        if isinstance(rank, bool) or not isinstance(rank, int):  # numpy integers included
             raise TypeError(f"rank must be an int, got {type(rank).__name__}")
         if not 0 <= rank < self.pcp_size:
             raise ValueError(f"rank must be in [0, {self.pcp_size}), got {rank}")
@@ -182,18 +180,6 @@ def _check_rows(x: torch.Tensor, expected: int, name: str, what: str) -> None:
     check_tensors("DualChunkSwapPlan", **{name: x})
     if x.dim() < 1 or x.shape[0] != expected:
         raise ValueError(f"{name} must have {what} = {expected} rows, got shape {tuple(x.shape)}")
-
-
-def is_integer_dtype(dtype: torch.dtype) -> bool:
-    """Whether ``dtype`` may be the dtype of the package's index and length tensors.
-
-    Kept for callers that imported it from here; it is ``is_index_dtype`` of
-    ``cpattn_common.checks`` (int8/16/32/64, uint8/16/32/64), the one rule every package
-    shares, which the package's own checks call directly. It used to accept every dtype that
-    is not bool, floating or complex, so quantized and sub-byte dtypes passed and then failed
-    later with an unrelated error.
-    """
-    return is_index_dtype(dtype)
 
 
 def _as_int_list(seq_lens: Sequence[int] | torch.Tensor) -> list[int]:

@@ -1,16 +1,14 @@
 """Global-order Q/K/V for a PCP prefill, and the local slice of its output.
 
-Attention option "gather to global order": every rank all-gathers its padded local Q/K/V,
-reorders them into global token order with the plan's ``restore_idx`` (padding dropped), runs
-ordinary causal varlen attention over ``plan.cu_seqlens``, and keeps its own rows of the output
-with ``slice_prefill_output_local``. Both directions only index with precomputed plan tensors
-(no host synchronisation).
-
-The gather is inference only (with grad mode on, a Q/K/V that requires grad raises
-``RuntimeError``); the slice is plain indexing and keeps its ordinary gradient.
+Every rank all-gathers its padded local Q/K/V and reorders them into global token order
+(``plan.restore_idx``, padding dropped), runs causal varlen attention over ``plan.cu_seqlens``
+and keeps its own output rows (``slice_prefill_output_local``); no host sync. The gather is
+inference only (a Q/K/V that requires grad raises ``RuntimeError`` under grad mode).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -127,38 +125,19 @@ def gather_prefill_qkv_global(
             fields.update(tensor_fields(name, t, first_dim=1))
         check_ranks_agree("gather_prefill_qkv_global", group, query.device, fields)
 
-    pad_rows = plan.padded_local_len - num_rows
-    same_kind = query.dtype == key.dtype == value.dtype
-    if same_kind:
-        widths = [_trailing_numel(t) for t in tensors]
-        packed = torch.cat(
-            [t.reshape(num_rows, w) for t, w in zip(tensors, widths, strict=True)], dim=1
-        )
-        if pad_rows:
-            packed = torch.nn.functional.pad(packed, (0, 0, 0, pad_rows))
-        restored = plan.restore(group.all_gather(packed, dim=0))
-        parts = torch.split(restored, widths, dim=1)
-        q, k, v = (
-            part.reshape(plan.num_tokens, *t.shape[1:])
-            for part, t in zip(parts, tensors, strict=True)
-        )
-        return q, k, v
-
-    out = []
-    for t in tensors:
-        flat = t.reshape(num_rows, _trailing_numel(t))
-        if pad_rows:
-            flat = torch.nn.functional.pad(flat, (0, 0, 0, pad_rows))
+    # Tensors of one dtype travel packed in one all-gather.
+    parts = [list(tensors)] if query.dtype == key.dtype == value.dtype else [[t] for t in tensors]
+    out: list[torch.Tensor] = []
+    for part in parts:
+        widths = [math.prod(t.shape[1:]) for t in part]
+        flats = [t.reshape(num_rows, w) for t, w in zip(part, widths, strict=True)]
+        flat = torch.cat(flats, dim=1) if len(flats) > 1 else flats[0]
+        if num_rows < plan.padded_local_len:
+            flat = torch.nn.functional.pad(flat, (0, 0, 0, plan.padded_local_len - num_rows))
         restored = plan.restore(group.all_gather(flat, dim=0))
-        out.append(restored.reshape(plan.num_tokens, *t.shape[1:]))
+        for t, col in zip(part, torch.split(restored, widths, dim=1), strict=True):
+            out.append(col.reshape(plan.num_tokens, *t.shape[1:]))
     return out[0], out[1], out[2]
-
-
-def _trailing_numel(t: torch.Tensor) -> int:
-    n = 1
-    for s in t.shape[1:]:
-        n *= s
-    return n
 
 
 def slice_prefill_output_local(

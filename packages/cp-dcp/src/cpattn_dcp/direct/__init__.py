@@ -1,9 +1,6 @@
-"""Direct (symmetric-memory) DCP collectives: A2A LSE-reduce, query gather, KV gather.
-
-Ranks write straight into peers' symmetric buffers and raise per-(ubatch, parity-slot) signal
-flags carrying a device-side epoch; waits are bounded and report a timeout on the host as
-``DirectProtocolError``. Each path is gated by capability probing (``get_direct_dcp_*``
-return ``None`` when it says no) and always has an NCCL fallback (``cpattn_dcp.DCPManager``).
+"""Direct (symmetric-memory) DCP collectives: A2A LSE-reduce, query gather, KV gather, with
+bounded waits (``DirectProtocolError``), capability gating (the ``get_direct_dcp_*`` factories
+return ``None`` when it says no) and an NCCL fallback (``cpattn_dcp.DCPManager``).
 """
 
 from cpattn_dcp.direct._base import (

@@ -1,18 +1,14 @@
 """Shared plumbing of the direct (symmetric-memory) DCP workspaces.
 
-Each direct workspace owns one ``cpattn_common.workspace.DirectCPWorkspace`` (symmetric
-allocations, peer-pointer tables, a per-ubatch int64 ``epoch``) plus local tensors:
-``_pub_counter [U, N]`` and ``_wait_done [U]`` int32 completion counters of the two launches,
-``_error [U, 2 + W]`` int64 ``(flag, epoch, missing-source bitmask)`` written by a wait that
-timed out (flag 1; ``W = cdiv(N, 64)`` mask words) or failed at once because another workspace
-of the group had timed out (flag 2), and the group's shared failure word
-(``cpattn_dcp.direct._group_failure``).
+Each workspace owns one ``cpattn_common.workspace.DirectCPWorkspace`` (symmetric buffers,
+peer-pointer tables, a per-ubatch ``epoch``), the int32 completion counters of its two
+launches, an int64 error record ``[U, 2 + cdiv(N, 64)]`` ``(flag, epoch, missing-source
+bitmask)`` and the group's failure word (``_group_failure``).
 
-Error reporting never syncs the host on the hot path: on CUDA the error record is mirrored to
-pinned host memory by a non-blocking copy every ``error_check_interval`` eager calls and the
-mirror is inspected at the start of every call, so a timeout surfaces as
-``DirectProtocolError`` 1 to ``error_check_interval`` calls later (on the CPU at the next
-call). ``check_error()`` is the explicit, syncing check.
+No host sync on the hot path: on CUDA the error record is mirrored to pinned memory every
+``error_check_interval`` eager calls and the mirror is read at the start of each call, so a
+timeout raises ``DirectProtocolError`` 1 to ``error_check_interval`` calls later (on the CPU at
+the next call). ``check_error()`` is the explicit, syncing check.
 """
 
 from __future__ import annotations
@@ -53,9 +49,10 @@ DEFAULT_MAX_SPINS = 1 << 26
 MAX_SPINS_LIMIT = 2**31 - 1
 #: Eager calls between two non-blocking copies of the error record to the host.
 DEFAULT_ERROR_CHECK_INTERVAL = 64
-#: Error-record flags: this workspace's wait timed out / another workspace's had first.
+#: Error-record flag of a wait that timed out (2: another workspace of the group had first).
 ERROR_FLAG_TIMEOUT = 1
-ERROR_FLAG_GROUP = 2
+#: Publish programs per destination; rows are strided over them.
+MAX_PUBLISH_PROGRAMS = 32
 
 
 #: The oldest Triton whose direct-path kernels work on a GPU: before 3.5 a vector atomic's
@@ -250,18 +247,9 @@ class DirectWorkspaceBase:
         full = (self.num_ubatches, *shape)
         try:
             storage, peer_ptrs = self._symm.allocate(full, dtype)
-        except SymmetricAllocationError as exc:
-            self._symm.close()  # raised on every rank together  # drop the buffers this workspace allocated before
+        except SymmetricAllocationError as exc:  # raised on every rank together
+            self._symm.close()  # drop the buffers this workspace allocated before
             raise DirectPathUnavailable(f"{self.name}: {exc}") from exc
-        if tuple(storage.shape) != full or tuple(peer_ptrs.shape) != (
-            self.num_ubatches,
-            self.world_size,
-        ):
-            raise RuntimeError(
-                f"{self.name}: symmetric allocation returned storage {tuple(storage.shape)} and "
-                f"peer table {tuple(peer_ptrs.shape)}, expected {full} and "
-                f"{(self.num_ubatches, self.world_size)}"
-            )
         return storage, peer_ptrs
 
     @property
@@ -286,6 +274,11 @@ class DirectWorkspaceBase:
                 f"{self.name}: ubatch {u} exceeds the {self.num_ubatches} slot(s) of this workspace"
             )
         return u
+
+    def _refuse(self, reason: str | None) -> None:
+        """``ValueError`` naming the workspace for a ``*_reason`` that is not ``None``."""
+        if reason is not None:
+            raise ValueError(f"{self.name}: {reason}")
 
     def _before_call(self) -> None:
         """Refuse calls on a closed or failed workspace; inspect the lazily mirrored error."""

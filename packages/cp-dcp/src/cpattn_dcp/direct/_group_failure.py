@@ -1,15 +1,9 @@
 """The device-side failure word shared by every direct workspace of one group on one device.
 
-A timeout stops the publishes of the workspace whose wait timed out, but the *other* direct
-workspaces of the group need stopping too: the query gather's single buffer per ubatch is
-guarded between calls only by the A2A combine's rendezvous, so after this rank's combine timed
-out (a peer merely slow) its next publish would overwrite the query the slow peer still reads.
-So every timeout also sets one local int64 word per (group, device), and every publish and
-wait program of every direct workspace of that group checks it at its start.
-
-Keyed like the workspace factories (``cache_owner(shared_cp_group(group))`` and the indexed
-device); held weakly, so it lives as long as some workspace of the group holds it. A set word
-is never cleared: the group is broken (rebuild it; a new group gets a new word).
+Every timeout sets it, and every publish and wait program of the group's direct workspaces
+checks it first: after this rank's combine timed out, its next query-gather publish would
+otherwise overwrite the query a slow peer still reads. Keyed like the workspace factories and
+held weakly; a set word is never cleared (rebuild the group: a new group gets a new word).
 """
 
 from __future__ import annotations

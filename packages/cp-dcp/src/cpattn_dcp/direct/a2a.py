@@ -1,12 +1,7 @@
-"""Direct DCP A2A LSE-reduce over symmetric memory (no NCCL, no staging copies).
-
-Each rank writes, for every destination rank ``d``, the head slice ``[d*H_r, (d+1)*H_r)`` of
-its partial output ``[T, H, D]`` and the fp32 LSE straight into ``d``'s symmetric receive
-buffer, raises a per-(ubatch, parity-slot) signal carrying the call's epoch, waits (bounded)
-for all peers' signals of the same epoch and combines the N received partials with LSE weights.
-Result: ``[T, H_r, D]``, as ``dcp_a2a_lse_reduce``'s. Two launches per call, no allocation
-besides the output, no host sync (CUDA-graph capturable); the protocol:
-``cpattn_dcp.kernels.direct_protocol``.
+"""Direct DCP A2A LSE-reduce over symmetric memory: each rank writes every destination's head
+slice of its partial output and LSE straight into that rank's receive buffer, signals, waits
+(bounded) and combines the N partials (``dcp_a2a_lse_reduce``'s result). Two launches, no host
+sync (CUDA-graph capturable); protocol: ``cpattn_dcp.kernels.direct_protocol``.
 """
 
 from __future__ import annotations
@@ -21,6 +16,7 @@ from cpattn_common.dispatch import refuse_grad
 from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
     DEFAULT_MAX_SPINS,
+    MAX_PUBLISH_PROGRAMS,
     DirectWorkspaceBase,
     as_int,
     check_16b_aligned,
@@ -37,7 +33,6 @@ __all__ = ["DIRECT_A2A_DTYPES", "DirectDCPA2AWorkspace"]
 #: Output dtypes the direct A2A supports.
 DIRECT_A2A_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
 _LSE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_MAX_PUBLISH_PROGRAMS = 32  # per destination; rows are strided over them
 _SMALL_BATCH_PROGRAMS = 64  # below this many (row, head-block) programs, split D as well
 
 
@@ -191,9 +186,7 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
             raise TypeError(
                 f"{self.name}: partial_lse must be floating point, got {partial_lse.dtype}"
             )
-        reason = self.unsupported_reason(partial_output, partial_lse)
-        if reason is not None:
-            raise ValueError(f"{self.name}: {reason}")
+        self._refuse(self.unsupported_reason(partial_output, partial_lse))
         # The check every op taking these arguments applies (same errors as the NCCL path).
         check_mask_args(seq_lens, query_start_loc, self.device, partial_lse.shape[0])
 
@@ -231,7 +224,7 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
                 for x in (seq_lens, query_start_loc)
             )
         num_seqs = seq_lens.numel() if seq_lens is not None else 0
-        num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
+        num_pub = min(t, MAX_PUBLISH_PROGRAMS)
         _direct_a2a_publish_kernel[(self.world_size, num_pub)](
             **self._pub_static[u], out_ptr=partial_output, stride_out_t=partial_output.stride(0),
             stride_out_h=partial_output.stride(1), stride_out_d=partial_output.stride(2),

@@ -1,29 +1,23 @@
 """Gated, memoized factories of the direct DCP workspaces.
 
-Each ``get_direct_dcp_*_workspace`` returns ``None`` when the capability gating of
-``cpattn_common.capability`` says no, so callers fall back to the NCCL paths. Gating and
-construction are collective: every rank of the group must call a factory with the same
-arguments in the same order. Workspaces are memoized per (group, device, geometry, dtype,
-ubatches) so every layer of a model shares one workspace per geometry; sharing across
-sequential layers is safe because every call is a full rendezvous. A memoized workspace that
-has been closed (``close()`` is collective) is never handed out again: the next factory call
-for its geometry builds a new one.
+Each ``get_direct_dcp_*_workspace`` returns ``None`` when capability gating
+(``cpattn_common.capability``) says no, so callers fall back to NCCL; the
+``*_unavailable_reason`` functions say why. Gating and construction are collective: every rank
+calls a factory with the same arguments in the same order. Workspaces are memoized per (group,
+device, geometry, dtype, ubatches), shared by every layer (each call is a full rendezvous); a
+closed one is rebuilt on the next call.
 
-The tri-state ``use_direct`` switch: ``None`` (auto: capability probing decides, and never
-picks a direct path for a non-CUDA device), ``True`` (force; an unsupported configuration then
-raises from the constructor), ``False`` (off).
-Invalid arguments (sizes, dtype, device, switch) raise ``TypeError`` / ``ValueError``: ``None``
-means only "not available here" (also a CUDA device in a process without CUDA, unless forced),
-and the ``*_unavailable_reason`` functions say why.
-The Q / KV gathers additionally need NVLS multicast: where the environment disables it
-(``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, ``NCCL_NVLS_ENABLE=0``, ...) they return ``None``
-before any multicast query is made, even when forced.
+``use_direct``: ``None`` (auto: probing decides, never on a non-CUDA device), ``True`` (force:
+an unsupported configuration raises from the constructor) or ``False`` (off). Invalid arguments
+raise ``TypeError`` / ``ValueError``; ``None`` means only "not available here". The Q / KV
+gathers also need NVLS multicast: where the environment disables it they return ``None``
+before any multicast query, even when forced.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -162,8 +156,14 @@ def direct_gather_unavailable_reason(
     return _capability_detail(group, dtype, use_direct, supported_dtypes, multicast=True)
 
 
-def _memo(kind: str, group: Any, geometry: tuple[Any, ...], build: Any) -> Any:
-    """The cached workspace of ``(kind, group, geometry)``, or ``build()``'s (then cached).
+_W = TypeVar("_W", bound=DirectWorkspaceBase)
+
+
+def _memo(
+    kind: str, group: Any, device: torch.device | str, geometry: tuple[Any, ...], cls: type[_W]
+) -> _W:
+    """The cached workspace of ``(kind, group, device, geometry)``, or a new
+    ``cls(group, device, *geometry)`` (then cached).
 
     A closed cached workspace counts as a miss: it is dropped and rebuilt. The decision is
     consistent across ranks without communication because closing is collective: every rank
@@ -171,22 +171,19 @@ def _memo(kind: str, group: Any, geometry: tuple[Any, ...], build: Any) -> Any:
     factory call, so every rank finds its entry closed here and all of them rebuild together.
     """
     owner = cache_owner(shared_cp_group(group))  # wrappers of one group share a workspace
-    key = (kind, id(owner), *geometry)
+    key = (kind, id(owner), str(indexed_device(device)), *geometry)
     with _lock:
         hit = _cache.get(key)
-        if hit is not None and isinstance(hit[1], DirectWorkspaceBase) and hit[1].closed:
+        if hit is not None and hit[1].closed:
             del _cache[key]  # also drops its hold on the group
             hit = None
     if hit is not None:
-        return hit[1]
-    ws = build()
+        ws: _W = hit[1]
+        return ws
+    ws = cls(group, device, *geometry)
     with _lock:
         _cache[key] = (owner, ws)
     return ws
-
-
-def _device_key(device: torch.device | str) -> str:
-    return str(indexed_device(device))
 
 
 def get_direct_dcp_a2a_workspace(
@@ -209,16 +206,8 @@ def get_direct_dcp_a2a_workspace(
                 heads_per_rank=heads_per_rank, head_dim=head_dim, num_ubatches=num_ubatches)  # fmt: skip
     if direct_a2a_unavailable_reason(group, dtype, use_direct, device=device) is not None:
         return None
-    geometry = (_device_key(device), max_num_tokens, heads_per_rank, head_dim, dtype, num_ubatches)
-    ws: DirectDCPA2AWorkspace = _memo(
-        "a2a",
-        group,
-        geometry,
-        lambda: DirectDCPA2AWorkspace(
-            group, device, max_num_tokens, heads_per_rank, head_dim, dtype, num_ubatches
-        ),
-    )
-    return ws
+    geometry = (max_num_tokens, heads_per_rank, head_dim, dtype, num_ubatches)
+    return _memo("a2a", group, device, geometry, DirectDCPA2AWorkspace)
 
 
 def get_direct_dcp_q_gather_workspace(
@@ -244,26 +233,8 @@ def get_direct_dcp_q_gather_workspace(
         is not None
     ):
         return None
-    geometry = (
-        _device_key(device), max_num_tokens, heads_per_rank, head_dim, dtype, num_ubatches,
-        padded_num_heads,
-    )  # fmt: skip
-    ws: DirectDCPQGatherWorkspace = _memo(
-        "q",
-        group,
-        geometry,
-        lambda: DirectDCPQGatherWorkspace(
-            group,
-            device,
-            max_num_tokens,
-            heads_per_rank,
-            head_dim,
-            dtype,
-            num_ubatches,
-            padded_num_heads,
-        ),
-    )
-    return ws
+    geometry = (max_num_tokens, heads_per_rank, head_dim, dtype, num_ubatches, padded_num_heads)
+    return _memo("q", group, device, geometry, DirectDCPQGatherWorkspace)
 
 
 def get_direct_dcp_kv_gather_workspace(
@@ -284,16 +255,8 @@ def get_direct_dcp_kv_gather_workspace(
     )
     if reason is not None:
         return None
-    geometry = (_device_key(device), max_gathered_tokens, token_dim, dtype, num_ubatches)
-    ws: DirectDCPKVGatherWorkspace = _memo(
-        "kv",
-        group,
-        geometry,
-        lambda: DirectDCPKVGatherWorkspace(
-            group, device, max_gathered_tokens, token_dim, dtype, num_ubatches
-        ),
-    )
-    return ws
+    geometry = (max_gathered_tokens, token_dim, dtype, num_ubatches)
+    return _memo("kv", group, device, geometry, DirectDCPKVGatherWorkspace)
 
 
 def clear_direct_workspace_cache(*, close: bool = False) -> None:

@@ -1,11 +1,7 @@
 """Direct DCP KV gather (MLA chunked-context prefill): every rank stores its local KV rows into
-every peer's symmetric parity slot at ``rank * T``, signals, waits, then the rows are copied
-(materialized) into the caller's ``gathered_kv [N*T, D]`` buffer.
-
-Created only where NVLS multicast spans the group (as the query gather). Because the result
-is copied out, the parity slot is free again once every rank finished the call. A wait that
-times out (or finds the ubatch's error record or the group's failure word set) reads nothing
-from the slot and fills ``gathered_kv`` with NaN until the host raises ``DirectProtocolError``.
+every peer's symmetric parity slot at ``rank * T``, signals and waits; the rows are then copied
+into the caller's ``gathered_kv [N*T, D]`` (NaN after a failed wait). Created only where NVLS
+multicast spans the group.
 """
 
 from __future__ import annotations
@@ -19,6 +15,7 @@ from cpattn_common.dispatch import mark_written_in_place, refuse_grad
 from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
     DEFAULT_MAX_SPINS,
+    MAX_PUBLISH_PROGRAMS,
     DirectWorkspaceBase,
     check_16b_aligned,
     check_16b_rows,
@@ -41,7 +38,6 @@ DIRECT_KV_GATHER_DTYPES: tuple[torch.dtype, ...] = (
     torch.bfloat16,
     torch.float8_e4m3fn,
 )
-_MAX_PUBLISH_PROGRAMS = 32  # per destination; rows are strided over them
 _COPY_BLOCK = 2048  # elements one wait program copies out of the slot
 
 
@@ -201,15 +197,13 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         if validate:
             refuse_grad("DirectDCPKVGatherWorkspace.publish", local_kv=local_kv)
             self._before_call()
-            reason = self._local_kv_reason(local_kv)
-            if reason is not None:
-                raise ValueError(f"{self.name}: {reason}")
+            self._refuse(self._local_kv_reason(local_kv))
         u = self._resolve_ubatch(ubatch_id)
         t = local_kv.shape[0]
         if t == 0:
             return
         d = self.token_dim
-        num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
+        num_pub = min(t, MAX_PUBLISH_PROGRAMS)
         _direct_gather_publish_kernel[(self.world_size, num_pub)](
             src_ptr=local_kv, stride_src_t=local_kv.stride(0), peer_dst_ptrs=self._kv_ptrs[u],
             peer_sig_ptrs=self._sig_ptrs[u], counter_ptr=self._pub_counter[u],
@@ -228,9 +222,7 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         if validate:
             refuse_grad("DirectDCPKVGatherWorkspace.wait", gathered_kv=gathered_kv)
             self._before_call()
-            reason = self._gathered_kv_reason(gathered_kv)
-            if reason is not None:
-                raise ValueError(f"{self.name}: {reason}")
+            self._refuse(self._gathered_kv_reason(gathered_kv))
         u = self._resolve_ubatch(ubatch_id)
         num_elems = gathered_kv.numel()
         if num_elems == 0:
@@ -271,9 +263,7 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         """
         refuse_grad("DirectDCPKVGatherWorkspace.gather", gathered_kv=gathered_kv, local_kv=local_kv)
         self._before_call()
-        reason = None if checked else self.unsupported_reason(gathered_kv, local_kv)
-        if reason is not None:
-            raise ValueError(f"{self.name}: {reason}")
+        self._refuse(None if checked else self.unsupported_reason(gathered_kv, local_kv))
         check_no_overlap(self.name, "gathered_kv", gathered_kv=gathered_kv, local_kv=local_kv)
         u = self._resolve_ubatch(ubatch_id)
         # Checked above (N*T <= capacity included): the launches skip the checks.

@@ -1,22 +1,13 @@
 """Direct DCP query gather: every rank stores its query heads straight into every peer's
-consumer-final ``[T, N*H_r, D]`` buffer (rank-major heads), signals, and waits.
+consumer-final ``[T, N*H_r, D]`` buffer (rank-major heads), signals, and waits. Created only
+where NVLS multicast spans the group.
 
-Created only where NVLS multicast spans the group (the factory returns ``None`` elsewhere, and
-always when the environment disables multicast). The data path stores through the
-peer-pointer table (one store per peer); a multicast store would be a drop-in optimisation.
-
-Reuse contract: the returned tensor is a view of the ubatch's persistent buffer, which every
-peer's next gather on the same ubatch overwrites. It is valid until this rank enters this
-layer's combine (the next rendezvous across ranks): once this rank has published into the
-combine, a peer can finish it and start its next gather. Copy the result if it is needed after
-the combine; a gather without a following cross-rank combine needs a rendezvous between calls.
-Because of that reliance, a timeout of any direct workspace of the group stops this
-workspace's publishes too (the group failure word).
-
-A wait that times out (or finds the ubatch's error record or the group's failure word set)
-fills the call's ``T * S * D`` elements of the buffer with NaN until the host raises
-``DirectProtocolError``; a peer that was only slow may still store its heads of this call
-over the NaN afterwards (its correct data, never an earlier call's).
+Reuse contract: the result is a view of the ubatch's persistent buffer, which the peers' next
+gather overwrites: it is valid until this rank enters this layer's combine (the next
+rendezvous). Copy it if it is needed later; a gather without a following combine needs a
+rendezvous between calls. So a timeout of any direct workspace of the group also stops this
+workspace's publishes (the group failure word). A failed wait fills the call's ``T * S * D``
+elements with NaN until the host raises ``DirectProtocolError``.
 """
 
 from __future__ import annotations
@@ -32,6 +23,7 @@ from cpattn_common.dispatch import refuse_grad
 from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
     DEFAULT_MAX_SPINS,
+    MAX_PUBLISH_PROGRAMS,
     DirectPathUnavailable,
     DirectWorkspaceBase,
     as_int,
@@ -50,7 +42,6 @@ from cpattn_dcp.kernels.direct_gather import (
 
 __all__ = ["DirectDCPQGatherWorkspace"]
 
-_MAX_PUBLISH_PROGRAMS = 32  # per destination; rows are strided over them
 # Elements per NaN store of a failed wait (its single program loops over the call's rows).
 _NAN_FILL_BLOCK = 1024
 # Query dtypes the publish passes to Triton as they are; others (float8_e8m0fnu, the fnuz fp8
@@ -205,15 +196,13 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         if validate:
             refuse_grad("DirectDCPQGatherWorkspace.publish", local_query=local_query)
             self._before_call()
-            reason = self.unsupported_reason(local_query)
-            if reason is not None:
-                raise ValueError(f"{self.name}: {reason}")
+            self._refuse(self.unsupported_reason(local_query))
         u = self._resolve_ubatch(ubatch_id)
         t = local_query.shape[0]
         if t == 0:
             return
         n, w = self.world_size, self.heads_per_rank * self.head_dim
-        num_pub = min(t, _MAX_PUBLISH_PROGRAMS)
+        num_pub = min(t, MAX_PUBLISH_PROGRAMS)
         src = local_query if self._publish_view is None else local_query.view(self._publish_view)
         _direct_gather_publish_kernel[(n, num_pub)](
             src_ptr=src, stride_src_t=local_query.stride(0), peer_dst_ptrs=self._q_ptrs[u],
@@ -280,9 +269,7 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         """
         refuse_grad("DirectDCPQGatherWorkspace.gather", local_query=local_query)
         self._before_call()
-        reason = None if checked else self.unsupported_reason(local_query)
-        if reason is not None:
-            raise ValueError(f"{self.name}: {reason}")
+        self._refuse(None if checked else self.unsupported_reason(local_query))
         u = self._resolve_ubatch(ubatch_id)
         # Checked above (T <= max_num_tokens included): the launches skip the checks.
         self.publish(local_query, ubatch_id=u, validate=False)

@@ -1,32 +1,17 @@
 """Packed all-to-all combine: pack kernel (sender) and unpack-and-combine kernel (receiver).
 
-Block format of the send/receive buffers ``[N, B, H_r, D + P]`` (output dtype, contiguous;
-``P = 2`` lanes carry one fp32 LSE for fp16/bf16, ``P = 1`` for fp32; see
-``ops.a2a_pack.a2a_buffer_views``). Each destination n owns one contiguous block of
-``R * (D + P)`` lanes, ``R = B * H_r`` rows (row ``r = b * H_r + j``: token b, local head j,
-global head ``n * H_r + j``): lanes ``[0, R * D)`` of the block are the payloads, row r at
-lane ``r * D`` (a bit copy of ``out[b, n * H_r + j, :]``); lanes ``[R * D, R * (D + P))`` are
-the LSEs, row r's fp32 LSE (set to -inf for empty rows when the mask is fused) at lanes
-``R * D + r * P ..``: for ``P = 2`` its low 16 bits first, then its high 16 bits, each
-bit-cast to the 16-bit output dtype (never numbers), i.e. one little-endian 32-bit word. No
-padding: every lane is written. Blocks, not records, so that the unpack reads each source's
-payloads of a row tile as one contiguous range (docs/design.md, "The A2A buffer format").
-
-Alignment: payload row offsets carry ``tl.multiple_of`` hints of ``PAY_ALIGN`` / ``DST_ALIGN``
-elements, the largest power of two <= 16 bytes dividing the block size and D (from the host):
-16-byte vectors where they are valid, never a misaligned access. LSEs move as 32-bit words when
-``R * D`` is even (``LSE_WORD``), else as 16-bit lanes.
+Buffers ``[N, B, H_r, D + P]`` (output dtype, contiguous; docs/design.md, "The A2A buffer
+format"): block n holds ``R = B * H_r`` rows (``r = b * H_r + j``, global head ``n * H_r + j``),
+first the payloads (row r at lane ``r * D``), then the fp32 LSEs (-inf for empty rows when the
+mask is fused) at lanes ``R * D + r * P``, for ``P = 2`` low 16 bits first, bit-cast to the
+16-bit dtype. Payload offsets carry ``tl.multiple_of`` hints of ``PAY_ALIGN`` / ``DST_ALIGN``
+(from the host); LSEs move as 32-bit words when ``R * D`` is even (``LSE_WORD``).
 
 Pack (grid ``(payload programs + LSE programs, N)``): a payload program copies ``BLOCK_V``
-vectors of ``VEC`` lanes of destination n's payload region; an LSE program converts
-``BLOCK_T`` tokens' LSEs to fp32, applies the fused empty-row mask once per token and stores
-their words. Index arithmetic is int32 unless an offset could overflow it (``IDX64``).
-
-Unpack-combine: one program per ``BLOCK_R`` consecutive output rows. For N <= 8 the N payload
-tiles and the N LSE vectors are loaded first, then the weights (once per row in a compact
-layout, moved with ``tl.gather``), the fp32 weighted sum and one store. Each source's weight is
-formed just before its weighted sum, not all N first: ``ptxas`` then issues more payload loads
-before the LSE math (one DRAM round trip per program, not two).
+vectors of ``VEC`` lanes; an LSE program converts ``BLOCK_T`` tokens' LSEs to fp32, applies the
+fused mask and stores their words; int32 offsets unless one could overflow (``IDX64``).
+Unpack-combine: one program per ``BLOCK_R`` output rows; all loads first, each source's weight
+formed just before its weighted sum (more payload loads in flight before the LSE math).
 """
 
 from typing import Any  # noqa: F401  (used by type comments in the kernel)

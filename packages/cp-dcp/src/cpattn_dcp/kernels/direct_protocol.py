@@ -3,27 +3,22 @@ direct A2A LSE-reduce and the direct Q / KV gathers.
 
 Protocol (one call of one workspace on ubatch ``u``):
 
-1. Every program of the *publish* launch first reads this rank's error flag ``err[u][0]`` and
-   the group failure word ``grp_err[0]`` (``_failed``) and returns at once if either is set
-   (sticky failure). Otherwise it reads ``E = epoch[u] + 1`` and the parity slot ``E & 1``,
-   stores its payload into the destination peer's receive buffer of that slot and bumps a
-   local per-destination counter (acq_rel). The program that completes the counter resets it
-   and raises ``signal[u, parity, rank] = E`` in the destination's memory with a release
-   exchange at system scope, so every payload store is visible before the signal.
-2. Every program of the *wait* launch acquire-polls its local ``signal[u, parity, 0:N]`` until
-   each entry equals ``E``, at most ``max_spins`` polls. On timeout it records
-   ``err[u] = (1, E, missing-source bitmask words)``, sets ``grp_err[0] = 1`` and stores NaN
-   into its share of the output instead of reading the payload. A program that finds
-   ``err[u][0]`` or ``grp_err[0]`` set at its start does not poll: NaN output, and where only
-   the group word was set it records ``err[u] = (2, E)`` (compare-and-swap from 0). The last
-   program to finish stores ``epoch[u] = E``.
+1. Every program of the *publish* launch returns at once if this rank's error flag
+   ``err[u][0]`` or the group failure word ``grp_err[0]`` is set (``_failed``: sticky failure).
+   Otherwise it reads ``E = epoch[u] + 1`` and the parity slot ``E & 1``, stores its payload
+   into the destination's receive buffer of that slot and bumps a local per-destination
+   counter (acq_rel); the program that completes it resets it and raises
+   ``signal[u, parity, rank] = E`` at the destination (release, system scope).
+2. Every program of the *wait* launch acquire-polls ``signal[u, parity, 0:N]`` until each entry
+   equals ``E``, at most ``max_spins`` polls. On timeout it records ``err[u] = (1, E,
+   missing-source bitmask words)``, sets ``grp_err[0] = 1`` and stores NaN instead of reading.
+   A program that finds ``err[u][0]`` or ``grp_err[0]`` set does not poll: NaN output, and
+   ``err[u] = (2, E)`` where only the group word was set. The last program stores
+   ``epoch[u] = E``.
 
-Sticky failure: a rank whose wait timed out never writes into any peer's memory again (a slow
-peer may still be reading the slot the next publish would overwrite), for every direct
-workspace of the group on that device (``grp_err``, ``cpattn_dcp.direct._group_failure``); the
-peers' next waits time out in turn. See docs/direct-internals.md, "Bounded waits and sticky
-failure". Epoch 0 is never published (symmetric memory is zero-filled), and two parity slots
-suffice because every call is a full rendezvous.
+Epoch 0 is never published (symmetric memory is zero-filled); two parity slots suffice because
+every call is a full rendezvous. See docs/direct-internals.md, "Bounded waits and sticky
+failure".
 """
 
 from __future__ import annotations

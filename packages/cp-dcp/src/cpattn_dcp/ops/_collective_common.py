@@ -8,9 +8,16 @@ from typing import Any, Literal, Protocol, cast, overload
 import torch
 
 from cpattn_common.agreement import check_ranks_agree
-from cpattn_common.checks import check_no_neg_bit, check_positive_int, check_state
+from cpattn_common.checks import check_bool, check_no_neg_bit, check_positive_int, check_state
+from cpattn_common.dispatch import must_dispatch
 from cpattn_common.group import CPGroupLike, trace_time_group
-from cpattn_dcp.comm.groups import group_rank, group_token, group_world_size
+from cpattn_dcp.comm.groups import (
+    group_from_token,
+    group_rank,
+    group_token,
+    group_world_size,
+    resolve_group,
+)
 from cpattn_dcp.context import CPTritonContext
 from cpattn_dcp.ops._common import (
     LSE_DTYPES,
@@ -25,7 +32,8 @@ __all__ = [
     "CombineOp",
     "check_combine_agreement",
     "combine_op",
-    "traced_combine",
+    "register_combine_op",
+    "run_combine",
     "validate_combine_args",
 ]
 
@@ -81,9 +89,68 @@ def combine_op(fn: Callable[..., torch.Tensor | tuple[torch.Tensor, torch.Tensor
     return cast(CombineOp, fn)
 
 
-def traced_combine(
-    op: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+_Fwd = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def register_combine_op(
+    name: str, fwd: _Fwd, *, split_heads: bool, fp32_lse: bool, **kw: Any
+) -> None:
+    """Register ``cpattn_dcp::<name>``, running ``fwd(out, lse, group, ..., **kw)``, with its
+    fake; the group travels as a string token (custom ops take no ProcessGroup). The op returns
+    ``(out, lse)``, the LSE empty without ``return_lse``."""
+
+    def lse_dtype(cp_attn_lse: torch.Tensor) -> torch.dtype:
+        return torch.float32 if fp32_lse else cp_attn_lse.dtype
+
+    @torch.library.custom_op(f"cpattn_dcp::{name}", mutates_args=())
+    def op(
+        cp_attn_out: torch.Tensor,
+        cp_attn_lse: torch.Tensor,
+        group_tok: str,
+        world_size: int,
+        rank: int,
+        return_lse: bool,
+        is_lse_base_on_e: bool,
+        seq_lens: torch.Tensor | None,
+        query_start_loc: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out, lse = fwd(
+            cp_attn_out,
+            cp_attn_lse,
+            group_from_token(group_tok),
+            return_lse=return_lse,
+            is_lse_base_on_e=is_lse_base_on_e,
+            seq_lens=seq_lens,
+            query_start_loc=query_start_loc,
+            **kw,
+        )
+        if lse is None:
+            lse = cp_attn_lse.new_empty((0,), dtype=lse_dtype(cp_attn_lse))
+        return out, lse
+
+    @op.register_fake
+    def _(
+        cp_attn_out: torch.Tensor,
+        cp_attn_lse: torch.Tensor,
+        group_tok: str,
+        world_size: int,
+        rank: int,
+        return_lse: bool,
+        is_lse_base_on_e: bool,
+        seq_lens: torch.Tensor | None,
+        query_start_loc: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        b, h, d = cp_attn_out.shape
+        hh = h // world_size if split_heads else h
+        lse_shape = (b, hh) if return_lse else (0,)
+        return cp_attn_out.new_empty((b, hh, d)), cp_attn_lse.new_empty(
+            lse_shape, dtype=lse_dtype(cp_attn_lse)
+        )
+
+
+def run_combine(
     name: str,
+    fwd: _Fwd,
     cp_attn_out: torch.Tensor,
     cp_attn_lse: torch.Tensor,
     cp_group: Any,
@@ -93,28 +160,55 @@ def traced_combine(
     query_start_loc: torch.Tensor | None,
     *,
     heads_divisible: bool,
+    **kw: Any,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """A combine entry point under ``torch.compile``: validate, then call its custom ``op``
-    with the group passed as (token, world size, rank). ``op`` returns ``(out, lse)``, the
-    LSE empty without ``return_lse``."""
-    group = trace_time_group(cp_group)  # a CPGroup's process group: see trace_time_group
-    n = group_world_size(group)
+    """The body of a combine entry point: check the flags; traced, validate and call the
+    registered op ``name`` with the group as (token, world size, rank); eager, resolve the
+    group, validate, compare the call across ranks in check mode and run ``fwd``."""
+    is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
+    return_lse = check_bool("return_lse", return_lse)
+    if must_dispatch(cp_attn_out, cp_attn_lse):  # tracing, a dispatch mode, autograd
+        group = trace_time_group(cp_group)  # a CPGroup's process group: see trace_time_group
+        n = group_world_size(group)
+        validate_combine_args(
+            name, cp_attn_out, cp_attn_lse, n, seq_lens, query_start_loc,
+            heads_divisible=heads_divisible,
+        )  # fmt: skip
+        out, lse_or_empty = getattr(torch.ops.cpattn_dcp, name)(
+            cp_attn_out,
+            cp_attn_lse,
+            group_token(group),
+            n,
+            group_rank(group),
+            bool(return_lse),
+            bool(is_lse_base_on_e),
+            seq_lens,
+            query_start_loc,
+        )
+        return (out, lse_or_empty) if return_lse else out
+    cp = resolve_group(cp_group)
     validate_combine_args(
-        name, cp_attn_out, cp_attn_lse, n, seq_lens, query_start_loc,
+        name, cp_attn_out, cp_attn_lse, cp.world_size, seq_lens, query_start_loc,
         heads_divisible=heads_divisible,
     )  # fmt: skip
-    out, lse_or_empty = op(
+    if check_state.enabled:  # check mode: the ranks' calls agree
+        check_combine_agreement(
+            name, cp, cp_attn_out, cp_attn_lse, return_lse, is_lse_base_on_e, seq_lens
+        )
+    out, lse = fwd(
         cp_attn_out,
         cp_attn_lse,
-        group_token(group),
-        n,
-        group_rank(group),
-        bool(return_lse),
-        bool(is_lse_base_on_e),
-        seq_lens,
-        query_start_loc,
+        cp,
+        return_lse=bool(return_lse),
+        is_lse_base_on_e=bool(is_lse_base_on_e),
+        seq_lens=seq_lens,
+        query_start_loc=query_start_loc,
+        **kw,
     )
-    return (out, lse_or_empty) if return_lse else out
+    if return_lse:
+        assert lse is not None
+        return out, lse
+    return out
 
 
 def _valid_cuda(

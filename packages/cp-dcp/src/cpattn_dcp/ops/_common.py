@@ -7,18 +7,15 @@ Everything here is host-side and cheap: shape/dtype/device checks read tensor me
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
-# INDEX_DTYPES: the dtypes ``seq_lens`` / ``query_start_loc`` may have, int8/16/32/64 and
-# uint8/16/32/64 (``bool``, floating, complex, quantized and sub-byte dtypes are not integers the
-# kernels can index with). Defined once in cpattn_common for every package; re-exported here so
-# that existing imports from this module keep working.
-from cpattn_common.checks import INDEX_DTYPES, check_state, host_checkable, is_index_dtype
+from cpattn_common.checks import check_state, host_checkable, is_index_dtype
 from cpattn_common.interpret import triton_interpreting
+from cpattn_common.launch import CachedKernel, Specialization
 
 __all__ = [
-    "INDEX_DTYPES",
     "LSE_DTYPES",
     "MIN_PROGRAMS",
     "NATIVE_INDEX_DTYPES",
@@ -31,6 +28,7 @@ __all__ = [
     "next_pow2",
     "search_steps",
     "shares_elements",
+    "specialize",
     "tile_config",
 ]
 
@@ -54,6 +52,17 @@ def contiguous(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself when contiguous (no dispatcher call: a per-call host path), else a
     contiguous copy."""
     return t if t.is_contiguous() else t.contiguous()
+
+
+@functools.lru_cache(maxsize=1024)
+def _specialize(kernel: CachedKernel, consts: tuple[tuple[str, Any], ...]) -> Specialization:
+    return kernel.specialize(**dict(consts))
+
+
+def specialize(kernel: CachedKernel, **consts: Any) -> Specialization:
+    """``kernel.specialize(**consts)``, memoised on ``consts``: one specialization (and its
+    compiled handles) per configuration, shared by every batch size that maps to it."""
+    return _specialize(kernel, tuple(consts.items()))
 
 
 def next_pow2(n: int) -> int:

@@ -13,18 +13,10 @@ from typing import Any
 import torch
 
 from cpattn_common.alloc import new_output
-from cpattn_common.checks import check_bool, check_state
-from cpattn_common.dispatch import must_dispatch
 from cpattn_common.group import CPGroupLike
 from cpattn_dcp.comm.collectives import all_to_all_records
-from cpattn_dcp.comm.groups import group_from_token, resolve_group
 from cpattn_dcp.context import CPTritonContext
-from cpattn_dcp.ops._collective_common import (
-    check_combine_agreement,
-    combine_op,
-    traced_combine,
-    validate_combine_args,
-)
+from cpattn_dcp.ops._collective_common import combine_op, register_combine_op, run_combine
 from cpattn_dcp.ops.a2a_pack import (
     _launch_pack,
     _send_shape,
@@ -73,37 +65,7 @@ def a2a_combine_fwd(
     return _unpack_combine(recv, cp_attn_out.shape[2], return_lse, is_lse_base_on_e)
 
 
-@torch.library.custom_op("cpattn_dcp::dcp_a2a_lse_reduce", mutates_args=())
-def _a2a_op(
-    cp_attn_out: torch.Tensor, cp_attn_lse: torch.Tensor, group_tok: str, world_size: int,
-    rank: int, return_lse: bool, is_lse_base_on_e: bool, seq_lens: torch.Tensor | None,
-    query_start_loc: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    out, lse = a2a_combine_fwd(
-        cp_attn_out,
-        cp_attn_lse,
-        group_from_token(group_tok),
-        return_lse=return_lse,
-        is_lse_base_on_e=is_lse_base_on_e,
-        seq_lens=seq_lens,
-        query_start_loc=query_start_loc,
-    )
-    if lse is None:
-        lse = cp_attn_out.new_empty((0,), dtype=torch.float32)
-    return out, lse
-
-
-@_a2a_op.register_fake
-def _(
-    cp_attn_out: torch.Tensor, cp_attn_lse: torch.Tensor, group_tok: str, world_size: int,
-    rank: int, return_lse: bool, is_lse_base_on_e: bool, seq_lens: torch.Tensor | None,
-    query_start_loc: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    b, h, d = cp_attn_out.shape
-    hr = h // world_size
-    out = cp_attn_out.new_empty((b, hr, d))
-    lse = cp_attn_out.new_empty((b, hr) if return_lse else (0,), dtype=torch.float32)
-    return out, lse
+register_combine_op("dcp_a2a_lse_reduce", a2a_combine_fwd, split_heads=True, fp32_lse=True)
 
 
 @combine_op
@@ -148,32 +110,15 @@ def dcp_a2a_lse_reduce(
         ...                               seq_lens=local_lens, query_start_loc=qsl)
     """
     del ctx
-    is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
-    return_lse = check_bool("return_lse", return_lse)
-    if must_dispatch(cp_attn_out, cp_attn_lse):  # tracing, a dispatch mode, autograd
-        return traced_combine(
-            torch.ops.cpattn_dcp.dcp_a2a_lse_reduce, "dcp_a2a_lse_reduce", cp_attn_out,
-            cp_attn_lse, cp_group, return_lse, is_lse_base_on_e, seq_lens, query_start_loc,
-            heads_divisible=True,
-        )  # fmt: skip
-    group = resolve_group(cp_group)
-    has_mask = validate_combine_args(
-        "dcp_a2a_lse_reduce", cp_attn_out, cp_attn_lse, group.world_size, seq_lens,
-        query_start_loc, heads_divisible=True,
-    )  # fmt: skip
-    if check_state.enabled:  # check mode: the ranks' calls agree
-        check_combine_agreement("dcp_a2a_lse_reduce", group, cp_attn_out, cp_attn_lse,
-                                return_lse, is_lse_base_on_e, seq_lens)  # fmt: skip
-    out, lse = a2a_combine_fwd(
+    return run_combine(
+        "dcp_a2a_lse_reduce",
+        a2a_combine_fwd,
         cp_attn_out,
         cp_attn_lse,
-        group,
-        return_lse=bool(return_lse),
-        is_lse_base_on_e=bool(is_lse_base_on_e),
-        seq_lens=seq_lens if has_mask else None,
-        query_start_loc=query_start_loc if has_mask else None,
+        cp_group,
+        return_lse,
+        is_lse_base_on_e,
+        seq_lens,
+        query_start_loc,
+        heads_divisible=True,
     )
-    if return_lse:
-        assert lse is not None
-        return out, lse
-    return out

@@ -19,7 +19,13 @@ from cpattn_common.dispatch import mark_written_in_place, must_dispatch, refuse_
 from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_dcp.kernels.a2a import _a2a_pack_kernel
 from cpattn_dcp.ops._collective_common import validate_combine_args
-from cpattn_dcp.ops._common import MIN_PROGRAMS, contiguous, next_pow2, search_steps
+from cpattn_dcp.ops._common import (
+    MIN_PROGRAMS,
+    contiguous,
+    next_pow2,
+    search_steps,
+    specialize,
+)
 
 __all__ = ["a2a_buffer_views", "a2a_pack", "a2a_pack_dim", "a2a_record_width"]
 
@@ -116,13 +122,6 @@ def _lse_word(buf: torch.Tensor, rows: int, d: int) -> bool:
     return buf.element_size() == 2 and (rows * d) % 2 == 0 and buf.data_ptr() % 4 == 0
 
 
-@functools.lru_cache(maxsize=256)
-def _pack_spec(consts: tuple[tuple[str, int | bool], ...]) -> Specialization:
-    """The pack kernel specialized on ``consts``: one per configuration, shared by every
-    batch size that maps to it."""
-    return _pack_kernel.specialize(**dict(consts))
-
-
 @functools.lru_cache(maxsize=1024)
 def _pack_plan(
     b: int, h: int, n: int, d: int, size: int, num_seqs: int, has_mask: bool,
@@ -153,24 +152,25 @@ def _pack_plan(
         tok * s_out[0] + h * s_out[1] + (d + 2 * vec) * s_out[2],
         tok * s_lse[0] + h * s_lse[1],
     )
-    consts = (
-        ("HEADS_PER_RANK", hr),
-        ("HEAD_DIM", d),
-        ("VEC", vec),
-        ("PACK", p),
-        ("UNIT_D", unit_d),
-        ("IN_ALIGN", in_align),
-        ("DST_ALIGN", _pow2_divisor(rows * (d + p), vec)),
-        ("LSE_WORD", lse_word),
-        ("IDX64", max_offset >= _INT32_LIMIT),
-        ("HAS_MASK", has_mask),
-        ("SEARCH_STEPS", search_steps(num_seqs)),
-        ("BLOCK_V", block_v),
-        ("HR_POW2", hr_pow2),
-        ("BLOCK_T", block_t),
-        ("num_warps", num_warps),
+    spec = specialize(
+        _pack_kernel,
+        HEADS_PER_RANK=hr,
+        HEAD_DIM=d,
+        VEC=vec,
+        PACK=p,
+        UNIT_D=unit_d,
+        IN_ALIGN=in_align,
+        DST_ALIGN=_pow2_divisor(rows * (d + p), vec),
+        LSE_WORD=lse_word,
+        IDX64=max_offset >= _INT32_LIMIT,
+        HAS_MASK=has_mask,
+        SEARCH_STEPS=search_steps(num_seqs),
+        BLOCK_V=block_v,
+        HR_POW2=hr_pow2,
+        BLOCK_T=block_t,
+        num_warps=num_warps,
     )
-    return (pay_programs + lse_programs, n), pay_programs, _pack_spec(consts)
+    return (pay_programs + lse_programs, n), pay_programs, spec
 
 
 def _launch_pack(

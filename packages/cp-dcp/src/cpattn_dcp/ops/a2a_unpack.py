@@ -13,7 +13,7 @@ from cpattn_common.device import foreign_cuda_device
 from cpattn_common.dispatch import must_dispatch
 from cpattn_common.launch import CachedKernel, Specialization
 from cpattn_dcp.kernels.a2a import _a2a_unpack_combine_fwd_kernel
-from cpattn_dcp.ops._common import MIN_PROGRAMS, next_pow2, tile_config
+from cpattn_dcp.ops._common import MIN_PROGRAMS, next_pow2, specialize, tile_config
 from cpattn_dcp.ops.a2a_pack import _buffer_shape, _lse_word, _pow2_divisor
 
 __all__ = ["a2a_unpack_combine"]
@@ -61,12 +61,6 @@ def _unpack_config(n: int, num_rows: int, d: int, size: int) -> tuple[int, int, 
     return grid0, block_r, block_d, num_warps
 
 
-@functools.lru_cache(maxsize=256)
-def _unpack_spec(consts: tuple[tuple[str, int | bool], ...]) -> Specialization:
-    """The kernel specialized on ``consts``: one per configuration, shared by batch sizes."""
-    return _unpack_kernel.specialize(**dict(consts))
-
-
 @functools.lru_cache(maxsize=1024)
 def _unpack_plan(
     n: int, num_rows: int, d: int, size: int, lse_word: bool, base_e: bool, has_lse: bool
@@ -81,23 +75,24 @@ def _unpack_plan(
         and d <= _UNPACK_PAY_EVICT_MAX_D
         else ""
     )
-    consts = (
-        ("N", n),
-        ("N_POW2", next_pow2(n)),
-        ("HEAD_DIM", d),
-        ("PACK", p),
+    spec = specialize(
+        _unpack_kernel,
+        N=n,
+        N_POW2=next_pow2(n),
+        HEAD_DIM=d,
+        PACK=p,
         # Payload rows start at n * R * (D + P) + r * D lanes.
-        ("PAY_ALIGN", _pow2_divisor(d, _pow2_divisor(num_rows * (d + p), 16 // size))),
-        ("LSE_WORD", lse_word),
-        ("BLOCK_R", block_r),
-        ("BLOCK_D", block_d),
-        ("IS_BASE_E", base_e),
-        ("HAS_LSE_OUT", has_lse),
-        ("OUT_CACHE", _UNPACK_OUT_CACHE),
-        ("PAY_EVICT", evict),
-        ("num_warps", num_warps),
+        PAY_ALIGN=_pow2_divisor(d, _pow2_divisor(num_rows * (d + p), 16 // size)),
+        LSE_WORD=lse_word,
+        BLOCK_R=block_r,
+        BLOCK_D=block_d,
+        IS_BASE_E=base_e,
+        HAS_LSE_OUT=has_lse,
+        OUT_CACHE=_UNPACK_OUT_CACHE,
+        PAY_EVICT=evict,
+        num_warps=num_warps,
     )
-    return (grid0,), _unpack_spec(consts)
+    return (grid0,), spec
 
 
 def _launch_unpack(

@@ -14,21 +14,10 @@ from typing import Any
 import torch
 
 from cpattn_common.alloc import empty_output
-from cpattn_common.checks import check_bool, check_state
-from cpattn_common.dispatch import must_dispatch
 from cpattn_common.group import CPGroupLike
 from cpattn_dcp.comm.collectives import all_gather_lse, all_reduce_, reduce_scatter_heads
-from cpattn_dcp.comm.groups import (
-    group_from_token,
-    resolve_group,
-)
 from cpattn_dcp.context import CPTritonContext
-from cpattn_dcp.ops._collective_common import (
-    check_combine_agreement,
-    combine_op,
-    traced_combine,
-    validate_combine_args,
-)
+from cpattn_dcp.ops._collective_common import combine_op, register_combine_op, run_combine
 from cpattn_dcp.ops.correct_attn_out import launch_correct
 from cpattn_dcp.ops.mask_empty_shards import masked_lse_copy
 
@@ -80,120 +69,12 @@ def ag_combine_fwd(
     return out, lse_out
 
 
-def _fake_ag(
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    world_size: int,
-    return_lse: bool,
-    reduce_scatter: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    b, h, d = cp_attn_out.shape
-    hh = h // world_size if reduce_scatter else h
-    out = cp_attn_out.new_empty((b, hh, d))
-    lse = cp_attn_lse.new_empty((b, hh) if return_lse else (0,))
-    return out, lse
-
-
-def _register_ag_op(name: str, reduce_scatter: bool) -> Any:
-    """Register ``cpattn_dcp::<name>`` (the AG+RS or AG+AR combine) with its fake; the group
-    travels as a string token (custom ops take no ProcessGroup)."""
-
-    @torch.library.custom_op(f"cpattn_dcp::{name}", mutates_args=())
-    def op(
-        cp_attn_out: torch.Tensor,
-        cp_attn_lse: torch.Tensor,
-        group_tok: str,
-        world_size: int,
-        rank: int,
-        return_lse: bool,
-        is_lse_base_on_e: bool,
-        seq_lens: torch.Tensor | None,
-        query_start_loc: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        out, lse = ag_combine_fwd(
-            cp_attn_out,
-            cp_attn_lse,
-            group_from_token(group_tok),
-            reduce_scatter=reduce_scatter,
-            return_lse=return_lse,
-            is_lse_base_on_e=is_lse_base_on_e,
-            seq_lens=seq_lens,
-            query_start_loc=query_start_loc,
-        )
-        return out, lse if lse is not None else cp_attn_lse.new_empty((0,))
-
-    @op.register_fake
-    def _(
-        cp_attn_out: torch.Tensor,
-        cp_attn_lse: torch.Tensor,
-        group_tok: str,
-        world_size: int,
-        rank: int,
-        return_lse: bool,
-        is_lse_base_on_e: bool,
-        seq_lens: torch.Tensor | None,
-        query_start_loc: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return _fake_ag(cp_attn_out, cp_attn_lse, world_size, return_lse, reduce_scatter)
-
-    return op
-
-
-_ag_rs_op = _register_ag_op("cp_lse_ag_out_rs", reduce_scatter=True)
-_ag_ar_op = _register_ag_op("cp_lse_ag_out_ar", reduce_scatter=False)
-
-
-def _ag_entry(
-    name: str,
-    reduce_scatter: bool,
-    cp_attn_out: torch.Tensor,
-    cp_attn_lse: torch.Tensor,
-    cp_group: Any,
-    return_lse: bool,
-    is_lse_base_on_e: bool,
-    seq_lens: torch.Tensor | None,
-    query_start_loc: torch.Tensor | None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    is_lse_base_on_e = check_bool("is_lse_base_on_e", is_lse_base_on_e)
-    return_lse = check_bool("return_lse", return_lse)
-    if must_dispatch(cp_attn_out, cp_attn_lse):  # tracing, a dispatch mode, autograd
-        op = (
-            torch.ops.cpattn_dcp.cp_lse_ag_out_rs
-            if reduce_scatter
-            else torch.ops.cpattn_dcp.cp_lse_ag_out_ar
-        )
-        return traced_combine(
-            op, name, cp_attn_out, cp_attn_lse, cp_group, return_lse, is_lse_base_on_e,
-            seq_lens, query_start_loc, heads_divisible=reduce_scatter,
-        )  # fmt: skip
-    group = resolve_group(cp_group)
-    validate_combine_args(
-        name,
-        cp_attn_out,
-        cp_attn_lse,
-        group.world_size,
-        seq_lens,
-        query_start_loc,
-        heads_divisible=reduce_scatter,
-    )
-    if check_state.enabled:  # check mode: the ranks' calls agree
-        check_combine_agreement(
-            name, group, cp_attn_out, cp_attn_lse, return_lse, is_lse_base_on_e, seq_lens
-        )
-    out, lse = ag_combine_fwd(
-        cp_attn_out,
-        cp_attn_lse,
-        group,
-        reduce_scatter=reduce_scatter,
-        return_lse=bool(return_lse),
-        is_lse_base_on_e=bool(is_lse_base_on_e),
-        seq_lens=seq_lens,
-        query_start_loc=query_start_loc,
-    )
-    if return_lse:
-        assert lse is not None
-        return out, lse
-    return out
+register_combine_op(
+    "cp_lse_ag_out_rs", ag_combine_fwd, split_heads=True, fp32_lse=False, reduce_scatter=True
+)
+register_combine_op(
+    "cp_lse_ag_out_ar", ag_combine_fwd, split_heads=False, fp32_lse=False, reduce_scatter=False
+)
 
 
 @combine_op
@@ -241,9 +122,9 @@ def cp_lse_ag_out_rs(
         ...                             seq_lens=local_lens, query_start_loc=qsl)
     """
     del ctx
-    return _ag_entry(
+    return run_combine(
         "cp_lse_ag_out_rs",
-        True,
+        ag_combine_fwd,
         cp_attn_out,
         cp_attn_lse,
         cp_group,
@@ -251,6 +132,8 @@ def cp_lse_ag_out_rs(
         is_lse_base_on_e,
         seq_lens,
         query_start_loc,
+        heads_divisible=True,
+        reduce_scatter=True,
     )
 
 
@@ -278,9 +161,9 @@ def cp_lse_ag_out_ar(
         >>> out = cp_lse_ag_out_ar(partial_out, partial_lse, group)  # doctest: +SKIP
     """
     del ctx
-    return _ag_entry(
+    return run_combine(
         "cp_lse_ag_out_ar",
-        False,
+        ag_combine_fwd,
         cp_attn_out,
         cp_attn_lse,
         cp_group,
@@ -288,4 +171,6 @@ def cp_lse_ag_out_ar(
         is_lse_base_on_e,
         seq_lens,
         query_start_loc,
+        heads_divisible=False,
+        reduce_scatter=False,
     )

@@ -29,6 +29,7 @@ from cpattn_dcp.ops._common import (
     check_out_dtype,
     next_pow2,
     shares_elements,
+    specialize,
     tile_config,
 )
 
@@ -147,53 +148,6 @@ def _align(vec: int, *strides: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def _correct_config(
-    b: int, h: int, d: int, size: int
-) -> tuple[tuple[int, int], int, int, int, int]:
-    """``(grid, BLOCK_B, BLOCK_H, BLOCK_D, num_warps)`` over the ``[B, H]`` rows.
-
-    About 16 KiB of partial output per program (e.g. 64 heads x 128 or 16 heads x 512 bf16),
-    at least ``MIN_PROGRAMS`` programs where the batch allows it (decode: one or a few rows
-    per program), heads first within a program.
-    """
-    block_r, block_d, num_warps = tile_config(b * h, d, size)
-    block_h = min(next_pow2(h), block_r)
-    block_b = max(1, block_r // block_h)
-    return (-(-b // block_b), -(-h // block_h)), block_b, block_h, block_d, num_warps
-
-
-@functools.lru_cache(maxsize=1024)
-def _general_spec(
-    d: int,
-    heads_per_group: int,
-    n_pow2: int,
-    block_b: int,
-    block_h: int,
-    block_d: int,
-    src_align: int,
-    dst_align: int,
-    is_base_e: bool,
-    has_lse_out: bool,
-    num_warps: int,
-) -> Specialization:
-    """The general kernel specialized on its constexprs (kept per configuration, not per
-    batch size, so its cached compiled kernels are shared by every batch size)."""
-    return _general_kernel.specialize(
-        HEAD_DIM=d,
-        HEADS_PER_GROUP=heads_per_group,
-        N_POW2=n_pow2,
-        BLOCK_B=block_b,
-        BLOCK_H=block_h,
-        BLOCK_D=block_d,
-        SRC_ALIGN=src_align,
-        DST_ALIGN=dst_align,
-        IS_BASE_E=is_base_e,
-        HAS_LSE_OUT=has_lse_out,
-        num_warps=num_warps,
-    )
-
-
-@functools.lru_cache(maxsize=4096)
 def _general_plan(
     n: int,
     b: int,
@@ -206,46 +160,33 @@ def _general_plan(
     is_base_e: bool,
     has_lse_out: bool,
 ) -> tuple[tuple[int, int], Specialization]:
-    """Grid and specialization of the general kernel for one call shape (memoised, so a
-    repeated call costs one look-up instead of the tile and alignment arithmetic)."""
-    grid, block_b, block_h, block_d, num_warps = _correct_config(b, h, d, size)
+    """Grid and specialization of the general kernel (memoised per call shape) over the
+    ``[B, H]`` rows: about 16 KiB of partial output per program, at least ``MIN_PROGRAMS``
+    programs where the batch allows it, heads first within a program."""
+    block_r, block_d, num_warps = tile_config(b * h, d, size)
+    block_h = min(next_pow2(h), block_r)
+    block_b = max(1, block_r // block_h)
+    grid = (-(-b // block_b), -(-h // block_h))
     vec = 16 // size
     grouped = heads_per_group != h
     dst_align = (
         _align(vec, *dst_strides[:3]) if grouped else _align(vec, dst_strides[0], dst_strides[2])
     )
-    spec = _general_spec(
-        d,
-        heads_per_group if grouped else 0,
-        next_pow2(n),
-        block_b,
-        block_h,
-        block_d,
-        _align(vec, src_strides[0], src_strides[1]),
-        dst_align,
-        is_base_e,
-        has_lse_out,
-        num_warps,
-    )
-    return grid, spec
-
-
-@functools.lru_cache(maxsize=1024)
-def _contig_spec(
-    d: int, n: int, block_r: int, block_d: int, align: int, is_base_e: bool, num_warps: int
-) -> Specialization:
-    """The lean kernel specialized on its constexprs (shared by every batch size)."""
-    return _contig_kernel.specialize(
+    spec = specialize(
+        _general_kernel,
         HEAD_DIM=d,
-        N=n,
+        HEADS_PER_GROUP=heads_per_group if grouped else 0,
         N_POW2=next_pow2(n),
-        BLOCK_R=block_r,
+        BLOCK_B=block_b,
+        BLOCK_H=block_h,
         BLOCK_D=block_d,
-        ALIGN=align,
+        SRC_ALIGN=_align(vec, src_strides[0], src_strides[1]),
+        DST_ALIGN=dst_align,
         IS_BASE_E=is_base_e,
-        LSE_ROWS=n <= _LSE_ROWS_MAX_N,
+        HAS_LSE_OUT=has_lse_out,
         num_warps=num_warps,
     )
+    return grid, spec
 
 
 @functools.lru_cache(maxsize=4096)
@@ -261,7 +202,18 @@ def _contig_plan(
     """
     block_r, block_d, num_warps = tile_config(b * h, d, size, _CONTIG_TARGET_BYTES)
     num_warps = min(num_warps, _ROWS_MAX_WARPS if n <= _LSE_ROWS_MAX_N else _TILE_MAX_WARPS)
-    spec = _contig_spec(d, n, block_r, block_d, _align(16 // size, d), is_base_e, num_warps)
+    spec = specialize(
+        _contig_kernel,
+        HEAD_DIM=d,
+        N=n,
+        N_POW2=next_pow2(n),
+        BLOCK_R=block_r,
+        BLOCK_D=block_d,
+        ALIGN=_align(16 // size, d),
+        IS_BASE_E=is_base_e,
+        LSE_ROWS=n <= _LSE_ROWS_MAX_N,
+        num_warps=num_warps,
+    )
     return (-(-(b * h) // block_r),), spec
 
 

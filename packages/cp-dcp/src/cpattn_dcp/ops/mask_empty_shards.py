@@ -32,6 +32,7 @@ from cpattn_dcp.ops._common import (
     next_pow2,
     search_steps,
     shares_elements,
+    specialize,
 )
 
 __all__ = ["mask_dcp_empty_shards_", "masked_lse_copy"]
@@ -101,121 +102,52 @@ def _mask_tile(num_rows: int, steps: int, has_mask: bool) -> tuple[int, bool]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _copy_plan(
-    num_rows: int, num_heads: int, num_seqs: int, has_mask: bool, is_copy: bool
+def _mask_plan(
+    num_rows: int, num_heads: int, num_seqs: int, has_mask: bool, in_place: bool
 ) -> tuple[tuple[int], Specialization]:
-    """Grid and specialization of the general mask kernel (memoised per shape)."""
+    """Grid and specialization (memoised per shape) of the in-place mask or the masked copy."""
     steps = search_steps(num_seqs)
     block_b, row32 = _mask_tile(num_rows, steps, has_mask)
-    spec = _copy_spec(
-        has_mask, is_copy, steps, row32, block_b, min(64, next_pow2(num_heads)), _MASK_NUM_WARPS
-    )
+    block_h = min(64, next_pow2(num_heads))
+    tile = dict(SEARCH_STEPS=steps, ROW32=row32, BLOCK_B=block_b, BLOCK_H=block_h)
+    if in_place:
+        spec = specialize(_inplace_kernel, **tile, num_warps=_MASK_NUM_WARPS)
+    else:
+        spec = specialize(
+            _copy_kernel, HAS_MASK=has_mask, IS_COPY=True, **tile, num_warps=_MASK_NUM_WARPS
+        )
     return (-(-num_rows // block_b),), spec
-
-
-@functools.lru_cache(maxsize=256)
-def _copy_spec(
-    has_mask: bool,
-    is_copy: bool,
-    steps: int,
-    row32: bool,
-    block_b: int,
-    block_h: int,
-    num_warps: int,
-) -> Specialization:
-    """The general mask kernel specialized on its constexprs (shared by every batch size)."""
-    return _copy_kernel.specialize(
-        HAS_MASK=has_mask,
-        IS_COPY=is_copy,
-        SEARCH_STEPS=steps,
-        ROW32=row32,
-        BLOCK_B=block_b,
-        BLOCK_H=block_h,
-        num_warps=num_warps,
-    )
 
 
 def _launch_mask(
-    src: torch.Tensor,
-    dst: torch.Tensor,
+    lse: torch.Tensor,
+    dst: torch.Tensor | None,
     seq_lens: torch.Tensor | None,
     query_start_loc: torch.Tensor | None,
-    *,
-    is_copy: bool,
 ) -> None:
-    if (index := foreign_cuda_device(src)) >= 0:
-        with torch.cuda.device(index):
-            return _launch_mask(src, dst, seq_lens, query_start_loc, is_copy=is_copy)
-    num_rows, num_heads = src.shape
-    if num_rows == 0 or num_heads == 0:
-        return
-    has_mask = seq_lens is not None and query_start_loc is not None
-    num_seqs = seq_lens.shape[0] if seq_lens is not None else 0
-    grid, spec = _copy_plan(num_rows, num_heads, num_seqs, has_mask, is_copy)
-    s_src = src.stride()
-    s_dst = dst.stride()
-    # Runtime arguments positionally, in the kernel's signature order; without a mask the
-    # index pointers are never read (``src`` stands in).
-    spec(
-        grid,
-        src,
-        s_src[0],
-        s_src[1],
-        dst,
-        s_dst[0],
-        s_dst[1],
-        contiguous(seq_lens) if seq_lens is not None else src,
-        contiguous(query_start_loc) if query_start_loc is not None else src,
-        num_seqs,
-        num_rows,
-        num_heads,
-    )
-
-
-def mask_dcp_empty_shards_impl(
-    lse: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor
-) -> None:
-    """Kernel launch of the in-place mask (arguments already validated)."""
+    """Mask ``lse`` in place (``dst`` None) or copy it, masked, into ``dst`` (validated
+    arguments; ``seq_lens`` None: no mask)."""
     if (index := foreign_cuda_device(lse)) >= 0:
         with torch.cuda.device(index):
-            return mask_dcp_empty_shards_impl(lse, seq_lens, query_start_loc)
+            return _launch_mask(lse, dst, seq_lens, query_start_loc)
     num_rows, num_heads = lse.shape
     if num_rows == 0 or num_heads == 0:
         return
-    num_seqs = seq_lens.shape[0]
-    grid, spec = _inplace_plan(num_rows, num_heads, num_seqs)
-    s = lse.stride()
+    num_seqs = seq_lens.shape[0] if seq_lens is not None else 0
+    grid, spec = _mask_plan(num_rows, num_heads, num_seqs, seq_lens is not None, dst is None)
+    copy_to = () if dst is None else (dst, *dst.stride())
+    # Runtime arguments positionally, in the kernel's signature order; without a mask the
+    # index pointers are never read (``lse`` stands in).
     spec(
         grid,
         lse,
-        s[0],
-        s[1],
-        contiguous(seq_lens),
-        contiguous(query_start_loc),
+        *lse.stride(),
+        *copy_to,
+        contiguous(seq_lens) if seq_lens is not None else lse,
+        contiguous(query_start_loc) if query_start_loc is not None else lse,
         num_seqs,
         num_rows,
         num_heads,
-    )
-
-
-@functools.lru_cache(maxsize=1024)
-def _inplace_plan(
-    num_rows: int, num_heads: int, num_seqs: int
-) -> tuple[tuple[int], Specialization]:
-    """Grid and specialization of the in-place mask (memoised per shape)."""
-    steps = search_steps(num_seqs)
-    block_b, row32 = _mask_tile(num_rows, steps, True)
-    spec = _inplace_spec(steps, row32, block_b, min(64, next_pow2(num_heads)), _MASK_NUM_WARPS)
-    return (-(-num_rows // block_b),), spec
-
-
-@functools.lru_cache(maxsize=256)
-def _inplace_spec(
-    steps: int, row32: bool, block_b: int, block_h: int, num_warps: int
-) -> Specialization:
-    """The in-place mask kernel specialized on its constexprs (shared by every batch size)."""
-    return _inplace_kernel.specialize(
-        SEARCH_STEPS=steps, ROW32=row32, BLOCK_B=block_b, BLOCK_H=block_h, num_warps=num_warps
     )
 
 
@@ -230,7 +162,7 @@ def masked_lse_copy(
     caller's tensor is never modified. Arguments must already be validated.
     """
     dst = new_output(lse, lse.shape)
-    _launch_mask(lse, dst, seq_lens, query_start_loc, is_copy=True)
+    _launch_mask(lse, dst, seq_lens, query_start_loc)
     return dst
 
 
@@ -238,7 +170,7 @@ def masked_lse_copy(
 def _mask_dcp_empty_shards_op(
     lse: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor
 ) -> None:
-    mask_dcp_empty_shards_impl(lse, seq_lens, query_start_loc)
+    _launch_mask(lse, None, seq_lens, query_start_loc)
 
 
 @_mask_dcp_empty_shards_op.register_fake
@@ -292,7 +224,7 @@ def mask_dcp_empty_shards_(
         and not dispatch
         and _valid_fast(lse, seq_lens, query_start_loc)
     ):
-        mask_dcp_empty_shards_impl(lse, seq_lens, query_start_loc)
+        _launch_mask(lse, None, seq_lens, query_start_loc)
         mark_written_in_place(lse)
         return lse
     _check_lse(lse)
@@ -307,6 +239,6 @@ def mask_dcp_empty_shards_(
         refuse_grad_in_place("mask_dcp_empty_shards_", "lse", lse)
         torch.ops.cpattn_dcp.mask_dcp_empty_shards_(lse, seq_lens, query_start_loc)
     else:
-        mask_dcp_empty_shards_impl(lse, seq_lens, query_start_loc)
+        _launch_mask(lse, None, seq_lens, query_start_loc)
         mark_written_in_place(lse)
     return lse
