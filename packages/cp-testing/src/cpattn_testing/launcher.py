@@ -326,14 +326,6 @@ def run_distributed(
             so pytest reports a skip).
         DistributedError: a rank raised or died, or the deadline passed. Every process of
             every rank has been ended when it is raised.
-
-    Example:
-        >>> def fn(rank, world_size):  # in a module, not a lambda
-        ...     t = torch.tensor([rank])
-        ...     torch.distributed.all_reduce(t)
-        ...     return int(t)
-        >>> run_distributed(fn, 4)  # doctest: +SKIP
-        [6, 6, 6, 6]
     """
     from cpattn_common.checks import check_positive_int
 
