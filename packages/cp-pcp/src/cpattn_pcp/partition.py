@@ -1,28 +1,11 @@
-"""DualChunkSwap (zigzag) partition of prefill tokens across a PCP group.
+"""DualChunkSwap (zigzag) partition of prefill tokens across a PCP group (docs/packages/pcp.md,
+"DualChunkSwap").
 
-Each request of length ``L`` is padded to ``Lp = ceil(L / 2N) * 2N`` tokens (``N`` = PCP size)
-and cut into ``2N`` equal chunks of ``c = Lp / 2N`` tokens. Rank ``r`` owns chunk ``r`` (its
-*head* chunk) and chunk ``2N - 1 - r`` (its *tail* chunk). Under causal attention a token at
-position ``p`` attends to ``p + 1`` keys, so pairing an early chunk with the mirrored late one
-gives every rank the same amount of work::
-
-    one request, L = 14, N = 2  ->  Lp = 16, c = 4, chunks 0..3
-
-    position   0 1 2 3 | 4 5 6 7 | 8 9 10 11 | 12 13 [14 15]    [..] = padding
-    chunk         0    |    1    |     2     |      3
-    rank          0    |    1    |     1     |      0
-
-    rank 0 local order: 0 1 2 3 12 13 [14 15]
-    rank 1 local order: 4 5 6 7  8  9  10 11
-
-Local order is request-major: for every request the head chunk, then the tail chunk, so
-every rank holds the same number of local rows ``P = sum(Lp) / N``. A request's padding is its
-last ``Lp - L`` positions, on its highest chunks, and can sit between a rank's real rows
-(a request much shorter than ``2N`` tokens); ``local_extent`` is one past each rank's last real
-row.
-
-The plan is built once on the host; its index tensors then live on the chosen device and the
-device-side ops only index with them (no host synchronisation).
+A request of length ``L`` is padded to ``Lp = ceil(L / 2N) * 2N`` and cut into ``2N`` chunks;
+rank ``r`` owns chunks ``r`` and ``2N - 1 - r``. Local order is request-major (head chunk, then
+tail chunk), so every rank holds ``P = sum(Lp) / N`` rows; padding may sit between a rank's
+real rows, and ``local_extent`` is one past its last real row. The plan is built on the host;
+the device ops only index with its tensors (no host synchronisation).
 """
 
 from __future__ import annotations
