@@ -30,42 +30,17 @@ __all__ = ["DualChunkSwapPlan", "dual_chunk_swap"]
 
 @dataclass(frozen=True, eq=False)
 class DualChunkSwapPlan:
-    """Where every prefill token of a batch lives under DualChunkSwap.
+    """Where every prefill token of a batch lives under DualChunkSwap (fields: docs/packages/pcp.md).
 
-    Shapes use ``R`` requests, ``N = pcp_size`` ranks, ``T = num_tokens`` real tokens (the
-    batch in global order, request-major) and ``P = padded_local_len`` local rows per rank.
-    A *slot* is a row of the rank-major all-gather of the padded local tensors: slot
-    ``s = r * P + i`` is local row ``i`` of rank ``r``.
-
-    Attributes:
-        pcp_size: ``N``.
-        seq_lens: real prompt length of every request, ``R`` ints.
-        padded_seq_lens: ``Lp`` per request (a multiple of ``2N``; ``0`` for empty requests).
-        chunk_sizes: ``c = Lp / 2N`` per request.
-        num_tokens: ``T = sum(seq_lens)``.
-        padded_local_len: ``P = sum(Lp) / N`` local rows per rank (padding included).
-        max_seqlen: ``max(seq_lens)`` (``0`` for an empty batch).
-        num_local_tokens: real (non-padding) local rows per rank, ``N`` ints.
-        local_extent: per rank, one past its last real local row (``0`` with none), ``N``
-            ints: padding rows can sit between real ones (the tail chunk of a request that
-            is not the last), so a rank's local tensors need at least this many rows.
-        causal_work: per rank, ``sum(p + 1)`` over the positions ``p`` of its real tokens
-            (the number of query-key pairs of causal attention it computes), ``N`` ints.
-        local_positions: ``[N, P]`` int64, position of each local row inside its request;
-            ``>= seq_lens[req]`` marks padding.
-        local_request_idx: ``[N, P]`` int64, request of each local row.
-        local_token_idx: ``[N, P]`` int64, global token index (``0 .. T-1``) of each local
-            row; ``-1`` marks padding.
-        local_is_real: ``[N, P]`` bool, ``local_token_idx >= 0``.
-        restore_idx: ``[T]`` int64, slot of every global token: ``gathered[restore_idx]`` turns
-            a rank-major all-gather ``[N*P, ...]`` into global order, real tokens only.
-        gather_idx: ``[N*P]`` int64, the inverse: global token of every slot; padding slots
-            point at the first token of their request, so ``x_global[gather_idx]`` is the
-            rank-major padded layout (and ``gather_idx.view(N, P)[r]`` selects rank ``r``'s
-            local inputs from global ones).
-        cu_seqlens: ``[R+1]`` int32, zero-prefixed cumsum of ``seq_lens`` (for a varlen
-            attention kernel over the global order).
-        device: the device of the index tensors.
+    ``R`` requests, ``N = pcp_size`` ranks, ``T = num_tokens`` real tokens (global order,
+    request-major), ``P = padded_local_len`` local rows per rank; slot ``s = r * P + i`` of the
+    rank-major all-gather is local row ``i`` of rank ``r``. Index tensors: ``local_positions``,
+    ``local_request_idx``, ``local_token_idx`` (``-1``: padding) and ``local_is_real``, all
+    ``[N, P]``; ``restore_idx [T]`` (``gathered[restore_idx]`` is the global order);
+    ``gather_idx [N*P]`` (global token of every slot, padding slots the request's first token);
+    int32 ``cu_seqlens [R+1]``. Host ints: ``seq_lens``, ``padded_seq_lens`` (``Lp``),
+    ``chunk_sizes`` (``Lp / 2N``), ``max_seqlen``, and per rank ``num_local_tokens``,
+    ``local_extent`` (one past its last real row) and ``causal_work`` (``sum(p + 1)``).
     """
 
     pcp_size: int
