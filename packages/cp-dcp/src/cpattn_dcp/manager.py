@@ -98,9 +98,8 @@ def _first_time(key: str) -> bool:
 
 
 def _packed(t: torch.Tensor) -> torch.Tensor:
-    """A fresh contiguous (16-byte aligned) copy of ``t``. A layout the direct path refuses
-    (strides, alignment, the negative bit) is this rank's own, and a direct call waits for every
-    peer: it is mended here rather than sending this rank alone to NCCL."""
+    """A fresh contiguous copy of ``t``: mends a layout only this rank has, which must not send
+    it alone to NCCL while its peers wait in the direct path."""
     return t.clone(memory_format=torch.contiguous_format)
 
 

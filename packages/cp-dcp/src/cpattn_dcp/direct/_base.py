@@ -213,9 +213,8 @@ class DirectWorkspaceBase:
 
     # -- allocation ---------------------------------------------------------------------------
     def _init_buffers(self) -> None:
-        """Create the symmetric workspace and the local counters (collective): the ranks agree
-        on the local allocations before any symmetric one, so a failure on some rank raises
-        ``DirectPathUnavailable`` on every rank together."""
+        """Create the symmetric workspace and the local counters (collective: a failure on any
+        rank raises ``DirectPathUnavailable`` on every rank)."""
         u, n = self.num_ubatches, self.world_size
         flag = agreement_flag(self.cp_group, self.device)
         failure: BaseException | None = None

@@ -85,11 +85,8 @@ def _check_args(
 def _automatic_reason(
     group: Any, device: torch.device | None, use_direct: bool | None
 ) -> str | None:
-    """What rules out a direct path before any symmetric-memory probe (automatic only).
-
-    A single rank has nothing to exchange, symmetric memory lives on CUDA devices (which a
-    process without CUDA lacks), and the kernels need Triton >= ``MIN_TRITON_VERSION`` there.
-    """
+    """What rules out an automatic direct path before any probe: one rank, no CUDA device, or
+    Triton older than ``MIN_TRITON_VERSION``."""
     if use_direct is not None:
         return None
     world_size = shared_cp_group(group).world_size
@@ -162,14 +159,9 @@ _W = TypeVar("_W", bound=DirectWorkspaceBase)
 def _memo(
     kind: str, group: Any, device: torch.device | str, geometry: tuple[Any, ...], cls: type[_W]
 ) -> _W:
-    """The cached workspace of ``(kind, group, device, geometry)``, or a new
-    ``cls(group, device, *geometry)`` (then cached).
-
-    A closed cached workspace counts as a miss: it is dropped and rebuilt. The decision is
-    consistent across ranks without communication because closing is collective: every rank
-    closed its own workspace at the same point of its call sequence, before this (collective)
-    factory call, so every rank finds its entry closed here and all of them rebuild together.
-    """
+    """The cached workspace of ``(kind, group, device, geometry)``, or a new (then cached)
+    ``cls(group, device, *geometry)``. A closed one is rebuilt: closing is collective, so every
+    rank rebuilds together."""
     owner = cache_owner(shared_cp_group(group))  # wrappers of one group share a workspace
     key = (kind, id(owner), str(indexed_device(device)), *geometry)
     with _lock:

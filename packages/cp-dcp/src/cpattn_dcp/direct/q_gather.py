@@ -52,9 +52,8 @@ _PUBLISHED_AS_IS = frozenset(
 
 
 def _require_multicast(workspace: DirectWorkspaceBase, storages: list[torch.Tensor]) -> None:
-    """Raise ``DirectPathUnavailable`` on every rank (closing ``workspace`` first) unless every
-    rank's storages have a multicast pointer for every ubatch: collective, the ranks agree on
-    their own answers. No multicast query where the environment disables it."""
+    """Collectively close ``workspace`` and raise ``DirectPathUnavailable`` unless every rank's
+    ``storages`` have multicast pointers (never queried where the environment disables it)."""
     name, symm = workspace.name, workspace.symmetric_workspace
     env_off = multicast_disabled_by_env()
     ok = not env_off and all(

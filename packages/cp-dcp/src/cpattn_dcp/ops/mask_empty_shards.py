@@ -72,12 +72,8 @@ def _check_writable(lse: torch.Tensor) -> None:
 
 
 def _valid_fast(lse: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor) -> bool:
-    """Cheap check: arguments that ``_check_lse`` and ``check_mask_args`` accept with
-    masking on (a plain ``lse [B, H]`` of a supported dtype, and ``mask_args_proven``).
-
-    False means "not proven": the caller runs the full validation, which raises on bad
-    input.
-    """
+    """Cheap proof that ``_check_lse`` and ``check_mask_args`` accept these arguments with
+    masking on (False: not proven; the caller runs the full validation, which raises)."""
     return (
         lse.__class__ is _Tensor
         and lse.dim() == 2
