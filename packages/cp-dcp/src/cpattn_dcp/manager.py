@@ -1,14 +1,10 @@
 """``DCPManager``: selects and owns the per-layer DCP collectives from a plain ``DCPConfig``.
 
-A DCP layer needs a query gather, an output combine and, for MLA chunked prefill, a KV gather.
-The manager picks one implementation of each at construction (collectively, by the rules of
-``cpattn_dcp.selection``), logs the choice once and exposes it (``selection``).
-
-A call of another geometry than the manager's raises ``ValueError`` on every path (a caller
-mistake, not a fallback). What is the same on every rank of a call (more rows than a direct
-workspace holds, another dtype) falls back to NCCL; a layout the direct path refuses is this
-rank's own, so the manager packs a copy and stays direct (``_packed``). The first fallback of
-each reason is logged at INFO once per process, later ones at DEBUG.
+The query gather, output combine and KV gather are picked at construction (collectively, by
+``cpattn_dcp.selection``), logged once and exposed as ``selection``. A call of another geometry
+raises ``ValueError`` on every path; what is the same on every rank (too many rows, another
+dtype) falls back to NCCL (logged at INFO once per reason); a layout only this rank has is
+packed and stays direct (``_packed``).
 """
 
 from __future__ import annotations

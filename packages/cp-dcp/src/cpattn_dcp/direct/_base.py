@@ -1,14 +1,10 @@
 """Shared plumbing of the direct (symmetric-memory) DCP workspaces.
 
-Each workspace owns one ``cpattn_common.workspace.DirectCPWorkspace`` (symmetric buffers,
-peer-pointer tables, a per-ubatch ``epoch``), the int32 completion counters of its two
-launches, an int64 error record ``[U, 2 + cdiv(N, 64)]`` ``(flag, epoch, missing-source
-bitmask)`` and the group's failure word (``_group_failure``).
-
-No host sync on the hot path: on CUDA the error record is mirrored to pinned memory every
-``error_check_interval`` eager calls and the mirror is read at the start of each call, so a
-timeout raises ``DirectProtocolError`` 1 to ``error_check_interval`` calls later (on the CPU at
-the next call). ``check_error()`` is the explicit, syncing check.
+Each workspace owns one ``DirectCPWorkspace`` (symmetric buffers, peer pointers, per-ubatch
+``epoch``), the completion counters of its two launches, an int64 error record ``[U, 2 +
+cdiv(N, 64)]`` and the group's failure word. No host sync on the hot path: on CUDA the record is
+mirrored to pinned memory every ``error_check_interval`` eager calls, so a timeout raises
+``DirectProtocolError`` up to that many calls later; ``check_error()`` is the syncing check.
 """
 
 from __future__ import annotations

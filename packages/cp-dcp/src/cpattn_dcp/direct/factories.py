@@ -1,17 +1,12 @@
 """Gated, memoized factories of the direct DCP workspaces.
 
-Each ``get_direct_dcp_*_workspace`` returns ``None`` when capability gating
-(``cpattn_common.capability``) says no, so callers fall back to NCCL; the
-``*_unavailable_reason`` functions say why. Gating and construction are collective: every rank
-calls a factory with the same arguments in the same order. Workspaces are memoized per (group,
-device, geometry, dtype, ubatches), shared by every layer (each call is a full rendezvous); a
-closed one is rebuilt on the next call.
-
-``use_direct``: ``None`` (auto: probing decides, never on a non-CUDA device), ``True`` (force:
-an unsupported configuration raises from the constructor) or ``False`` (off). Invalid arguments
-raise ``TypeError`` / ``ValueError``; ``None`` means only "not available here". The Q / KV
-gathers also need NVLS multicast: where the environment disables it they return ``None``
-before any multicast query, even when forced.
+Each ``get_direct_dcp_*_workspace`` returns ``None`` when capability gating says no (callers
+fall back to NCCL); ``*_unavailable_reason`` says why. Gating and construction are collective
+(same arguments, same order on every rank). Workspaces are memoized per (group, device,
+geometry, dtype, ubatches) and shared by every layer; a closed one is rebuilt.
+``use_direct``: ``None`` (auto: probing decides), ``True`` (force: an unsupported configuration
+raises) or ``False`` (off). The Q / KV gathers also need NVLS multicast: where the environment
+disables it they return ``None`` before any multicast query, even when forced.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """``correct_attn_out``: in-place LSE rescale of this rank's partial output.
 
 ``out[b, h, :] *= b^(lses[r, b, h] - L[b, h])`` with the global ``L = log_b sum_n b^lses[n]``
-(sanitised: NaN/+inf count as -inf; weight 0 writes exactly 0). One kernel launch; an eager
-call is a cheap validity check (the detailed validation only when it fails), one memoised
-look-up of the grid and kernel ``Specialization`` and a cached launch.
+(docs/design.md, "Numerics"). One launch; eager calls check cheaply first.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""``mask_dcp_empty_shards_``: set the LSE of empty-shard and padding rows to -inf, in place.
-
-Row i of ``lse [B, H]`` is empty when ``i >= query_start_loc[R]`` (CUDA-graph padding) or its
-request ``s = min(#{k in 1..R : query_start_loc[k] <= i}, R - 1)`` has ``seq_lens[s] == 0``
-(no local KV on this rank). One kernel launch, no host sync (CUDA-graph safe); eager calls
-check their arguments cheaply (the detailed validation only when that fails).
+"""``mask_dcp_empty_shards_``: set the LSE of empty-shard and padding rows to -inf, in place
+(docs/design.md, "Empty shards: where they are masked"). One launch, no host sync.
 """
 
 from __future__ import annotations
