@@ -2,12 +2,9 @@
 consumer-final ``[T, N*H_r, D]`` buffer (rank-major heads), signals, and waits. Created only
 where NVLS multicast spans the group.
 
-Reuse contract: the result is a view of the ubatch's persistent buffer, which the peers' next
-gather overwrites: it is valid until this rank enters this layer's combine (the next
-rendezvous). Copy it if it is needed later; a gather without a following combine needs a
-rendezvous between calls. So a timeout of any direct workspace of the group also stops this
-workspace's publishes (the group failure word). A failed wait fills the call's ``T * S * D``
-elements with NaN until the host raises ``DirectProtocolError``.
+The result is a view of the ubatch's persistent buffer, which the peers' next gather
+overwrites: it is valid until this rank enters this layer's combine (the next rendezvous), so
+copy it if needed later. A failed wait fills the call's ``T * S * D`` elements with NaN.
 """
 
 from __future__ import annotations
