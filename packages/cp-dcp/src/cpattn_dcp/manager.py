@@ -389,7 +389,6 @@ class DCPManager:
         # The NCCL gather's own checks: a buffer it refuses is no fallback either.
         check_kv_buffers(gathered_kv, local_kv, self.world_size)
 
-    # -- collectives --------------------------------------------------------------------------
     def combine(
         self,
         partial_output: torch.Tensor,

@@ -207,7 +207,6 @@ class DirectWorkspaceBase:
         self._calls_since_check = 0
         self._symm: DirectCPWorkspace | None = None
 
-    # -- allocation ---------------------------------------------------------------------------
     def _init_buffers(self) -> None:
         """Create the symmetric workspace and the local counters (collective: a failure on any
         rank raises ``DirectPathUnavailable`` on every rank)."""
@@ -259,7 +258,6 @@ class DirectWorkspaceBase:
         assert self._symm is not None
         return self._symm
 
-    # -- per call -----------------------------------------------------------------------------
     def _resolve_ubatch(self, ubatch_id: int | None) -> int:
         u = current_ubatch_id() if ubatch_id is None else ubatch_id
         if isinstance(u, bool) or not isinstance(u, int):
