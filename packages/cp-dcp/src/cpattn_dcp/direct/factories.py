@@ -102,12 +102,9 @@ def direct_a2a_unavailable_reason(
     *,
     device: torch.device | str | None = None,
 ) -> str | None:
-    """Why the direct A2A is off for ``group``/``dtype`` (``None``: gating allows it).
-
-    With ``device`` given, the automatic decision (``use_direct=None``) also requires a CUDA
-    device. Collective when it probes symmetric memory (all ranks, same order).
-    Invalid arguments raise (see the module docstring).
-    """
+    """Why the direct A2A is off for ``group``/``dtype`` (``None``: gating allows it); with
+    ``device`` given, automatic use also needs a CUDA device. Collective when it probes
+    symmetric memory. Invalid arguments raise (see the module docstring)."""
     dev = _check_args(dtype, use_direct, device)
     if use_direct is False:
         return "disabled by configuration (use_direct_a2a=False)"
@@ -128,13 +125,9 @@ def direct_gather_unavailable_reason(
     what: str = "direct gather",
     device: torch.device | str | None = None,
 ) -> str | None:
-    """Why a multicast-based direct gather is off (``None``: gating allows it).
-
-    The automatic decision's local reasons come first (one rank, with ``device`` given a
-    non-CUDA device, an old Triton: the more basic reason), then the environment, so no
-    multicast query is made where it is disabled.
-    Invalid arguments raise (see the module docstring).
-    """
+    """Why a multicast-based direct gather is off (``None``: gating allows it). The local
+    reasons of automatic use come first, then the environment (no multicast query where it
+    disables multicast). Invalid arguments raise (see the module docstring)."""
     dev = _check_args(dtype, use_direct, device)
     if use_direct is False:
         return f"{what} disabled by configuration"
@@ -247,12 +240,9 @@ def get_direct_dcp_kv_gather_workspace(
 
 
 def clear_direct_workspace_cache(*, close: bool = False) -> None:
-    """Forget the memoized workspaces (``close=True`` also closes them).
-
-    Collective either way: call it on every rank of the groups at the same point of their
-    call sequences, or on none. A rank that forgot its workspaces builds the next one
-    (collectively) where its peers find theirs in the memo, and the ranks' collectives no longer
-    match."""
+    """Forget the memoized workspaces (``close=True`` also closes them). Collective either
+    way: call it on every rank of the groups at the same point of their call sequences, or on
+    none (else the ranks' next constructions no longer match)."""
     with _lock:
         items = list(_cache.values())
         _cache.clear()
