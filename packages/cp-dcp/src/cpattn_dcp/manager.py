@@ -108,10 +108,8 @@ def _try_direct(
     forced: bool | None,
     switch: str | None = None,
 ) -> tuple[_W | None, str | None]:
-    """``(workspace, None)`` or ``(None, why not)`` from ``gate`` (why the direct path cannot
-    run, or ``None``) and ``build`` (the workspace, or ``None`` where gating said no). A forced
-    path raises instead (for a gather, ``switch``, unless the environment disables multicast);
-    the gate agrees across ranks, so every rank raises."""
+    """``(workspace, None)`` or ``(None, why not)`` from ``gate`` and ``build``; a forced path
+    raises instead (a gather's ``switch`` unless the environment disables multicast)."""
     reason = gate()
     if reason is not None:
         if switch is not None and forced is True and not multicast_disabled_by_env():
@@ -139,11 +137,9 @@ def _check_device(device: torch.device, **tensors: torch.Tensor) -> None:
 class DCPManager:
     """Selects and owns the query gather, output combine and KV gather of one DCP layer.
 
-    Construction is collective over ``group`` when a direct path is probed or built: every rank
-    constructs its managers with the same arguments in the same order (and the same
-    ``cpattn_common.capability.MULTICAST_ENV_VARS``). A per-call error raised on one rank only
-    leaves its peers waiting until a direct wait's bound (``DirectProtocolError``) or the
-    process group's timeout.
+    Construction is collective over ``group`` when a direct path is probed or built (same
+    arguments, order and ``MULTICAST_ENV_VARS`` on every rank). A per-call error on one rank
+    only leaves its peers waiting until a direct wait's bound or the group's timeout.
 
     Args:
         config / group: the ``DCPConfig`` and the DCP group (N ranks).

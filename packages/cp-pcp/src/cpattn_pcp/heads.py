@@ -186,14 +186,10 @@ def finalize_mla_pcp_decode(
 ) -> torch.Tensor:
     """Bring a combined decode output back to this TP rank's ``num_heads`` heads.
 
-    * ``H_out < num_heads``: the combine split the heads over the PCP group (the A2A,
-      ``dcp_a2a_lse_reduce``, with DCP group = PCP group; a reduce-scatter there splits them
-      the same way) → all-gather over ``pcp_group`` along dim 1
-      (needs ``H_out * N_pcp == num_heads``).
-    * ``H_out > num_heads``: the combine kept every TP rank's heads (query gathered over TP)
-      → keep heads ``[tp_rank * num_heads, (tp_rank + 1) * num_heads)``
-      (needs ``H_out == num_heads * N_tp``).
-    * equal: returned unchanged.
+    ``H_out < num_heads`` (the combine split heads over PCP): all-gather over ``pcp_group``
+    along dim 1 (needs ``H_out * N_pcp == num_heads``); ``H_out > num_heads`` (it kept every TP
+    rank's heads): keep heads ``[tp_rank * num_heads, (tp_rank + 1) * num_heads)`` (needs
+    ``H_out == num_heads * N_tp``); equal: returned unchanged.
 
     Args:
         output: ``[B, H_out, D]``.

@@ -175,10 +175,8 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
     def publish(
         self, local_kv: torch.Tensor, *, ubatch_id: int | None = None, validate: bool = True
     ) -> None:
-        """First launch of ``gather``: store this rank's rows into every peer's parity slot and
-        signal (separate so simulated ranks of one process can all publish before any wait).
-        ``validate=False`` only after ``gather``'s checks: an unchecked call stores out of
-        bounds. Raises as ``gather`` for ``local_kv``."""
+        """First launch of ``gather`` (as ``DirectDCPQGatherWorkspace.publish``): store this
+        rank's rows into every peer's parity slot and signal. Raises as ``gather``."""
         if validate:
             refuse_grad("DirectDCPKVGatherWorkspace.publish", local_kv=local_kv)
             self._before_call()

@@ -185,10 +185,9 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
     def publish(
         self, local_query: torch.Tensor, *, ubatch_id: int | None = None, validate: bool = True
     ) -> None:
-        """First launch of ``gather``: store this rank's heads into every peer's buffer and
-        signal (separate so simulated ranks of one process can all publish before any wait).
-        ``validate=False`` only after exactly ``gather``'s checks: an unchecked call stores out
-        of bounds. Raises as ``gather``."""
+        """First launch of ``gather`` (separate so simulated ranks can all publish before any
+        wait): store this rank's heads into every peer's buffer and signal. ``validate=False``
+        only after ``gather``'s checks (unchecked, it stores out of bounds). Raises as ``gather``."""
         if validate:
             refuse_grad("DirectDCPQGatherWorkspace.publish", local_query=local_query)
             self._before_call()
