@@ -1,10 +1,7 @@
-"""Agreement of a group's ranks on a rank-local step before the next collective step.
-
-A step that can fail on one rank only (a symmetric ``empty`` out of memory) must not leave its
-peers waiting in the next collective: ``agree_on_local_step`` all-gathers a flag per rank and
-every rank raises ``SymmetricAllocationError`` together. An agreement allocates nothing (it
-gathers through ``agreement_flag``'s scratch, allocated first). ``check_ranks_agree`` is check
-mode's comparison of a call's signature across ranks.
+"""Agreement of a group's ranks on a rank-local step before the next collective step:
+``agree_on_local_step`` all-gathers a flag per rank (through ``agreement_flag``'s scratch,
+allocating nothing) so a step that failed on one rank raises ``SymmetricAllocationError`` on
+every rank together. ``check_ranks_agree`` compares a call's signature across ranks (check mode).
 """
 
 from __future__ import annotations

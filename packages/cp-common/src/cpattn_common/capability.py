@@ -1,9 +1,6 @@
 """Gating of the direct (symmetric-memory) CP paths: ``direct_cp_enabled``,
-``direct_cp_multicast_enabled`` and ``direct_cp_disabled_reason`` (why a path is off).
-
-Multicast is never probed where the environment disables it (``MULTICAST_ENV_VARS``). Probes
-are collective, cached per group, agreed over the group (one answer on every rank), and report
-a failing step as "off" with a reason.
+``direct_cp_multicast_enabled`` and ``direct_cp_disabled_reason``. Probes are collective, cached
+per group and agreed over it; multicast is never probed where the environment disables it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Argument checks shared by every package, so that the same mistake gets the same error.
-
 Sizes are Python ints (a ``bool`` or a whole float is refused); index tensors hold one of
-``INDEX_DTYPES``. Check mode (``CPATTN_CHECKS=1`` at import, ``check_mode()``,
-``set_check_mode``; process-wide) adds the checks that cost a host sync or a collective;
-outside it the ops pay one attribute read (``check_state.enabled``).
+``INDEX_DTYPES``. Check mode (``CPATTN_CHECKS=1``, ``set_check_mode``; process-wide) adds the
+checks that cost a host sync or a collective; outside it the ops read ``check_state.enabled``.
 """
 
 from __future__ import annotations

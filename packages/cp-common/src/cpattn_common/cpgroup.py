@@ -191,7 +191,6 @@ class CPGroup:
         self._native = native_collectives
         self._unsupported: set[str] = set()
 
-    # -- attributes -------------------------------------------------------------------------
     @property
     def world_size(self) -> int:
         return self._world_size
@@ -220,7 +219,6 @@ class CPGroup:
             f"ranks={self.ranks}, backend={self.backend!r})"
         )
 
-    # -- dispatch between native and fallback --------------------------------------------------
     def _dispatch(self, name: str, native: Callable[[], _T], fallback: Callable[[], _T]) -> _T:
         if not self._native or name in self._unsupported:
             return fallback()
@@ -233,7 +231,6 @@ class CPGroup:
             self._unsupported.add(name)
             return fallback()
 
-    # -- primitive collectives ----------------------------------------------------------------
     def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
         """Gather ``input [T, ...]`` of every rank into ``output [N*T, ...]`` (rank-major).
 

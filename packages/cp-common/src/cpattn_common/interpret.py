@@ -1,8 +1,5 @@
-"""Whether Triton runs its CPU interpreter, decided as the installed Triton decides it.
-
-Triton >= 3.4 reads ``TRITON_INTERPRET`` through the boolean knob
-``triton.knobs.runtime.interpret`` (which code may also set); Triton 3.3 compares the variable
-to ``"1"``. Every decision of the project that depends on the interpreter reads it here.
+"""Whether Triton runs its CPU interpreter, decided as the installed Triton decides it
+(``triton.knobs.runtime.interpret`` on Triton >= 3.4, ``TRITON_INTERPRET == "1"`` on 3.3).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """LSE merge of partial attention states in plain torch, and the checks of its inputs.
-
-``merge_attn_states_torch`` is the Triton op's twin (``ops.merge_attn_states`` falls back to it
-where Triton cannot run): the formula, guards and fp32 arithmetic of the kernel, weights as
-``b^(l - m) * (1 / S)``. Results can differ from the kernel's in the last bit (the order of the
-sum over N, the rounding of ``exp`` / ``log``). The formula: ``docs/packages/common.md``.
+``merge_attn_states_torch`` is the Triton op's twin (its fallback where Triton cannot run), with
+the kernel's guards and fp32 arithmetic; results may differ in the last bit (summation order,
+``exp`` / ``log`` rounding). The formula: ``docs/packages/common.md``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
-"""TP / PCP / DCP groups of a world in one consistent rank layout.
+"""TP / PCP / DCP groups of a world in one consistent rank layout (docs/packages/common.md,
+"Rank layout").
 
-World ranks form a mesh ``[R, PCP, TP/T_in, T_in]`` with TP innermost (``R`` replicas,
-``T_in`` the TP share of a DCP group):
-
-- **TP group**: the ``TP`` consecutive ranks that share ``(r, p)``.
-- **PCP group**: the ``PCP`` ranks that share ``(r, t)`` (stride ``TP``).
-- **DCP group** (size ``DCP``):
-  - ``PCP == 1``: ``T_in = DCP``: a TP sub-group of ``DCP`` consecutive ranks;
-  - ``PCP > 1``: the group spans the PCP axis before TP: ``T_in = DCP / PCP`` consecutive TP
-    ranks in every PCP slice (``DCP == PCP``: the PCP group; ``DCP == PCP * TP``: all of it).
-- **TP-inner group** (size ``T_in``): the TP ranks of this rank's DCP group that share its PCP
-  rank, over which ``cpattn_pcp`` gathers the query heads when the DCP group spans TP x PCP.
-
-Group ranks follow ascending global rank. ``cp_layout`` is the pure arithmetic;
-``build_cp_groups`` creates the process groups (collective) and checks them against it.
+World ranks form a mesh ``[R, PCP, TP/T_in, T_in]`` with TP innermost (``T_in`` the TP share of
+a DCP group); a DCP group spans the PCP axis before TP, and the TP-inner group holds the TP ranks
+of this rank's DCP group in its PCP slice. Group ranks follow ascending global rank.
+``cp_layout`` is the pure arithmetic; ``build_cp_groups`` creates the process groups
+(collective) and checks them against it.
 """
 
 from __future__ import annotations

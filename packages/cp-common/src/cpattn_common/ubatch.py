@@ -1,8 +1,6 @@
-"""Micro-batch (ubatch) id: which workspace slot the current micro-batch uses.
-
-With two overlapped micro-batches (dual-batch overlap), each one sets its id around its
-forward pass so direct collectives of the two never share a workspace slot or signal epoch.
-The id is per thread and per asyncio task (a ``contextvars.ContextVar``); it is 0 by default.
+"""Micro-batch (ubatch) id: which workspace slot the current micro-batch uses, so overlapped
+micro-batches never share a direct collective's slot or signal epoch. Per thread and asyncio
+task (a ``contextvars.ContextVar``); 0 by default.
 """
 
 from __future__ import annotations

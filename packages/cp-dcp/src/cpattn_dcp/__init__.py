@@ -1,8 +1,5 @@
-"""Decode context parallel (DCP) attention combine ops, Q/KV gathers and manager.
-
-The combine ops are imported eagerly; the gathers, the manager and the direct
-(symmetric-memory) workspaces are loaded on first attribute access, so ``import cpattn_dcp``
-stays light and never touches symmetric-memory probing.
+"""Decode context parallel (DCP) attention combine ops, Q/KV gathers and manager. The gathers,
+the manager and the direct workspaces load on first attribute access (a light import).
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Predicted time of each combine path, for ``comm_backend="auto"``.
 
-Per path and timing mode (``graph``: replayed in a CUDA graph; else an eager call), the time is
-linear in four features with non-negative coefficients,
-
-    t_us = c0 + c1 * (N - 1) + c2 * MB + c3 * MB * (N - 1) / N
-
-(a fixed cost, a cost per peer, a local pass over the bytes and the bytes that cross the
-links), ``MB`` being the megabytes one rank hands to the combine: ``B * H * (D * s + 4)`` for
-the A2A paths (fp32 LSE packed in the record), ``B * H * (D * s + 4 * N)`` for AG+RS (the LSEs
-of every rank gathered). Non-negative coefficients keep every prediction increasing in B, H, D
-and the element size. ``cost_model.json`` holds the coefficients, fitted by
-``benchmarks/fit_cost_model.py`` from the collectives of ``benchmarks/nvidia-h200-x4.json``.
+Per path and timing mode (``graph`` or eager), ``t_us = c0 + c1 * (N - 1) + c2 * MB + c3 * MB *
+(N - 1) / N`` with non-negative coefficients (so predictions grow with B, H, D and element size);
+``MB``: the megabytes one rank hands to the combine, ``B * H * (D * s + 4)`` for the A2A paths,
+``B * H * (D * s + 4 * N)`` for AG+RS. ``cost_model.json`` holds the coefficients, fitted by
+``benchmarks/fit_cost_model.py`` from ``benchmarks/nvidia-h200-x4.json``.
 """
 
 from __future__ import annotations

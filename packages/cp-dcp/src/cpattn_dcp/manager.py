@@ -1,14 +1,10 @@
 """``DCPManager``: selects and owns the per-layer DCP collectives from a plain ``DCPConfig``.
 
-A DCP layer needs a query gather, an output combine and, for MLA chunked prefill, a KV gather.
-The manager picks one implementation of each at construction (collectively, by the rules of
-``cpattn_dcp.selection``), logs the choice once and exposes it (``selection``).
-
-A call of another geometry than the manager's raises ``ValueError`` on every path (a caller
-mistake, not a fallback). What is the same on every rank of a call (more rows than a direct
-workspace holds, another dtype) falls back to NCCL; a layout the direct path refuses is this
-rank's own, so the manager packs a copy and stays direct (``_packed``). The first fallback of
-each reason is logged at INFO once per process, later ones at DEBUG.
+The query gather, output combine and KV gather are picked at construction (collectively, by
+``cpattn_dcp.selection``), logged once and exposed as ``selection``. A call of another geometry
+raises ``ValueError`` on every path; what is the same on every rank (too many rows, another
+dtype) falls back to NCCL (logged at INFO once per reason); a layout only this rank has is
+packed and stays direct (``_packed``).
 """
 
 from __future__ import annotations
@@ -98,9 +94,8 @@ def _first_time(key: str) -> bool:
 
 
 def _packed(t: torch.Tensor) -> torch.Tensor:
-    """A fresh contiguous (16-byte aligned) copy of ``t``. A layout the direct path refuses
-    (strides, alignment, the negative bit) is this rank's own, and a direct call waits for every
-    peer: it is mended here rather than sending this rank alone to NCCL."""
+    """A fresh contiguous copy of ``t``: mends a layout only this rank has, which must not send
+    it alone to NCCL while its peers wait in the direct path."""
     return t.clone(memory_format=torch.contiguous_format)
 
 
@@ -113,10 +108,8 @@ def _try_direct(
     forced: bool | None,
     switch: str | None = None,
 ) -> tuple[_W | None, str | None]:
-    """``(workspace, None)`` or ``(None, why not)`` from ``gate`` (why the direct path cannot
-    run, or ``None``) and ``build`` (the workspace, or ``None`` where gating said no). A forced
-    path raises instead (for a gather, ``switch``, unless the environment disables multicast);
-    the gate agrees across ranks, so every rank raises."""
+    """``(workspace, None)`` or ``(None, why not)`` from ``gate`` and ``build``; a forced path
+    raises instead (a gather's ``switch`` unless the environment disables multicast)."""
     reason = gate()
     if reason is not None:
         if switch is not None and forced is True and not multicast_disabled_by_env():
@@ -144,11 +137,9 @@ def _check_device(device: torch.device, **tensors: torch.Tensor) -> None:
 class DCPManager:
     """Selects and owns the query gather, output combine and KV gather of one DCP layer.
 
-    Construction is collective over ``group`` when a direct path is probed or built: every rank
-    constructs its managers with the same arguments in the same order (and the same
-    ``cpattn_common.capability.MULTICAST_ENV_VARS``). A per-call error raised on one rank only
-    leaves its peers waiting until a direct wait's bound (``DirectProtocolError``) or the
-    process group's timeout.
+    Construction is collective over ``group`` when a direct path is probed or built (same
+    arguments, order and ``MULTICAST_ENV_VARS`` on every rank). A per-call error on one rank
+    only leaves its peers waiting until a direct wait's bound or the group's timeout.
 
     Args:
         config / group: the ``DCPConfig`` and the DCP group (N ranks).
@@ -394,7 +385,6 @@ class DCPManager:
         # The NCCL gather's own checks: a buffer it refuses is no fallback either.
         check_kv_buffers(gathered_kv, local_kv, self.world_size)
 
-    # -- collectives --------------------------------------------------------------------------
     def combine(
         self,
         partial_output: torch.Tensor,

@@ -1,8 +1,6 @@
-"""Which implementation serves each DCP collective of a layer: ``DCPConfig`` and pure rules.
-
-``select_combine``, ``select_query_gather`` and ``select_kv_gather`` map a configuration, the
-group's size and a direct path's availability to a path and its reason; ``DCPManager`` applies
-them once per layer. See docs/packages/dcp.md.
+"""Which implementation serves each DCP collective of a layer: ``DCPConfig`` and the pure rules
+``select_combine``, ``select_query_gather`` and ``select_kv_gather`` (a path and its reason),
+which ``DCPManager`` applies once per layer (docs/packages/dcp.md).
 """
 
 from __future__ import annotations

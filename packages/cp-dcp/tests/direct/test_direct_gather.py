@@ -389,7 +389,7 @@ def test_gather_checks_once_and_launches_unchecked(
 
     for method in ("_before_call", "unsupported_reason"):
         count(qs[0], method)
-    for method in ("_before_call", "unsupported_reason", "_local_kv_reason", "_gathered_kv_reason"):
+    for method in ("_before_call", "unsupported_reason", "_kv_reason"):
         count(kvs[0], method)
     q = [torch.full((2, 1, d), float(r), device=device, dtype=torch.bfloat16) for r in range(n)]
     qs[1].publish(q[1])

@@ -1,14 +1,8 @@
 """Prefill context parallel (PCP) helpers for LLM inference.
 
-* ``dual_chunk_swap`` -> ``DualChunkSwapPlan``: the zigzag split of prefill tokens over ranks.
-* ``gather_prefill_qkv_global`` / ``slice_prefill_output_local``: local rows <-> global order.
-* ``maybe_gather_mla_latent_cache_inputs`` / ``maybe_gather_kv_cache_inputs`` /
-  ``maybe_gather_indexer_k``: cache inputs for a replicated KV cache.
-* ``build_mixed_decode_subset``: the decode tokens of a mixed batch.
-* ``dcp_q_gather_group`` / ``dcp_q_gather_size`` / ``maybe_all_gather_q_for_dcp`` /
-  ``finalize_mla_pcp_decode`` (alias ``cp_reconcile_heads``): query and output heads across
-  TP x PCP x DCP.
-* ``resolve_dcp_combine``: which DCP combine the layout needs, by name.
+DualChunkSwap plans, the Q/K/V round trip to global order, cache-input gathers for a
+replicated KV cache, the decode subset of a mixed batch, and query / output heads across
+TP x PCP x DCP (docs/packages/pcp.md).
 
 Every group argument is keyword-only and takes a ``torch.distributed.ProcessGroup`` or a
 ``cpattn_common.group.CPGroupLike``.

@@ -1,10 +1,6 @@
-"""The TP x PCP x DCP layouts cp-pcp supports, checked in one place.
-
-With PCP (``N_pcp > 1``) the DCP group either is the PCP group (``N_dcp == N_pcp``) or spans
-TP x PCP (``N_dcp`` a multiple of ``N_pcp``); ``N_dcp == 1`` is always valid. Every function
-that takes a layout (``dcp_q_gather_size``, ``dcp_q_gather_group``,
-``maybe_all_gather_q_for_dcp``, ``finalize_mla_pcp_decode``, ``resolve_dcp_combine``) checks
-it here, so an unsupported one gets the same ``ValueError`` from each.
+"""The TP x PCP x DCP layouts cp-pcp supports, checked in one place so every layout function
+raises the same ``ValueError``: with PCP (``N_pcp > 1``) the DCP group is the PCP group or spans
+TP x PCP (``N_dcp`` a multiple of ``N_pcp``); ``N_dcp == 1`` is always valid.
 """
 
 from __future__ import annotations

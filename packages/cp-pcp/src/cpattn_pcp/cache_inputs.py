@@ -1,31 +1,12 @@
 """Cache-input gathers: every PCP rank writes a complete replica of the KV cache.
 
-PCP splits the new tokens of prefill requests across ranks but keeps the KV cache replicated,
-so before the cache write each rank all-gathers the prefill rows of its cache inputs (MLA
-latent + rope key, GQA/MHA key and value, sparse-attention indexer key). Decode rows are
-replicated already and stay local.
-
-Layout contract (shared by every function here), with ``N`` ranks and ``T`` local rows:
-
-* every cache input has ``T`` rows, the first ``D = num_decode_tokens`` of them decode rows,
-  the rest prefill rows (``T`` is the same on every rank: the padded local length);
-* ``slot_mapping`` is the *expanded* mapping ``[>= N*T]`` laid out rank-major: entry
-  ``r*T + i`` is the cache slot of local row ``i`` of rank ``r`` (``-1`` = do not write,
-  e.g. padding); entries past ``N*T`` (graph padding) are ignored. The decode entries of all
-  ranks are equal (decodes are replicated). The gathers never read the slot values, they
-  only select and reorder them: a mapping of an unsigned dtype is passed through as it is,
-  and since it cannot hold ``-1`` it marks no row as skipped;
-* an *unexpanded* mapping with at most ``T`` entries (replicated draft decodes, possibly
-  shorter than ``T`` because of DP padding; needs ``N*T > T`` or fewer than ``T`` entries)
-  means the rows past ``D`` are padding: the first ``D`` rows and slots are returned.
-
-The returned tensors and slot mapping line up row for row: writing row ``k`` at slot
-``slots[k]`` (skipping ``-1``) on every rank yields the same cache as a single process writing
-the whole batch.
-
-Inference only: with ``use_pcp=True`` and ``num_decode_tokens`` given, a cache input that
-requires grad raises ``RuntimeError`` under grad mode, whether or not this batch's rows need
-the all-gather.
+Each rank all-gathers the prefill rows of its cache inputs; decode rows stay local. Layout
+contract (``T`` local rows, the first ``D = num_decode_tokens`` decodes; ``slot_mapping`` the
+expanded rank-major ``[>= N*T]`` mapping, or an unexpanded one of at most ``T`` entries): see
+docs/packages/pcp.md, "Cache-input gathers". The gathers only select and reorder slots, so an
+unsigned mapping passes through and marks no row as skipped. Inference only: with
+``use_pcp=True`` and ``num_decode_tokens`` given, an input that requires grad raises
+``RuntimeError`` under grad mode.
 """
 
 from __future__ import annotations

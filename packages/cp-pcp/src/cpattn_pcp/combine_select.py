@@ -1,22 +1,7 @@
-"""Which DCP output combine a TP x PCP x DCP layout needs, by name.
-
-The combine ops live in ``cpattn_dcp``; this package never imports it, so the choice is
-returned as a name the caller maps to the op:
-
-* ``"a2a"`` -> ``cpattn_dcp.dcp_a2a_lse_reduce`` (output heads split over the DCP group);
-* ``"ag_ar"`` -> ``cpattn_dcp.cp_lse_ag_out_ar`` (every rank keeps every head);
-* ``"ag_rs"`` -> ``cpattn_dcp.cp_lse_ag_out_rs`` (output heads split over the DCP group).
-
-Pair the choice with ``dcp_q_gather_group`` and finish with ``finalize_mla_pcp_decode``: with
-PCP the combine keeps all heads (``"ag_ar"``) unless the all-to-all was asked for and the DCP
-group is the PCP group, and the finalize step gathers or slices heads back to this TP rank's
-share.
-
-No all-to-all when the DCP group spans TP x PCP (``N_dcp > N_pcp > 1``): a torch group numbers
-its ranks by ascending global rank, so with TP innermost DCP rank ``g = pcp_rank * T_in +
-t_in`` gets head chunk ``g``, and the PCP gather of ``finalize_mla_pcp_decode`` would collect
-chunks ``t_in, t_in + T_in, ...``, not this rank's heads. vLLM's rule picks the all-to-all
-there; this one does not.
+"""Which DCP output combine a TP x PCP x DCP layout needs, by name (``"a2a"``, ``"ag_ar"`` or
+``"ag_rs"``; this package never imports ``cpattn_dcp``). No all-to-all when the DCP group spans
+TP x PCP (``N_dcp > N_pcp > 1``), unlike vLLM: docs/packages/pcp.md, "Heads across TP x PCP x
+DCP".
 """
 
 from __future__ import annotations

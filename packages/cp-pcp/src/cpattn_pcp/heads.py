@@ -1,25 +1,10 @@
 """Query-head bookkeeping when PCP and DCP are combined (TP x PCP x DCP layouts).
 
-DCP shards each request's KV cache across its group, so every DCP rank must see *all* query
-heads its group combines. Which group to all-gather the query over depends on the layout
-(``N_dcp`` = DCP size, ``N_pcp`` = PCP size):
-
-* ``N_pcp == 1``: the DCP group is a subgroup of TP that splits the query heads → gather over
-  the DCP group (nothing to do when ``N_dcp == 1``).
-* ``N_dcp > N_pcp`` (DCP = TP x PCP): the query is head-sharded across TP and replicated across
-  PCP → gather over the ``N_dcp / N_pcp`` TP ranks of the DCP group in this rank's PCP slice
-  (gathering over DCP would duplicate heads): ``cpattn_common.CPGroups.tp_inner``, which is
-  the whole TP group when ``N_dcp == N_pcp * N_tp``. "The TP group" (``tp_group=``) below
-  means that group.
-* ``N_dcp == N_pcp`` (DCP group = PCP group): every head is already present → no gather.
-
-After the DCP combine the output may hold fewer heads than this TP rank owns (the A2A over
-the PCP group split them) or more (an all-reduce kept all TP heads);
-``finalize_mla_pcp_decode`` reconciles both.
-
-The gathers are inference only: with grad mode on, a tensor that requires grad raises
-``RuntimeError`` whenever the layout makes the call gather; calls that return or slice their
-input keep the ordinary gradient.
+Which group the query is all-gathered over, and how ``finalize_mla_pcp_decode`` reconciles the
+combined output's heads, follow from the layout: docs/packages/pcp.md, "Heads across TP x PCP x
+DCP". "The TP group" (``tp_group=``) means ``cpattn_common.CPGroups.tp_inner``. Inference only:
+with grad mode on, a tensor that requires grad raises ``RuntimeError`` whenever the layout makes
+the call gather; calls that return or slice their input keep the ordinary gradient.
 """
 
 from __future__ import annotations
@@ -201,14 +186,10 @@ def finalize_mla_pcp_decode(
 ) -> torch.Tensor:
     """Bring a combined decode output back to this TP rank's ``num_heads`` heads.
 
-    * ``H_out < num_heads``: the combine split the heads over the PCP group (the A2A,
-      ``dcp_a2a_lse_reduce``, with DCP group = PCP group; a reduce-scatter there splits them
-      the same way) → all-gather over ``pcp_group`` along dim 1
-      (needs ``H_out * N_pcp == num_heads``).
-    * ``H_out > num_heads``: the combine kept every TP rank's heads (query gathered over TP)
-      → keep heads ``[tp_rank * num_heads, (tp_rank + 1) * num_heads)``
-      (needs ``H_out == num_heads * N_tp``).
-    * equal: returned unchanged.
+    ``H_out < num_heads`` (the combine split heads over PCP): all-gather over ``pcp_group``
+    along dim 1 (needs ``H_out * N_pcp == num_heads``); ``H_out > num_heads`` (it kept every TP
+    rank's heads): keep heads ``[tp_rank * num_heads, (tp_rank + 1) * num_heads)`` (needs
+    ``H_out == num_heads * N_tp``); equal: returned unchanged.
 
     Args:
         output: ``[B, H_out, D]``.

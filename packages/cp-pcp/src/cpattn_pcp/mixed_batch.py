@@ -1,10 +1,7 @@
-"""The decode-token subset of a mixed prefill/decode batch under PCP.
-
-A PCP rank's batch can mix decode requests (replicated on every rank) and prefill chunks
-(split by DualChunkSwap). Decode-only attention paths (e.g. a DCP decode kernel followed by a
-DCP combine) run on the decode subset. Requests with zero query tokens are never decode
+"""The decode-token subset of a mixed prefill/decode batch under PCP, for decode-only paths
+(e.g. a DCP decode kernel and combine). Requests with zero query tokens are never decode
 segments: DualChunkSwap gives a rank without prefill rows a 0-token dummy segment, and counting
-it would make the ranks disagree on the number of decode rows and desynchronise the DCP combine.
+it would desynchronise the ranks' DCP combine.
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
-"""DualChunkSwap (zigzag) partition of prefill tokens across a PCP group.
+"""DualChunkSwap (zigzag) partition of prefill tokens across a PCP group (docs/packages/pcp.md,
+"DualChunkSwap").
 
-Each request of length ``L`` is padded to ``Lp = ceil(L / 2N) * 2N`` tokens (``N`` = PCP size)
-and cut into ``2N`` equal chunks of ``c = Lp / 2N`` tokens. Rank ``r`` owns chunk ``r`` (its
-*head* chunk) and chunk ``2N - 1 - r`` (its *tail* chunk). Under causal attention a token at
-position ``p`` attends to ``p + 1`` keys, so pairing an early chunk with the mirrored late one
-gives every rank the same amount of work::
-
-    one request, L = 14, N = 2  ->  Lp = 16, c = 4, chunks 0..3
-
-    position   0 1 2 3 | 4 5 6 7 | 8 9 10 11 | 12 13 [14 15]    [..] = padding
-    chunk         0    |    1    |     2     |      3
-    rank          0    |    1    |     1     |      0
-
-    rank 0 local order: 0 1 2 3 12 13 [14 15]
-    rank 1 local order: 4 5 6 7  8  9  10 11
-
-Local order is request-major: for every request the head chunk, then the tail chunk, so
-every rank holds the same number of local rows ``P = sum(Lp) / N``. A request's padding is its
-last ``Lp - L`` positions, on its highest chunks, and can sit between a rank's real rows
-(a request much shorter than ``2N`` tokens); ``local_extent`` is one past each rank's last real
-row.
-
-The plan is built once on the host; its index tensors then live on the chosen device and the
-device-side ops only index with them (no host synchronisation).
+A request of length ``L`` is padded to ``Lp = ceil(L / 2N) * 2N`` and cut into ``2N`` chunks;
+rank ``r`` owns chunks ``r`` and ``2N - 1 - r``. Local order is request-major (head chunk, then
+tail chunk), so every rank holds ``P = sum(Lp) / N`` rows; padding may sit between a rank's
+real rows, and ``local_extent`` is one past its last real row. The plan is built on the host;
+the device ops only index with its tensors (no host synchronisation).
 """
 
 from __future__ import annotations
@@ -47,42 +30,17 @@ __all__ = ["DualChunkSwapPlan", "dual_chunk_swap"]
 
 @dataclass(frozen=True, eq=False)
 class DualChunkSwapPlan:
-    """Where every prefill token of a batch lives under DualChunkSwap.
+    """Where every prefill token of a batch lives under DualChunkSwap (fields: docs/packages/pcp.md).
 
-    Shapes use ``R`` requests, ``N = pcp_size`` ranks, ``T = num_tokens`` real tokens (the
-    batch in global order, request-major) and ``P = padded_local_len`` local rows per rank.
-    A *slot* is a row of the rank-major all-gather of the padded local tensors: slot
-    ``s = r * P + i`` is local row ``i`` of rank ``r``.
-
-    Attributes:
-        pcp_size: ``N``.
-        seq_lens: real prompt length of every request, ``R`` ints.
-        padded_seq_lens: ``Lp`` per request (a multiple of ``2N``; ``0`` for empty requests).
-        chunk_sizes: ``c = Lp / 2N`` per request.
-        num_tokens: ``T = sum(seq_lens)``.
-        padded_local_len: ``P = sum(Lp) / N`` local rows per rank (padding included).
-        max_seqlen: ``max(seq_lens)`` (``0`` for an empty batch).
-        num_local_tokens: real (non-padding) local rows per rank, ``N`` ints.
-        local_extent: per rank, one past its last real local row (``0`` with none), ``N``
-            ints: padding rows can sit between real ones (the tail chunk of a request that
-            is not the last), so a rank's local tensors need at least this many rows.
-        causal_work: per rank, ``sum(p + 1)`` over the positions ``p`` of its real tokens
-            (the number of query-key pairs of causal attention it computes), ``N`` ints.
-        local_positions: ``[N, P]`` int64, position of each local row inside its request;
-            ``>= seq_lens[req]`` marks padding.
-        local_request_idx: ``[N, P]`` int64, request of each local row.
-        local_token_idx: ``[N, P]`` int64, global token index (``0 .. T-1``) of each local
-            row; ``-1`` marks padding.
-        local_is_real: ``[N, P]`` bool, ``local_token_idx >= 0``.
-        restore_idx: ``[T]`` int64, slot of every global token: ``gathered[restore_idx]`` turns
-            a rank-major all-gather ``[N*P, ...]`` into global order, real tokens only.
-        gather_idx: ``[N*P]`` int64, the inverse: global token of every slot; padding slots
-            point at the first token of their request, so ``x_global[gather_idx]`` is the
-            rank-major padded layout (and ``gather_idx.view(N, P)[r]`` selects rank ``r``'s
-            local inputs from global ones).
-        cu_seqlens: ``[R+1]`` int32, zero-prefixed cumsum of ``seq_lens`` (for a varlen
-            attention kernel over the global order).
-        device: the device of the index tensors.
+    ``R`` requests, ``N = pcp_size`` ranks, ``T = num_tokens`` real tokens (global order,
+    request-major), ``P = padded_local_len`` local rows per rank; slot ``s = r * P + i`` of the
+    rank-major all-gather is local row ``i`` of rank ``r``. Index tensors: ``local_positions``,
+    ``local_request_idx``, ``local_token_idx`` (``-1``: padding) and ``local_is_real``, all
+    ``[N, P]``; ``restore_idx [T]`` (``gathered[restore_idx]`` is the global order);
+    ``gather_idx [N*P]`` (global token of every slot, padding slots the request's first token);
+    int32 ``cu_seqlens [R+1]``. Host ints: ``seq_lens``, ``padded_seq_lens`` (``Lp``),
+    ``chunk_sizes`` (``Lp / 2N``), ``max_seqlen``, and per rank ``num_local_tokens``,
+    ``local_extent`` (one past its last real row) and ``causal_work`` (``sum(p + 1)``).
     """
 
     pcp_size: int

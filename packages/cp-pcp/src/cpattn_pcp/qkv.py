@@ -1,9 +1,7 @@
-"""Global-order Q/K/V for a PCP prefill, and the local slice of its output.
-
-Every rank all-gathers its padded local Q/K/V and reorders them into global token order
-(``plan.restore_idx``, padding dropped), runs causal varlen attention over ``plan.cu_seqlens``
-and keeps its own output rows (``slice_prefill_output_local``); no host sync. The gather is
-inference only (a Q/K/V that requires grad raises ``RuntimeError`` under grad mode).
+"""Global-order Q/K/V for a PCP prefill (all-gather, then ``plan.restore_idx``), and the local
+slice of its output (docs/packages/pcp.md, "Prefill attention: global order and back"). No host
+sync; the gather is inference only (a Q/K/V that requires grad raises ``RuntimeError`` under
+grad mode).
 """
 
 from __future__ import annotations

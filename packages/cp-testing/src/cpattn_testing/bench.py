@@ -92,13 +92,10 @@ def time_cold(
     flush_bytes: int = 256 * 1024 * 1024,
     host_guard_us: float = 0.0,
 ) -> Timing:
-    """Per-call time with L2 emptied by a *read* of ``flush_bytes`` before every call (not
-    ``do_bench``'s zero-fill, whose dirty lines' write-back competes with the timed call), each
-    call timed by its own CUDA events: warm-up for ``warmup_ms``, samples for ``rep_ms``.
-
-    ``host_guard_us``: the GPU also sleeps about this long after each flush, so that a call
-    with a slow host path is enqueued before its start event fires.
-    """
+    """Per-call time with L2 emptied by a *read* of ``flush_bytes`` before every call (no dirty
+    write-back competes, unlike ``do_bench``'s zero-fill), each call timed by its own CUDA
+    events: warm-up for ``warmup_ms``, samples for ``rep_ms``. ``host_guard_us``: the GPU sleeps
+    this long after each flush so that a slow host path is enqueued before its start event."""
     dev = torch.cuda.current_device()
     key = f"{dev}:{flush_bytes}"
     buf = _FLUSH_BUFFERS.get(key)

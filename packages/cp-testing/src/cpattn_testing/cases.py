@@ -31,25 +31,11 @@ GARBAGE_LSE_VALUES: tuple[float, ...] = (0.0, math.inf, math.nan, 30.0)
 class DCPDecodeCase:
     """One DCP decode combine problem with its float64 answer.
 
-    Shapes: N ranks, R requests, ``B = R * queries_per_request + padding_rows`` rows, H heads,
-    D head dim.
-
-    Attributes:
-        partial_out: ``[N, B, H, D]`` (dtype) per-rank partial outputs; NaN on empty rows.
-        partial_lse: ``[N, B, H]`` (lse_dtype) per-rank LSEs; garbage on empty rows.
-        local_seq_lens: ``[N, R]`` int32 local KV length per rank and request.
-        query_start_loc: ``[R + 1]`` int32 cumulative query rows (padding rows lie past the end).
-        ref_out: ``[B, H, D]`` float64 full attention (0 on padding rows and empty requests).
-        ref_lse: ``[B, H]`` float64 LSE in the case's base (-inf where ``ref_out`` is 0 by
-            emptiness).
-        empty_rows: ``[N, B]`` bool, True where rank n's row is empty (the mask must fix it).
-        query: ``[B, H, D]`` (dtype) the query rows (padding rows random).
-        keys: per request ``[S_j, Hkv, D]`` (dtype) the whole, unsharded keys.
-        values: per request ``[S_j, Hkv, D]`` (dtype) the whole, unsharded values.
-        seq_lens: ``[R]`` global KV lengths.
-        scale: softmax scale used.
-        world_size, interleave_size, queries_per_request, padding_rows, is_lse_base_on_e:
-            the generation parameters.
+    N ranks, R requests, ``B = R * queries_per_request + padding_rows`` rows, H heads, D head
+    dim: per-rank ``partial_out [N, B, H, D]`` / ``partial_lse [N, B, H]`` (NaN / garbage where
+    ``empty_rows [N, B]`` is True), ``local_seq_lens [N, R]``, ``query_start_loc [R + 1]``,
+    float64 ``ref_out [B, H, D]`` / ``ref_lse [B, H]`` (0 / -inf on empty rows), ``query [B, H,
+    D]`` and the unsharded per-request ``keys`` / ``values [S_j, Hkv, D]``.
     """
 
     partial_out: torch.Tensor

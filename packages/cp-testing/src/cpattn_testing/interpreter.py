@@ -1,8 +1,6 @@
-"""Corrections to Triton's CPU interpreter (``TRITON_INTERPRET=1``) where it disagrees with
-the GPU: ``exact_bf16_widening`` (it widens bf16 subnormals wrongly), ``rtne_bf16_narrowing``
-(it narrows float32 to bf16 by truncation, the GPU rounds to nearest even) and
-``serialized_launches`` (its global state breaks under concurrent threads, as the ranks of
-``SimulatedWorld`` are).
+"""Corrections to Triton's CPU interpreter where it disagrees with the GPU: bf16 subnormal
+widening (``exact_bf16_widening``), round-to-nearest-even bf16 narrowing
+(``rtne_bf16_narrowing``) and launches serialized across threads (``serialized_launches``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Run a function on N ranks in N processes: gloo on the CPU, nccl with one GPU per rank.
-
-The first rank that raises, dies or exits without a result stops the run with one
-:class:`DistributedError` naming it (traceback and stderr tail); at the deadline the stuck
-ranks' stacks are dumped first. Each rank runs in a session of its own, ended (children
-included) when the run ends; workers exit when the launcher dies. Rank output is echoed with a
-``[rank r]`` prefix. Workers fork from a warm ``forkserver`` and apply the launcher's current
-environment.
+"""Run a function on N ranks in N processes: gloo on the CPU, nccl with one GPU per rank
+(docs/packages/testing.md, "Real ranks"). The first rank that raises, dies or exits without a
+result stops the run with one :class:`DistributedError`; every rank's session is ended with
+the run, and rank output is echoed with a ``[rank r]`` prefix.
 """
 
 from __future__ import annotations
@@ -326,14 +322,6 @@ def run_distributed(
             so pytest reports a skip).
         DistributedError: a rank raised or died, or the deadline passed. Every process of
             every rank has been ended when it is raised.
-
-    Example:
-        >>> def fn(rank, world_size):  # in a module, not a lambda
-        ...     t = torch.tensor([rank])
-        ...     torch.distributed.all_reduce(t)
-        ...     return int(t)
-        >>> run_distributed(fn, 4)  # doctest: +SKIP
-        [6, 6, 6, 6]
     """
     from cpattn_common.checks import check_positive_int
 

@@ -1,22 +1,14 @@
-"""pytest plugin of cpattn-testing (opt in with ``pytest_plugins = ["cpattn_testing.pytest_plugin"]``).
+"""pytest plugin of cpattn-testing (opt in with ``pytest_plugins = ["cpattn_testing.pytest_plugin"]``;
+docs/packages/testing.md, "In your pytest suite").
 
-What it provides:
-
-- fixture ``device`` -> ``torch.device``: ``CPATTN_TEST_DEVICE`` (``cpu`` by default, ``cuda``
-  on GPU runs; a cuda request without a visible GPU skips the test with the reason);
-- fixture ``dist_backend`` -> ``"gloo"`` on the CPU, ``"nccl"`` on CUDA;
-- fixture ``run_ranks`` -> ``run_ranks(fn, world_size, *args, timeout=120.0)``: runs
-  ``fn(rank, world_size, *args)`` on ``world_size`` ranks with the device's backend
-  (:func:`cpattn_testing.launcher.run_distributed`) and skips, with a clear reason, when the run
-  needs more GPUs than are visible;
-- an autouse fixture that turns on NaN output poisoning (``cpattn_common.alloc``) for every
-  test (opt out with ``@pytest.mark.no_output_poison``);
-- markers ``gpu`` and ``multigpu(n)``, which skip with the reason where the GPUs are missing or
-  ``CPATTN_TEST_DEVICE`` asks for the CPU;
-- under pytest-xdist with ``CPATTN_XDIST_GPUS=<n>``: worker ``gwK`` sees only GPU ``K % n``;
-- ``TRITON_INTERPRET=1`` without a CUDA device and ``CPATTN_CHECKS=1``, each unless set (in
-  ``os.environ``, so the ranks inherit them); the library's check mode is on in every test
-  as ``CPATTN_CHECKS`` says (opt out with ``@pytest.mark.no_checks``).
+Fixtures ``device`` (``CPATTN_TEST_DEVICE``, ``cpu`` by default; cuda without a GPU skips),
+``dist_backend`` (gloo / nccl) and ``run_ranks(fn, world_size, *args, timeout=120.0)``
+(``run_distributed`` with the device's backend; skips when GPUs are missing); autouse NaN output
+poisoning (opt out: ``@pytest.mark.no_output_poison``) and check mode as ``CPATTN_CHECKS`` says
+(opt out: ``@pytest.mark.no_checks``); markers ``gpu`` and ``multigpu(n)``. Under pytest-xdist
+with ``CPATTN_XDIST_GPUS=<n>`` worker ``gwK`` sees only GPU ``K % n``. Sets
+``TRITON_INTERPRET=1`` without a CUDA device and ``CPATTN_CHECKS=1``, each unless set (in
+``os.environ``, so the ranks inherit them).
 """
 
 from __future__ import annotations

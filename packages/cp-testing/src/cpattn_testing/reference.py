@@ -1,9 +1,7 @@
-"""float64 references for context-parallel attention: the definitions the fast paths are
-checked against, pure torch, importing nothing from the implementations.
-
-Shapes: ``N`` ranks, ``B`` query rows, ``T`` query tokens, ``S`` key tokens, ``Hq`` / ``Hkv``
-heads, ``D`` head dim, ``R`` requests. LSEs are base e, or base 2 with
-``is_lse_base_on_e=False``; an empty key set has LSE -inf and output 0; in a combine NaN and
+"""float64 references for context-parallel attention, pure torch, importing nothing from the
+implementations. Shapes: ``N`` ranks, ``B`` query rows, ``T`` query / ``S`` key tokens, ``Hq`` /
+``Hkv`` heads, ``D`` head dim, ``R`` requests. LSEs are base e (base 2 with
+``is_lse_base_on_e=False``); an empty key set has LSE -inf and output 0; in a combine NaN and
 +inf LSEs count as -inf and a source of weight 0 contributes exactly 0.
 """
 

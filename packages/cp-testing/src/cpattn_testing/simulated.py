@@ -1,10 +1,7 @@
 """N virtual ranks inside one process, each a thread: ``SimulatedWorld(world_size, device)``
-and ``world.run(fn, *args)`` -> ``fn(group, *args)`` per rank, results in rank order.
-
-The groups are ``CPGroupLike`` with ``CPGroup``'s semantics (sums in rank order, in the
-tensor's dtype); ``allocate_symmetric`` stands in for symmetric memory. Misuse fails loudly:
-mismatched collectives raise ``RuntimeError``, a rank that raises aborts the others, and a rank
-that never arrives makes the others raise ``TimeoutError``.
+and ``world.run(fn, *args)`` -> ``fn(group, *args)`` per rank, results in rank order
+(docs/packages/testing.md). Mismatched collectives raise ``RuntimeError``, a rank that raises
+aborts the others, and a rank that never arrives makes the others raise ``TimeoutError``.
 """
 
 from __future__ import annotations
@@ -112,7 +109,6 @@ class SimulatedGroup:
     def _exchange(self, op: str, value: Any, *, share: bool = False) -> list[Any]:
         return self._world._rendezvous.exchange(self._rank, op, value, share=share)
 
-    # -- collectives ------------------------------------------------------------------------
     def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
         """``output [N*T, ...]`` = every rank's ``input [T, ...]``, rank-major along dim 0."""
         refuse_grad("SimulatedGroup.all_gather_into_tensor", output=output, input=input)

@@ -1,30 +1,10 @@
-"""N-way merge of partial attention states (LSE-weighted combine), Triton kernel.
+"""N-way LSE-weighted merge of partial attention states, Triton kernel (docs/design.md, "Numerics").
 
-For one (row b, head h) and sources n = 0..N-1 with partial outputs ``o_n [D]`` and LSEs
-``l_n`` (base e, or base 2 when ``IS_BASE_E`` is false, written ``b^x`` below):
-
-    l_n  <- -inf where l_n is NaN or +inf          (empty / undefined shards)
-    m     = max_n l_n, or 0 when every l_n is -inf  (stabiliser)
-    L     = log_b(sum_n b^(l_n - m)) + m            (-inf when every l_n is -inf)
-    w_n   = b^(l_n - m) / sum_k b^(l_k - m)  (= b^(l_n - L)), exactly 0 where l_n is -inf
-    O     = sum_n w_n * o_n, where a source with w_n == 0 contributes exactly 0
-            (NaN / garbage in the partials of empty shards never leaks)
-
-Layout: ``partial_out [N, B, H, D]`` and ``partial_lse [N, B, H]`` with any strides, ``out
-[B, H, D]`` and fp32 ``out_lse [B, H]`` contiguous; math in fp32. Program (pid_b, pid_h)
-handles row ``pid_b`` and ``BLOCK_H`` heads with ``BLOCK_D >= D`` (power of two, masked), so
-each partial element is read once; ``N`` and ``D`` are constexpr (the source loop unrolled).
-Offsets are int64; per-source pointers advance by addition.
-
-Int parameters are not specialized; ``VEC`` (the strides' unit: 16-byte vector loads) and
-``D_CONTIG`` (``stride_po_d == 1``) are constexprs.
-
-``EAGER`` (latency-bound decode grids): every load first in program order (N partial tiles,
-then N LSE rows), then the weights, then ``sum_n where(w_n == 0, 0, w_n * o_n)``. Otherwise
-(large grids): the LSE passes first, then one weighted pass that loads a partial only where its
-weight is nonzero (saves the bandwidth of empty shards).
-
-Local-name prefixes: ``o_`` offsets, ``m_`` masks, ``p_`` pointers, ``b_`` block values.
+``partial_out [N, B, H, D]`` / ``partial_lse [N, B, H]`` (any strides) merge into contiguous
+``out [B, H, D]`` and fp32 ``out_lse [B, H]``; program (pid_b, pid_h) takes one row and
+``BLOCK_H`` heads. ``EAGER`` issues every load first (decode grids); otherwise a partial is
+loaded only where its weight is nonzero. Local prefixes: ``o_`` offsets, ``m_`` masks, ``p_``
+pointers, ``b_`` block values.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Group resolution (cheap, memoised) and the string tokens the registered ops carry.
-
-``torch.library`` ops cannot take a group object, so the public functions pass a token that
-names the group in a registry; under ``torch.compile`` token, world size and rank are
-trace-time constants. Neither the group memo nor the registry keeps a group alive.
+"""Group resolution (cheap, memoised) and the string tokens the registered ops carry instead of
+a group object (trace-time constants under ``torch.compile``). Nothing here keeps a group alive.
 """
 
 from __future__ import annotations

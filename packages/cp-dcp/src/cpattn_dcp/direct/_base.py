@@ -1,14 +1,10 @@
 """Shared plumbing of the direct (symmetric-memory) DCP workspaces.
 
-Each workspace owns one ``cpattn_common.workspace.DirectCPWorkspace`` (symmetric buffers,
-peer-pointer tables, a per-ubatch ``epoch``), the int32 completion counters of its two
-launches, an int64 error record ``[U, 2 + cdiv(N, 64)]`` ``(flag, epoch, missing-source
-bitmask)`` and the group's failure word (``_group_failure``).
-
-No host sync on the hot path: on CUDA the error record is mirrored to pinned memory every
-``error_check_interval`` eager calls and the mirror is read at the start of each call, so a
-timeout raises ``DirectProtocolError`` 1 to ``error_check_interval`` calls later (on the CPU at
-the next call). ``check_error()`` is the explicit, syncing check.
+Each workspace owns one ``DirectCPWorkspace`` (symmetric buffers, peer pointers, per-ubatch
+``epoch``), the completion counters of its two launches, an int64 error record ``[U, 2 +
+cdiv(N, 64)]`` and the group's failure word. No host sync on the hot path: on CUDA the record is
+mirrored to pinned memory every ``error_check_interval`` eager calls, so a timeout raises
+``DirectProtocolError`` up to that many calls later; ``check_error()`` is the syncing check.
 """
 
 from __future__ import annotations
@@ -211,11 +207,9 @@ class DirectWorkspaceBase:
         self._calls_since_check = 0
         self._symm: DirectCPWorkspace | None = None
 
-    # -- allocation ---------------------------------------------------------------------------
     def _init_buffers(self) -> None:
-        """Create the symmetric workspace and the local counters (collective): the ranks agree
-        on the local allocations before any symmetric one, so a failure on some rank raises
-        ``DirectPathUnavailable`` on every rank together."""
+        """Create the symmetric workspace and the local counters (collective: a failure on any
+        rank raises ``DirectPathUnavailable`` on every rank)."""
         u, n = self.num_ubatches, self.world_size
         flag = agreement_flag(self.cp_group, self.device)
         failure: BaseException | None = None
@@ -264,7 +258,6 @@ class DirectWorkspaceBase:
         assert self._symm is not None
         return self._symm
 
-    # -- per call -----------------------------------------------------------------------------
     def _resolve_ubatch(self, ubatch_id: int | None) -> int:
         u = current_ubatch_id() if ubatch_id is None else ubatch_id
         if isinstance(u, bool) or not isinstance(u, int):

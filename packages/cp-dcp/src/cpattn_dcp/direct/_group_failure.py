@@ -1,9 +1,6 @@
-"""The device-side failure word shared by every direct workspace of one group on one device.
-
-Every timeout sets it, and every publish and wait program of the group's direct workspaces
-checks it first: after this rank's combine timed out, its next query-gather publish would
-otherwise overwrite the query a slow peer still reads. Keyed like the workspace factories and
-held weakly; a set word is never cleared (rebuild the group: a new group gets a new word).
+"""The device-side failure word shared by every direct workspace of one group on one device:
+every timeout sets it and every publish and wait program checks it first (docs/direct-internals.md,
+"Bounded waits and sticky failure"). Held weakly; a set word is never cleared.
 """
 
 from __future__ import annotations

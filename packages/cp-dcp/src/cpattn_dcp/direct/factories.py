@@ -1,17 +1,12 @@
 """Gated, memoized factories of the direct DCP workspaces.
 
-Each ``get_direct_dcp_*_workspace`` returns ``None`` when capability gating
-(``cpattn_common.capability``) says no, so callers fall back to NCCL; the
-``*_unavailable_reason`` functions say why. Gating and construction are collective: every rank
-calls a factory with the same arguments in the same order. Workspaces are memoized per (group,
-device, geometry, dtype, ubatches), shared by every layer (each call is a full rendezvous); a
-closed one is rebuilt on the next call.
-
-``use_direct``: ``None`` (auto: probing decides, never on a non-CUDA device), ``True`` (force:
-an unsupported configuration raises from the constructor) or ``False`` (off). Invalid arguments
-raise ``TypeError`` / ``ValueError``; ``None`` means only "not available here". The Q / KV
-gathers also need NVLS multicast: where the environment disables it they return ``None``
-before any multicast query, even when forced.
+Each ``get_direct_dcp_*_workspace`` returns ``None`` when capability gating says no (callers
+fall back to NCCL); ``*_unavailable_reason`` says why. Gating and construction are collective
+(same arguments, same order on every rank). Workspaces are memoized per (group, device,
+geometry, dtype, ubatches) and shared by every layer; a closed one is rebuilt.
+``use_direct``: ``None`` (auto: probing decides), ``True`` (force: an unsupported configuration
+raises) or ``False`` (off). The Q / KV gathers also need NVLS multicast: where the environment
+disables it they return ``None`` before any multicast query, even when forced.
 """
 
 from __future__ import annotations
@@ -85,11 +80,8 @@ def _check_args(
 def _automatic_reason(
     group: Any, device: torch.device | None, use_direct: bool | None
 ) -> str | None:
-    """What rules out a direct path before any symmetric-memory probe (automatic only).
-
-    A single rank has nothing to exchange, symmetric memory lives on CUDA devices (which a
-    process without CUDA lacks), and the kernels need Triton >= ``MIN_TRITON_VERSION`` there.
-    """
+    """What rules out an automatic direct path before any probe: one rank, no CUDA device, or
+    Triton older than ``MIN_TRITON_VERSION``."""
     if use_direct is not None:
         return None
     world_size = shared_cp_group(group).world_size
@@ -110,12 +102,9 @@ def direct_a2a_unavailable_reason(
     *,
     device: torch.device | str | None = None,
 ) -> str | None:
-    """Why the direct A2A is off for ``group``/``dtype`` (``None``: gating allows it).
-
-    With ``device`` given, the automatic decision (``use_direct=None``) also requires a CUDA
-    device. Collective when it probes symmetric memory (all ranks, same order).
-    Invalid arguments raise (see the module docstring).
-    """
+    """Why the direct A2A is off for ``group``/``dtype`` (``None``: gating allows it); with
+    ``device`` given, automatic use also needs a CUDA device. Collective when it probes
+    symmetric memory. Invalid arguments raise (see the module docstring)."""
     dev = _check_args(dtype, use_direct, device)
     if use_direct is False:
         return "disabled by configuration (use_direct_a2a=False)"
@@ -136,13 +125,9 @@ def direct_gather_unavailable_reason(
     what: str = "direct gather",
     device: torch.device | str | None = None,
 ) -> str | None:
-    """Why a multicast-based direct gather is off (``None``: gating allows it).
-
-    The automatic decision's local reasons come first (one rank, with ``device`` given a
-    non-CUDA device, an old Triton: the more basic reason), then the environment, so no
-    multicast query is made where it is disabled.
-    Invalid arguments raise (see the module docstring).
-    """
+    """Why a multicast-based direct gather is off (``None``: gating allows it). The local
+    reasons of automatic use come first, then the environment (no multicast query where it
+    disables multicast). Invalid arguments raise (see the module docstring)."""
     dev = _check_args(dtype, use_direct, device)
     if use_direct is False:
         return f"{what} disabled by configuration"
@@ -162,14 +147,9 @@ _W = TypeVar("_W", bound=DirectWorkspaceBase)
 def _memo(
     kind: str, group: Any, device: torch.device | str, geometry: tuple[Any, ...], cls: type[_W]
 ) -> _W:
-    """The cached workspace of ``(kind, group, device, geometry)``, or a new
-    ``cls(group, device, *geometry)`` (then cached).
-
-    A closed cached workspace counts as a miss: it is dropped and rebuilt. The decision is
-    consistent across ranks without communication because closing is collective: every rank
-    closed its own workspace at the same point of its call sequence, before this (collective)
-    factory call, so every rank finds its entry closed here and all of them rebuild together.
-    """
+    """The cached workspace of ``(kind, group, device, geometry)``, or a new (then cached)
+    ``cls(group, device, *geometry)``. A closed one is rebuilt: closing is collective, so every
+    rank rebuilds together."""
     owner = cache_owner(shared_cp_group(group))  # wrappers of one group share a workspace
     key = (kind, id(owner), str(indexed_device(device)), *geometry)
     with _lock:
@@ -260,12 +240,9 @@ def get_direct_dcp_kv_gather_workspace(
 
 
 def clear_direct_workspace_cache(*, close: bool = False) -> None:
-    """Forget the memoized workspaces (``close=True`` also closes them).
-
-    Collective either way: call it on every rank of the groups at the same point of their
-    call sequences, or on none. A rank that forgot its workspaces builds the next one
-    (collectively) where its peers find theirs in the memo, and the ranks' collectives no longer
-    match."""
+    """Forget the memoized workspaces (``close=True`` also closes them). Collective either
+    way: call it on every rank of the groups at the same point of their call sequences, or on
+    none (else the ranks' next constructions no longer match)."""
     with _lock:
         items = list(_cache.values())
         _cache.clear()

@@ -100,9 +100,12 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         self._n_pow2 = next_pow2(n)
         self._nan_bits = nan_bits(dtype)  # what a failed wait stores into ``gathered_kv``
 
-    def _kv_rows_reason(self, what: str, kv: torch.Tensor, layout: bool = True) -> str | None:
-        """Why ``kv`` (named ``what``) is not a ``[rows, D]`` tensor of this workspace's dtype
-        and device with ``layout_ok`` (``None``: it is; ``layout=False``: layout unchecked)."""
+    def _kv_reason(
+        self, what: str, kv: torch.Tensor, layout: bool = True, rows: bool = True
+    ) -> str | None:
+        """Why ``kv`` (``what``: ``local_kv [T, D]`` or ``gathered_kv [N*T, D]``) is not a
+        ``[rows, D]`` tensor of this workspace's dtype and device with ``layout_ok`` (unless
+        ``layout=False``) and, unless ``rows=False``, row counts within the capacity."""
         if kv.dim() != 2:
             return f"expected {what} [rows, D], got {tuple(kv.shape)}"
         if kv.shape[1] != self.token_dim:
@@ -111,13 +114,23 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             return f"{what} dtype {kv.dtype} != workspace dtype {self.dtype}"
         if kv.device != self.device:
             return f"{what} on {kv.device}, workspace on {self.device}"
-        if not layout or self.layout_ok(kv):
+        if layout and not self.layout_ok(kv):
+            if not kv.is_contiguous():
+                return f"{what} must be contiguous"
+            if kv.is_neg():
+                return f"{what} has torch's negative bit (a lazily negated view)"
+            return check_16b_aligned(kv, what, ())
+        n, t, cap = self.world_size, kv.shape[0], self.max_gathered_tokens
+        if not rows:
             return None
-        if not kv.is_contiguous():
-            return f"{what} must be contiguous"
-        if kv.is_neg():
-            return f"{what} has torch's negative bit (a lazily negated view)"
-        return check_16b_aligned(kv, what, ())
+        if what == "local_kv":
+            if n * t > cap:
+                return f"gathered kv {n}*{t} = {n * t} rows exceed the kv-gather capacity {cap}"
+        elif t % n != 0:
+            return f"gathered_kv has {t} rows, not N*T rows for N = {n}"
+        elif t > cap:
+            return f"gathered_kv has {t} rows, more than the kv-gather capacity {cap}"
+        return None
 
     def layout_ok(self, kv: torch.Tensor) -> bool:
         """Whether ``kv``'s layout is one the direct gather reads or writes as is: contiguous,
@@ -125,34 +138,6 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         return (
             kv.is_contiguous() and (kv.numel() == 0 or kv.data_ptr() % 16 == 0) and not kv.is_neg()
         )
-
-    def _local_kv_reason(self, local_kv: torch.Tensor, layout: bool = True) -> str | None:
-        """Why ``publish`` cannot take ``local_kv [T, D]`` (``None``: it can)."""
-        reason = self._kv_rows_reason("local_kv", local_kv, layout)
-        if reason is not None:
-            return reason
-        n, t = self.world_size, local_kv.shape[0]
-        if n * t > self.max_gathered_tokens:
-            return (
-                f"gathered kv {n}*{t} = {n * t} rows exceed the kv-gather capacity "
-                f"{self.max_gathered_tokens}"
-            )
-        return None
-
-    def _gathered_kv_reason(self, gathered_kv: torch.Tensor) -> str | None:
-        """Why ``wait`` cannot copy into ``gathered_kv [N*T, D]`` (``None``: it can)."""
-        reason = self._kv_rows_reason("gathered_kv", gathered_kv)
-        if reason is not None:
-            return reason
-        n, rows = self.world_size, gathered_kv.shape[0]
-        if rows % n != 0:
-            return f"gathered_kv has {rows} rows, not N*T rows for N = {n}"
-        if rows > self.max_gathered_tokens:
-            return (
-                f"gathered_kv has {rows} rows, more than the kv-gather capacity "
-                f"{self.max_gathered_tokens}"
-            )
-        return None
 
     def unsupported_reason(
         self, gathered_kv: torch.Tensor, local_kv: torch.Tensor, *, layout: bool = True
@@ -176,13 +161,13 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
             and (not layout or (self.layout_ok(local_kv) and self.layout_ok(gathered_kv)))
         ):
             return None
-        reason = self._local_kv_reason(local_kv, layout) or self._kv_rows_reason(
-            "gathered_kv", gathered_kv, layout
+        reason = self._kv_reason("local_kv", local_kv, layout) or self._kv_reason(
+            "gathered_kv", gathered_kv, layout, rows=False
         )
         if reason is not None:
             return reason
         n, t = self.world_size, local_kv.shape[0]
-        if gathered_kv.shape[0] != n * t:  # implies the capacity check of _gathered_kv_reason
+        if gathered_kv.shape[0] != n * t:  # implies the capacity check
             return f"gathered_kv has {gathered_kv.shape[0]} rows, expected N*T = {n}*{t} = {n * t}"
         return None
 
@@ -190,14 +175,12 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
     def publish(
         self, local_kv: torch.Tensor, *, ubatch_id: int | None = None, validate: bool = True
     ) -> None:
-        """First launch of ``gather``: store this rank's rows into every peer's parity slot and
-        signal (separate so simulated ranks of one process can all publish before any wait).
-        ``validate=False`` only after ``gather``'s checks: an unchecked call stores out of
-        bounds. Raises as ``gather`` for ``local_kv``."""
+        """First launch of ``gather`` (as ``DirectDCPQGatherWorkspace.publish``): store this
+        rank's rows into every peer's parity slot and signal. Raises as ``gather``."""
         if validate:
             refuse_grad("DirectDCPKVGatherWorkspace.publish", local_kv=local_kv)
             self._before_call()
-            self._refuse(self._local_kv_reason(local_kv))
+            self._refuse(self._kv_reason("local_kv", local_kv))
         u = self._resolve_ubatch(ubatch_id)
         t = local_kv.shape[0]
         if t == 0:
@@ -222,7 +205,7 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         if validate:
             refuse_grad("DirectDCPKVGatherWorkspace.wait", gathered_kv=gathered_kv)
             self._before_call()
-            self._refuse(self._gathered_kv_reason(gathered_kv))
+            self._refuse(self._kv_reason("gathered_kv", gathered_kv))
         u = self._resolve_ubatch(ubatch_id)
         num_elems = gathered_kv.numel()
         if num_elems == 0:

@@ -2,12 +2,9 @@
 consumer-final ``[T, N*H_r, D]`` buffer (rank-major heads), signals, and waits. Created only
 where NVLS multicast spans the group.
 
-Reuse contract: the result is a view of the ubatch's persistent buffer, which the peers' next
-gather overwrites: it is valid until this rank enters this layer's combine (the next
-rendezvous). Copy it if it is needed later; a gather without a following combine needs a
-rendezvous between calls. So a timeout of any direct workspace of the group also stops this
-workspace's publishes (the group failure word). A failed wait fills the call's ``T * S * D``
-elements with NaN until the host raises ``DirectProtocolError``.
+The result is a view of the ubatch's persistent buffer, which the peers' next gather
+overwrites: it is valid until this rank enters this layer's combine (the next rendezvous), so
+copy it if needed later. A failed wait fills the call's ``T * S * D`` elements with NaN.
 """
 
 from __future__ import annotations
@@ -52,9 +49,8 @@ _PUBLISHED_AS_IS = frozenset(
 
 
 def _require_multicast(workspace: DirectWorkspaceBase, storages: list[torch.Tensor]) -> None:
-    """Raise ``DirectPathUnavailable`` on every rank (closing ``workspace`` first) unless every
-    rank's storages have a multicast pointer for every ubatch: collective, the ranks agree on
-    their own answers. No multicast query where the environment disables it."""
+    """Collectively close ``workspace`` and raise ``DirectPathUnavailable`` unless every rank's
+    ``storages`` have multicast pointers (never queried where the environment disables it)."""
     name, symm = workspace.name, workspace.symmetric_workspace
     env_off = multicast_disabled_by_env()
     ok = not env_off and all(
@@ -189,10 +185,9 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
     def publish(
         self, local_query: torch.Tensor, *, ubatch_id: int | None = None, validate: bool = True
     ) -> None:
-        """First launch of ``gather``: store this rank's heads into every peer's buffer and
-        signal (separate so simulated ranks of one process can all publish before any wait).
-        ``validate=False`` only after exactly ``gather``'s checks: an unchecked call stores out
-        of bounds. Raises as ``gather``."""
+        """First launch of ``gather`` (separate so simulated ranks can all publish before any
+        wait): store this rank's heads into every peer's buffer and signal. ``validate=False``
+        only after ``gather``'s checks (unchecked, it stores out of bounds). Raises as ``gather``."""
         if validate:
             refuse_grad("DirectDCPQGatherWorkspace.publish", local_query=local_query)
             self._before_call()

@@ -1,5 +1,3 @@
-"""``@triton.jit`` bodies of the DCP combine family (no torch-level logic here).
-
-Prefix convention for locals: ``i_`` indices, ``o_`` offsets, ``m_`` masks, ``b_`` values
-held in registers.
+"""``@triton.jit`` bodies of the DCP combine family. Local prefixes: ``i_`` indices, ``o_``
+offsets, ``m_`` masks, ``b_`` register values.
 """

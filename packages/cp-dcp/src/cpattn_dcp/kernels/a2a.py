@@ -1,17 +1,8 @@
 """Packed all-to-all combine: pack kernel (sender) and unpack-and-combine kernel (receiver).
 
-Buffers ``[N, B, H_r, D + P]`` (output dtype, contiguous; docs/design.md, "The A2A buffer
-format"): block n holds ``R = B * H_r`` rows (``r = b * H_r + j``, global head ``n * H_r + j``),
-first the payloads (row r at lane ``r * D``), then the fp32 LSEs (-inf for empty rows when the
-mask is fused) at lanes ``R * D + r * P``, for ``P = 2`` low 16 bits first, bit-cast to the
-16-bit dtype. Payload offsets carry ``tl.multiple_of`` hints of ``PAY_ALIGN`` / ``DST_ALIGN``
-(from the host); LSEs move as 32-bit words when ``R * D`` is even (``LSE_WORD``).
-
-Pack (grid ``(payload programs + LSE programs, N)``): a payload program copies ``BLOCK_V``
-vectors of ``VEC`` lanes; an LSE program converts ``BLOCK_T`` tokens' LSEs to fp32, applies the
-fused mask and stores their words; int32 offsets unless one could overflow (``IDX64``).
-Unpack-combine: one program per ``BLOCK_R`` output rows; all loads first, each source's weight
-formed just before its weighted sum (more payload loads in flight before the LSE math).
+Buffers ``[N, B, H_r, D + P]`` (docs/design.md, "The A2A buffer format"): block n holds the
+payload rows ``r = b * H_r + j`` at lane ``r * D``, then their fp32 LSE words at lanes ``R * D +
+r * P`` (``R = B * H_r``). Offset alignment hints (``PAY_ALIGN`` / ``DST_ALIGN``) come from the host.
 """
 
 from typing import Any  # noqa: F401  (used by type comments in the kernel)

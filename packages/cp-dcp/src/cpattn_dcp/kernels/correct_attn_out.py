@@ -1,22 +1,10 @@
 """``correct_attn_out``: rescale this rank's partial output by its softmax weight.
 
-For every (row b, head h), with the gathered LSEs ``l_n = lses[n, b, h]`` (n < N):
-``L = log(sum_n b^(l_n - m)) + m`` (``m = max_n l_n``, 0 if all are -inf) and
-``dst[b, h, :] = w == 0 ? 0 : w * src[b, h, :]`` with ``w = b^(l_r - L)``, ``r = cp_rank``.
-NaN / +inf LSEs count as -inf; math in fp32, in the LSEs' base (``lse_math``).
-
-Lean contiguous kernel: a program takes ``BLOCK_R`` consecutive flattened (b, h) rows times the
-full head dim (~16 KiB), so consecutive programs stream consecutive memory. General kernel
-(AG+RS / AG+AR, any row strides, grouped destination): grid ``(cdiv(B, BLOCK_B), cdiv(H,
-BLOCK_H))`` over ``BLOCK_B x BLOCK_H`` blocks of rows. Both issue every load first (first
-payload chunk, then the LSEs) and run the LSE math once per (source, row) in a compact layout,
-moving only the weight to the payload layout (as one ``[N_POW2, rows]`` tile, or for the lean
-kernel with N <= 8 as N row vectors and ``tl.gather``). Row offsets carry ``tl.multiple_of``
-hints with their true alignment (``ALIGN`` / ``SRC_ALIGN`` / ``DST_ALIGN``, from the host):
-16-byte vectors where valid, never where not. ``src`` and ``dst`` may be the same tensor.
-``dst`` addresses the head axis as ``(h // HEADS_PER_GROUP, h % HEADS_PER_GROUP)`` so the
-AG+RS path writes the reduce-scatter's rank-major ``[N, B, H/N, D]`` layout directly; the LSE
-output stores heads ``[lse_h0, lse_h0 + lse_hn)`` only.
+``dst[b, h, :] = w * src[b, h, :]`` with ``w = b^(l_r - L)`` over the gathered LSEs
+(docs/design.md, "Numerics"). Lean kernel: ``BLOCK_R`` consecutive contiguous rows per program.
+General kernel (any strides): ``BLOCK_B x BLOCK_H`` row blocks; ``dst`` addresses heads as
+``(h // HEADS_PER_GROUP, h % HEADS_PER_GROUP)`` so AG+RS writes the rank-major ``[N, B, H/N, D]``
+layout directly. ``src`` and ``dst`` may be the same tensor.
 """
 
 from typing import Any  # noqa: F401  (used by type comments in the kernels)

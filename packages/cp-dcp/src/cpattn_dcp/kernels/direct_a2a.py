@@ -1,24 +1,10 @@
 """Direct (symmetric-memory) DCP A2A LSE-reduce kernels: publish, then wait + combine.
 
-Receive layout of every rank (one ubatch ``u``; ``P`` = parity slot, ``s`` = source rank):
-
-* ``recv_out [2, N, T_max, H_r, D]`` (output dtype) — ``recv_out[P, s, t, h]`` is source
-  ``s``'s partial output of row ``t`` for this rank's local head ``h`` (global head
-  ``rank * H_r + h``);
-* ``recv_lse [2, N, T_max, H_r]`` fp32 — its LSE, already masked to ``-inf`` for empty rows;
-* ``signal [2, N]`` int64 — ``signal[P, s] == E`` once source ``s`` published call ``E``.
-
-``_direct_a2a_publish_kernel`` (grid ``(N, NUM_PUB)``; program ``(d, p)`` handles destination
-``d`` and rows ``p, p + NUM_PUB, ...``) copies the head slice ``[d*H_r, (d+1)*H_r)`` of each
-row of ``partial_out [T, H, D]`` and the fp32 LSE into destination ``d`` at source index
-``rank``. With ``HAS_MASK`` empty rows (``kernels.empty_shards``) send LSE ``-inf`` and skip
-the payload (the receiver never reads a zero-weight payload).
-
-``_direct_a2a_combine_kernel`` (grid ``(T, cdiv(H_r, BLOCK_H), cdiv(D, D_PER_PROG))``; small
-batches split heads and the head dim over more programs) waits for every source's signal of
-this call, then combines each (row, head) in the LSEs' base (``kernels.lse_math``): weights
-``b^(l_s - m) / S``, ``out = sum_{w_s > 0} w_s * o_s`` in fp32, ``lse = m + log_b(S)``. On a
-failure nothing is read and the output is NaN (``direct_protocol``).
+Receive layout per ubatch (``P`` parity slot, ``s`` source): ``recv_out [2, N, T_max, H_r, D]``,
+fp32 ``recv_lse [2, N, T_max, H_r]`` (masked to -inf on empty rows), int64 ``signal [2, N]``.
+Publish copies head slice ``[d*H_r, (d+1)*H_r)`` of each row to destination ``d``; combine waits
+for every source's signal, then combines in the LSEs' base (NaN output on failure,
+``direct_protocol``).
 """
 
 from __future__ import annotations

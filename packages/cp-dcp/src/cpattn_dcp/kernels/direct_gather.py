@@ -1,27 +1,10 @@
 """Direct (symmetric-memory) DCP query / KV gather kernels: publish rows, then wait (+ copy out).
 
-``_direct_gather_publish_kernel`` (grid ``(N, NUM_PUB)``; program ``(d, p)`` handles destination
-``d`` and rows ``p, p + NUM_PUB, ...``) copies each row ``src[t, 0:W]`` (``W`` contiguous
-elements, row stride ``stride_src_t``) of this rank into destination ``d``'s symmetric buffer at
-element offset::
-
-    parity * dst_parity_stride + rank * dst_rank_stride + t * dst_row_stride
-
-* query gather: ``W = H_r * D``, no parity slot, ``dst_rank_stride = H_r * D``,
-  ``dst_row_stride = N * H_r * D`` — straight into the consumer-final ``[T, N*H_r, D]`` layout;
-* KV gather: ``W = D``, ``dst_parity_stride = T_cap * D``, ``dst_rank_stride = T * D``,
-  ``dst_row_stride = D`` — rank-major ``[N*T, D]`` in the parity slot.
-
-The last program of each destination raises ``signal[parity, rank] = E`` there
-(``direct_protocol``, which also describes the sticky failure).
-
-``_direct_gather_wait_kernel`` waits (bounded) for all sources' signals of this call; with
-``HAS_COPY`` each program then copies its ``BLOCK`` elements of ``slot[parity][0:num_elems]``
-into the caller's ``dst`` (the KV materialization). On a failure nothing is read: the programs
-fill ``dst[0:num_elems]`` with NaN (program ``p`` the blocks ``p, p + num_programs, ...``).
-The NaN is the element type's bit pattern ``NAN_BITS`` (``nan_bits(dtype)``, from torch),
-stored through an integer pointer of the element's width: the fp8 formats encode NaN
-differently (0x7F for float8_e4m3fn, 0x80 for the ``fnuz`` formats, 0xFF for float8_e8m0fnu).
+Publish copies row ``src[t, 0:W]`` into destination ``d`` at element offset ``parity *
+dst_parity_stride + rank * dst_rank_stride + t * dst_row_stride`` (query: the final ``[T, N*H_r,
+D]`` layout; KV: rank-major ``[N*T, D]`` in the parity slot). Wait polls the signals
+(``direct_protocol``) and with ``HAS_COPY`` copies the slot into ``dst``; on failure it fills
+``dst`` with the dtype's NaN bits ``NAN_BITS`` (docs/direct-internals.md).
 """
 
 from __future__ import annotations

@@ -1,24 +1,7 @@
-"""Device-side pieces of the direct (symmetric-memory) signal/epoch protocol, shared by the
-direct A2A LSE-reduce and the direct Q / KV gathers.
-
-Protocol (one call of one workspace on ubatch ``u``):
-
-1. Every program of the *publish* launch returns at once if this rank's error flag
-   ``err[u][0]`` or the group failure word ``grp_err[0]`` is set (``_failed``: sticky failure).
-   Otherwise it reads ``E = epoch[u] + 1`` and the parity slot ``E & 1``, stores its payload
-   into the destination's receive buffer of that slot and bumps a local per-destination
-   counter (acq_rel); the program that completes it resets it and raises
-   ``signal[u, parity, rank] = E`` at the destination (release, system scope).
-2. Every program of the *wait* launch acquire-polls ``signal[u, parity, 0:N]`` until each entry
-   equals ``E``, at most ``max_spins`` polls. On timeout it records ``err[u] = (1, E,
-   missing-source bitmask words)``, sets ``grp_err[0] = 1`` and stores NaN instead of reading.
-   A program that finds ``err[u][0]`` or ``grp_err[0]`` set does not poll: NaN output, and
-   ``err[u] = (2, E)`` where only the group word was set. The last program stores
-   ``epoch[u] = E``.
-
-Epoch 0 is never published (symmetric memory is zero-filled); two parity slots suffice because
-every call is a full rendezvous. See docs/direct-internals.md, "Bounded waits and sticky
-failure".
+"""Device side of the direct (symmetric-memory) signal/epoch protocol, shared by the direct
+A2A LSE-reduce and the direct Q / KV gathers (docs/direct-internals.md, "Bounded waits and sticky
+failure"). Error record ``err[u] = (code, E, missing-source bitmask words)``: code 1 timeout, 2
+failed because the group word ``grp_err[0]`` was set. Epoch 0 is never published.
 """
 
 from __future__ import annotations

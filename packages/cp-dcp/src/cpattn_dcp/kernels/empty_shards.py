@@ -1,15 +1,6 @@
-"""Empty-shard row test and the LSE mask / masked-copy kernel.
-
-A row ``i`` of a DCP decode batch is *empty* on this rank when it is a padding row
-(``i >= query_start_loc[R]``) or its request ``s`` has no local KV (``seq_lens[s] == 0``),
-where ``s = min(#{k in 1..R : query_start_loc[k] <= i}, R - 1)``. Empty rows get LSE -inf.
-
-The request index is counted directly over all ``R`` boundaries (one round of independent
-loads, the length picked by a one-hot reduction) when ``R < 2^COUNT_MAX_STEPS``, else found by
-a branchless 16-ary search (docs/design.md, "Empty shards: where they are masked"). Only
-``SEARCH_STEPS = log2(next_pow2(R + 1))`` is a compile-time constant, never ``R``.
-``_row_is_empty`` is shared with the A2A pack kernel, so the fused mask is bit-identical to
-``mask_dcp_empty_shards_``.
+"""Empty-shard row test and the LSE mask / masked-copy kernel (docs/design.md, "Empty shards:
+where they are masked"). ``_row_is_empty`` is shared with the A2A pack kernel, so the fused mask
+is bit-identical to ``mask_dcp_empty_shards_``.
 """
 
 import triton

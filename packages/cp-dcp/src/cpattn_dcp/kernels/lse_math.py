@@ -1,10 +1,5 @@
-"""Shared LSE math: sanitise, stabiliser and sum of N sources, weights, global LSE.
-
-LSEs stay in their own base (e or 2); only a *difference* ``l - m`` (``m`` the row's largest
-LSE) is scaled by ``log2(e)`` before ``exp2``: fp32 holds the difference of two close LSEs
-exactly, so the weights keep fp32 accuracy at any magnitude. Weights are ``b^(l - m) / s``
-with ``s = sum_n b^(l_n - m)``, never ``b^(l - L)``, whose rounding of ``L`` would enter every
-weight. Reference: ``cpattn_testing.reference.lse_combine_ref`` (float64).
+"""Shared LSE math: sanitise, stabiliser and sum of N sources, weights, global LSE
+(docs/design.md, "Numerics"; reference ``cpattn_testing.reference.lse_combine_ref``).
 """
 
 import triton

@@ -76,12 +76,8 @@ def search_steps(num_seqs: int) -> int:
 
 
 def _block_d(head_dim: int) -> int:
-    """Power-of-two chunk of the head dim.
-
-    The whole dim when it is a power of two; else its largest power-of-two divisor when that
-    is at least 64 (no masked lanes: 576 -> 64, 192 -> 64); else the largest power of two
-    that pads ``D`` by at most 1/8.
-    """
+    """Power-of-two head-dim chunk: all of ``D``, else its largest power-of-two divisor if
+    >= 64 (576 -> 64), else the largest power of two padding ``D`` by at most 1/8."""
     divisor = head_dim & -head_dim
     if divisor == head_dim or divisor >= 64:
         return min(divisor, 1024)

@@ -1,9 +1,5 @@
 """Packed all-to-all combine: pack (fused empty-shard mask), one ``all_to_all_single``,
-unpack-and-combine (``a2a_pack`` / ``a2a_unpack`` hold the two kernels' ops).
-
-The staging buffers are allocated per call, so a captured CUDA graph keeps valid addresses (a
-shared growable workspace would be freed under it). Two launches and one collective per call;
-no host sync.
+unpack-and-combine; staging buffers are allocated per call (CUDA-graph safe), no host sync.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Pack a rank's partial output and LSE into the all-to-all send buffer (one launch).
-
-Send and receive buffers are ``[N, B, H/N, D + P]`` in the output dtype (``P = 2`` lanes carry
-one fp32 LSE for fp16/bf16, 1 for fp32), in the block format of ``kernels/a2a.py``: block n
-(for destination n) holds the payloads of its ``B * H/N`` rows, then their fp32 LSE words
-(``a2a_buffer_views`` gives both as views). See docs/design.md, "The A2A buffer format".
+"""Pack a rank's partial output and LSE into the all-to-all send buffer (one launch); the
+``[N, B, H/N, D + P]`` block format: docs/design.md, "The A2A buffer format".
 """
 
 from __future__ import annotations

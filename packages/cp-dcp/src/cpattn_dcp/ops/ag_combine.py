@@ -1,10 +1,9 @@
 """AG+RS and AG+AR combines: all-gather the LSEs, rescale, reduce-scatter / all-reduce.
 
-Per call: one masked-LSE copy kernel (skipped without a mask for a contiguous LSE), one LSE
-all-gather, one correction kernel writing a fresh buffer laid out for the collective
-(``[N, B, H/N, D]`` for the reduce-scatter, ``[B, H, D]`` for the all-reduce), and the output
-collective; the caller's tensors are never modified. World size 1 runs the single-source
-combine without communication.
+Per call: a masked-LSE copy (skipped without a mask for a contiguous LSE), the LSE all-gather,
+one correction kernel into a fresh buffer laid out for the output collective, and that
+collective; the caller's tensors are never modified. World size 1 combines without
+communication.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """``correct_attn_out``: in-place LSE rescale of this rank's partial output.
 
 ``out[b, h, :] *= b^(lses[r, b, h] - L[b, h])`` with the global ``L = log_b sum_n b^lses[n]``
-(sanitised: NaN/+inf count as -inf; weight 0 writes exactly 0). One kernel launch; an eager
-call is a cheap validity check (the detailed validation only when it fails), one memoised
-look-up of the grid and kernel ``Specialization`` and a cached launch.
+(docs/design.md, "Numerics"). One launch; eager calls check cheaply first.
 """
 
 from __future__ import annotations
@@ -111,12 +109,8 @@ def _validate(out: torch.Tensor, lses: torch.Tensor, cp_rank: int) -> None:
 
 
 def _valid_fast(out: torch.Tensor, lses: torch.Tensor, cp_rank: int) -> bool:
-    """Cheap check: ``out [B, H, D]`` and ``lses [N, B, H]`` that need no squeeze and that
-    ``_validate`` accepts (plain tensors, supported dtypes, one device, ``cp_rank`` in range).
-
-    False means "not proven": the caller squeezes and runs ``_validate`` (which raises on
-    bad input), so errors and their messages come from one place.
-    """
+    """Cheap proof that ``_validate`` accepts ``out [B, H, D]`` / ``lses [N, B, H]`` unsqueezed
+    (False: not proven; the caller runs ``_validate``, which raises)."""
     if out.__class__ is not _Tensor or lses.__class__ is not _Tensor or type(cp_rank) is not int:
         return False
     o = out.shape
@@ -193,13 +187,8 @@ def _general_plan(
 def _contig_plan(
     b: int, h: int, d: int, n: int, size: int, is_base_e: bool
 ) -> tuple[tuple[int], Specialization]:
-    """Grid and specialization of the lean kernel (memoised per shape).
-
-    One program per ``BLOCK_R`` consecutive flattened (b, h) rows times the full head dim:
-    about 16 KiB of partial output per program (64 heads x 128 or 16 heads x 512 bf16, 8
-    warps), at least ``MIN_PROGRAMS`` programs where the batch allows it (decode: one row
-    per program); consecutive programs read consecutive memory.
-    """
+    """Grid and specialization of the lean kernel (memoised per shape): ``BLOCK_R`` rows of
+    about 16 KiB per program, at least ``MIN_PROGRAMS`` programs where the batch allows it."""
     block_r, block_d, num_warps = tile_config(b * h, d, size, _CONTIG_TARGET_BYTES)
     num_warps = min(num_warps, _ROWS_MAX_WARPS if n <= _LSE_ROWS_MAX_N else _TILE_MAX_WARPS)
     spec = specialize(

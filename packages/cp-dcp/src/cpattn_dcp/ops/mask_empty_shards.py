@@ -1,9 +1,5 @@
-"""``mask_dcp_empty_shards_``: set the LSE of empty-shard and padding rows to -inf, in place.
-
-Row i of ``lse [B, H]`` is empty when ``i >= query_start_loc[R]`` (CUDA-graph padding) or its
-request ``s = min(#{k in 1..R : query_start_loc[k] <= i}, R - 1)`` has ``seq_lens[s] == 0``
-(no local KV on this rank). One kernel launch, no host sync (CUDA-graph safe); eager calls
-check their arguments cheaply (the detailed validation only when that fails).
+"""``mask_dcp_empty_shards_``: set the LSE of empty-shard and padding rows to -inf, in place
+(docs/design.md, "Empty shards: where they are masked"). One launch, no host sync.
 """
 
 from __future__ import annotations
@@ -72,12 +68,8 @@ def _check_writable(lse: torch.Tensor) -> None:
 
 
 def _valid_fast(lse: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor) -> bool:
-    """Cheap check: arguments that ``_check_lse`` and ``check_mask_args`` accept with
-    masking on (a plain ``lse [B, H]`` of a supported dtype, and ``mask_args_proven``).
-
-    False means "not proven": the caller runs the full validation, which raises on bad
-    input.
-    """
+    """Cheap proof that ``_check_lse`` and ``check_mask_args`` accept these arguments with
+    masking on (False: not proven; the caller runs the full validation, which raises)."""
     return (
         lse.__class__ is _Tensor
         and lse.dim() == 2
