@@ -46,9 +46,9 @@ NO_MULTICAST_ENV = {
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
-#: GPU wait (µs) after each flush when timing an eager baseline cold: its several torch ops
-#: take longer on the host than flush + call on the GPU, which would leak host time into it.
-EAGER_HOST_GUARD_US = 300.0
+#: GPU wait (µs) after each flush when timing cold, ours and the eager baseline alike: a call's
+#: host work can take longer than flush + kernel on the GPU, which would leak host time into it.
+HOST_GUARD_US = 300.0
 
 
 def _setup_path() -> None:
@@ -310,7 +310,9 @@ def run_kernels(
                 continue
             use_graph = device.type == "cuda" and plan.graph_max_b >= case.B
             ours = [spec.bind_ours(case, s) for s in sets]
-            t = _time_fns(ours, use_graph, plan, device, results.notes, where)
+            t = _time_fns(
+                ours, use_graph, plan, device, results.notes, where, host_guard_us=HOST_GUARD_US
+            )
             row.timing, row.ms, row.ms_p20, row.ms_p80 = t.method, t.median_ms, t.p20_ms, t.p80_ms
             row.bytes_per_s = row.bytes / (t.median_ms * 1e-3)
             if refs.copy_bytes_per_s:
@@ -343,7 +345,7 @@ def run_kernels(
                     device,
                     results.notes,
                     what,
-                    host_guard_us=EAGER_HOST_GUARD_US,
+                    host_guard_us=HOST_GUARD_US,
                 )
                 row.eager_timing, row.eager_ms = te.method, te.median_ms
                 row.eager_speedup = te.median_ms / t.median_ms

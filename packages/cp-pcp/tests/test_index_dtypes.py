@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from cpattn_common.checks import is_index_dtype
 from cpattn_common.group import CPGroupLike
 from cpattn_pcp import (
     build_mixed_decode_subset,
@@ -23,7 +24,6 @@ from cpattn_pcp import (
     maybe_gather_kv_cache_inputs,
     maybe_gather_mla_latent_cache_inputs,
 )
-from cpattn_pcp.partition import is_integer_dtype
 
 MakeGroup = Callable[..., CPGroupLike]
 
@@ -80,8 +80,8 @@ def test_newly_refused_dtypes_are_the_quantized_and_sub_byte_ones() -> None:
 
 
 @pytest.mark.parametrize("dtype", _ALL_TORCH_DTYPES, ids=str)
-def test_is_integer_dtype_is_the_common_rule(dtype: torch.dtype) -> None:
-    assert is_integer_dtype(dtype) is (dtype in _ACCEPTED)
+def test_the_common_rule_accepts_exactly_these(dtype: torch.dtype) -> None:
+    assert is_index_dtype(dtype) is (dtype in _ACCEPTED)
 
 
 # --- dual_chunk_swap: seq_lens ---------------------------------------------------------------

@@ -327,6 +327,7 @@ def test_a_cpu_machine_runs_the_interpreter_and_the_checks(
     """In a fresh process without a visible GPU, the plugin sets ``TRITON_INTERPRET=1`` before
     the test module's kernels are decorated, and ``CPATTN_CHECKS=1``; what the user set stays."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU, on any machine
+    monkeypatch.setenv("CPATTN_TEST_DEVICE", "cpu")  # a GPU run's setting would skip run_ranks
     for key in want:
         monkeypatch.delenv(key, raising=False)
     for key, value in given.items():
