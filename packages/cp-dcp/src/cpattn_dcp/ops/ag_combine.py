@@ -76,6 +76,18 @@ register_combine_op(
 )
 
 
+def _vllm_layouts(out: Any, lse: Any) -> tuple[Any, Any]:
+    """As vLLM's AG paths: ``out [B, 1, H, D]`` and ``lse [B, H, 1]`` / ``[B, 1, H]`` are
+    squeezed to ``[B, H, D]`` / ``[B, H]`` (views); anything else is validated as given."""
+    if isinstance(out, torch.Tensor) and out.dim() == 4 and out.shape[1] == 1:
+        out = out.squeeze(1)
+    if isinstance(lse, torch.Tensor) and lse.dim() == 3:
+        dim = 2 if lse.shape[2] == 1 else 1
+        if lse.shape[dim] == 1:
+            lse = lse.squeeze(dim)
+    return out, lse
+
+
 @combine_op
 def cp_lse_ag_out_rs(
     cp_attn_out: torch.Tensor,
@@ -90,9 +102,10 @@ def cp_lse_ag_out_rs(
     """DCP combine by LSE all-gather + rescale + reduce-scatter over heads.
 
     Args:
-        cp_attn_out: ``[B, H, D]`` this rank's partial output (fp16/bf16/fp32, any strides);
-            not modified.
-        cp_attn_lse: ``[B, H]`` its LSE (fp32/fp16/bf16, any strides); not modified.
+        cp_attn_out: ``[B, H, D]`` (or vLLM's ``[B, 1, H, D]``) this rank's partial output
+            (fp16/bf16/fp32, any strides); not modified.
+        cp_attn_lse: ``[B, H]`` (or ``[B, H, 1]`` / ``[B, 1, H]``) its LSE (fp32/fp16/bf16,
+            any strides); not modified.
         cp_group: a ``torch.distributed.ProcessGroup`` or a ``CPGroupLike``
             (``cpattn_common.CPGroup``); N ranks, this is rank r.
         ctx: accepted for compatibility (``CPTritonContext``); unused.
@@ -121,6 +134,7 @@ def cp_lse_ag_out_rs(
         ...                             seq_lens=local_lens, query_start_loc=qsl)
     """
     del ctx
+    cp_attn_out, cp_attn_lse = _vllm_layouts(cp_attn_out, cp_attn_lse)
     return run_combine(
         "cp_lse_ag_out_rs",
         ag_combine_fwd,
@@ -160,6 +174,7 @@ def cp_lse_ag_out_ar(
         >>> out = cp_lse_ag_out_ar(partial_out, partial_lse, group)  # doctest: +SKIP
     """
     del ctx
+    cp_attn_out, cp_attn_lse = _vllm_layouts(cp_attn_out, cp_attn_lse)
     return run_combine(
         "cp_lse_ag_out_ar",
         ag_combine_fwd,
