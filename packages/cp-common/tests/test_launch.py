@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from cpattn_common import launch as launch_mod
-from cpattn_common.launch import CachedKernel, _arg_key
+from cpattn_common.launch import CachedKernel, _key
 
 
 def scale_copy_body(x_ptr, y_ptr, n, stride_x, alpha, BLOCK: tl.constexpr, FLAG: tl.constexpr):
@@ -127,11 +127,14 @@ def test_defaulted_parameter_left_out_takes_plain_launches(fake: _FakeJit) -> No
 
 
 def test_arg_key_classes() -> None:
-    assert _arg_key(7) == _arg_key(9) != _arg_key(1)
-    assert _arg_key(32) == _arg_key(48) != _arg_key(40)
-    assert _arg_key(0.5) is _arg_key(2.0) is float
-    assert _arg_key(True) is bool
-    assert _arg_key(None) is type(None)
+    def arg_key(arg: Any) -> Any:
+        return _key((arg,))[0]
+
+    assert arg_key(7) == arg_key(9) != arg_key(1)
+    assert arg_key(32) == arg_key(48) != arg_key(40)
+    assert arg_key(0.5) is arg_key(2.0) is float
+    assert arg_key(True) is bool
+    assert arg_key(None) is type(None)
 
 
 def test_plain_launch_without_handles(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -40,13 +40,9 @@ def _handles_supported(kernel: Any) -> bool:
     )
 
 
-def _arg_key(arg: Any) -> Any:
-    """What Triton's specialization can depend on for one runtime argument."""
-    return _key((arg,))[0]
-
-
 def _key(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    # One comprehension, no call per argument: this runs on every launch.
+    """What Triton's specialization can depend on, per runtime argument (one comprehension,
+    no call per argument: this runs on every launch)."""
     return tuple(
         [
             (a == 1, a & 15 == 0, _I32_MIN <= a <= _I32_MAX, a <= _I64_MAX)

@@ -207,11 +207,8 @@ def run_ranks(dist_backend: str) -> RunRanks:
 def _cpattn_check_mode(request: pytest.FixtureRequest) -> Iterator[None]:
     """The library's check mode as ``CPATTN_CHECKS`` says (the plugin defaults it to on), off
     in tests marked ``no_checks``; set for the test whatever the import order was."""
-    try:
-        from cpattn_common.checks import check_mode, check_mode_from_env
-    except ImportError:
-        yield
-        return
+    from cpattn_common.checks import check_mode, check_mode_from_env
+
     wanted = check_mode_from_env(default=True)
     with check_mode(wanted and request.node.get_closest_marker("no_checks") is None):
         yield
