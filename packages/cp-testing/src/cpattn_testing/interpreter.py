@@ -127,11 +127,12 @@ def _wrap_converter(
 
 def serialized_launches() -> bool:
     """Make interpreted kernel launches of this process run one at a time (a re-entrant lock
-    around ``triton.runtime.interpreter.GridExecutor.__call__``), once.
+    around ``triton.runtime.interpreter.InterpretedFunction.run``, which also covers the
+    kernel's first-use source rewrite: concurrent ``ast`` compiles fail on CPython 3.11), once.
 
     Returns:
-        Whether launches are serialized now (``False`` only when the interpreter's grid
-        executor is missing).
+        Whether launches are serialized now (``False`` only when the interpreter's function
+        class is missing).
     """
     if "launches" in _installed:
         return True
@@ -139,16 +140,16 @@ def serialized_launches() -> bool:
         from triton.runtime import interpreter
     except ImportError:
         return False
-    executor = getattr(interpreter, "GridExecutor", None)
-    if executor is None:
+    function = getattr(interpreter, "InterpretedFunction", None)
+    if function is None:
         return False
-    launch = executor.__call__
+    launch = function.run
     lock = threading.RLock()
 
     def serialized(self: Any, *args: Any, **kwargs: Any) -> Any:
         with lock:
             return launch(self, *args, **kwargs)
 
-    executor.__call__ = serialized
+    function.run = serialized
     _installed.add("launches")
     return True
