@@ -341,6 +341,7 @@ def test_slot_reuse_many_calls_two_ubatches_and_a_rank_one_call_ahead(
         ws.check_error()
 
 
+@pytest.mark.no_checks  # one thread drives both ranks: check mode's all-gather would wait
 def test_lse_reduce_single_rank_after_peer_published(
     sim_build: Build, device: torch.device
 ) -> None:
@@ -355,6 +356,55 @@ def test_lse_reduce_single_rank_after_peer_published(
     ref, _ = lse_combine_ref(o, lse)
     assert_close_to_ref(out0, ref[:, :1], dtype=torch.bfloat16)
     assert_close_to_ref(out1, ref[:, 1:], dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize(
+    ("workspace", "message"),
+    [
+        ("a2a", "cp_attn_out.shape[0] (B) is 2 on rank 0 but 3 on rank 1"),
+        ("q_gather", "local_query.shape[0] is 2 on rank 0 but 3 on rank 1"),
+        ("kv_gather", "local_kv.shape[0] is 2 on rank 0 but 3 on rank 1"),
+    ],
+)
+def test_check_mode_refuses_ranks_whose_calls_disagree(
+    sim_build: Build, device: torch.device, workspace: str, message: str
+) -> None:
+    """Check mode (on in every test): each rank compares its call with its peers' before it
+    publishes; rank 1 passing one more row than rank 0 raises on both ranks, naming the field
+    and the rank, and nothing is launched."""
+    n, d = 2, 8
+    ctor: Any = {
+        "a2a": _a2a(device, 4, 1, d, torch.bfloat16),
+        "q_gather": lambda g: DirectDCPQGatherWorkspace(
+            g, device, 4, 1, d, torch.bfloat16, require_multicast=False
+        ),
+        "kv_gather": lambda g: DirectDCPKVGatherWorkspace(
+            g, device, 8, d, torch.bfloat16, require_multicast=False
+        ),
+    }[workspace]
+    world, wss = sim_build(n, device, ctor)
+
+    def call(group: Any) -> str:
+        r = group.rank_in_group
+        t = 2 + r
+        ws = wss[r]
+        rows = torch.randn(t, n * d, device=device).to(torch.bfloat16)
+        if workspace == "a2a":
+            args: tuple[Any, ...] = (rows.view(t, n, d), torch.randn(t, n, device=device))
+            method = ws.lse_reduce
+        elif workspace == "q_gather":
+            args, method = (rows[:, :d].view(t, 1, d),), ws.gather
+        else:
+            gathered = torch.empty(n * t, d, device=device, dtype=torch.bfloat16)
+            args, method = (gathered, rows[:, :d]), ws.gather
+        with pytest.raises(ValueError, match="the ranks' calls disagree") as info:
+            method(*args)
+        return str(info.value)
+
+    for r, text in enumerate(world.run(call)):
+        assert message in text
+        assert f"raised on rank {r} of {n}" in text
+    assert all(int(ws.epoch.sum()) == 0 for ws in wss)  # nothing was published
 
 
 @pytest.mark.parametrize("workspace", ["a2a", "q_gather", "kv_gather"])

@@ -368,6 +368,7 @@ def test_closed_gathers_refuse_every_call(sim_build: Build, device: torch.device
     assert [ws.epoch.tolist() for ws in (*qs, *kvs)] == [[0]] * (2 * n)
 
 
+@pytest.mark.no_checks  # one thread drives both ranks: check mode's all-gather would wait
 def test_gather_checks_once_and_launches_unchecked(
     sim_build: Build, device: torch.device, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from cpattn_common.alloc import empty_output
-from cpattn_common.checks import check_bool, check_tensors
+from cpattn_common.checks import check_bool, check_state, check_tensors
 from cpattn_common.dispatch import refuse_grad
 from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
@@ -26,6 +26,7 @@ from cpattn_dcp.direct._base import (
     on_workspace_device,
 )
 from cpattn_dcp.kernels.direct_a2a import _direct_a2a_combine_kernel, _direct_a2a_publish_kernel
+from cpattn_dcp.ops._collective_common import check_combine_agreement
 from cpattn_dcp.ops._common import NATIVE_INDEX_DTYPES, check_mask_args
 
 __all__ = ["DIRECT_A2A_DTYPES", "DirectDCPA2AWorkspace"]
@@ -332,6 +333,9 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
         self._before_call()
         self._validate(partial_output, partial_lse, seq_lens, query_start_loc)
         u = self._resolve_ubatch(ubatch_id)
+        if check_state.enabled:  # check mode: the ranks' calls agree
+            check_combine_agreement(self.name, self.cp_group, partial_output, partial_lse,
+                                    return_lse, is_lse_base_on_e, seq_lens)  # fmt: skip
         self.publish(
             partial_output, partial_lse, seq_lens, query_start_loc, ubatch_id=u, validate=False
         )

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from cpattn_common.checks import check_no_overlap, check_tensors
+from cpattn_common.agreement import check_tensor_agreement
+from cpattn_common.checks import check_no_overlap, check_state, check_tensors
 from cpattn_common.dispatch import mark_written_in_place, refuse_grad
 from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
@@ -249,6 +250,8 @@ class DirectDCPKVGatherWorkspace(DirectWorkspaceBase):
         self._refuse(None if checked else self.unsupported_reason(gathered_kv, local_kv))
         check_no_overlap(self.name, "gathered_kv", gathered_kv=gathered_kv, local_kv=local_kv)
         u = self._resolve_ubatch(ubatch_id)
+        if check_state.enabled:  # check mode: the ranks' calls agree
+            check_tensor_agreement(self.name, self.cp_group, "local_kv", local_kv)
         # Checked above (N*T <= capacity included): the launches skip the checks.
         self.publish(local_kv, ubatch_id=u, validate=False)
         self.wait(gathered_kv, ubatch_id=u, validate=False)

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from cpattn_common.agreement import gather_rank_values
+from cpattn_common.agreement import check_tensor_agreement, gather_rank_values
 from cpattn_common.capability import multicast_disabled_by_env
-from cpattn_common.checks import check_tensors
+from cpattn_common.checks import check_state, check_tensors
 from cpattn_common.dispatch import refuse_grad
 from cpattn_dcp.direct._base import (
     DEFAULT_ERROR_CHECK_INTERVAL,
@@ -266,6 +266,8 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
         self._before_call()
         self._refuse(None if checked else self.unsupported_reason(local_query))
         u = self._resolve_ubatch(ubatch_id)
+        if check_state.enabled:  # check mode: the ranks' calls agree
+            check_tensor_agreement(self.name, self.cp_group, "local_query", local_query)
         # Checked above (T <= max_num_tokens included): the launches skip the checks.
         self.publish(local_query, ubatch_id=u, validate=False)
         return self.wait(local_query.shape[0], ubatch_id=u, validate=False)
