@@ -127,3 +127,82 @@ def test_manager_refuses_a_device_torch_cannot_use(bad: Any) -> None:
     group = SimulatedWorld(1, torch.device("cpu")).groups[0]
     with pytest.raises((ValueError, TypeError), match="device"):
         DCPManager(DCPConfig(), group, bad, 2, 8, torch.float32)
+
+
+@pytest.mark.parametrize("op", [cp_lse_ag_out_rs, cp_lse_ag_out_ar, dcp_a2a_lse_reduce])
+def test_check_mode_accepts_ranks_whose_tensors_differ_only_in_strides(
+    device: torch.device, op: Callable[..., Any]
+) -> None:
+    """Strides are not part of the ranks' signature: each rank stages or packs its own tensors
+    into the collective's layout, so rank 0 passing a strided view of ``out`` and a transposed
+    ``lse`` while rank 1 passes contiguous tensors is a valid call (check mode is on in every
+    test), and the result is the float64 combine."""
+    from cpattn_testing.reference import lse_combine_ref
+    from cpattn_testing.tolerances import assert_close_to_ref
+
+    n, h = 2, 4
+    outs = torch.randn(n, B, h, D, device=device)
+    lses = torch.randn(n, B, h, device=device)
+
+    def call(group: Any) -> torch.Tensor:
+        r = group.rank_in_group
+        out, lse = outs[r], lses[r]
+        if r == 0:
+            out = torch.randn(B, h, 2 * D, device=device)[..., ::2].copy_(out)  # strided rows
+            lse = lse.t().contiguous().t()  # [B, H] with strides (1, B)
+        return op(out, lse, group)
+
+    results = SimulatedWorld(n, device).run(call)
+    ref, _ = lse_combine_ref(outs.double(), lses.double())
+    if op is cp_lse_ag_out_ar:
+        ref = ref.expand(n, -1, -1, -1)
+    else:  # each rank holds its own heads
+        ref = ref.view(B, n, h // n, D).transpose(0, 1)
+    for r in range(n):
+        assert_close_to_ref(results[r], ref[r], dtype=torch.float32)
+
+
+@pytest.mark.no_checks  # compares the op with check mode off and on
+@pytest.mark.parametrize(
+    "name", ["cp_lse_ag_out_rs", "cp_lse_ag_out_ar", "dcp_a2a_lse_reduce", "dcp_gather_kv"]
+)
+def test_check_mode_adds_one_collective_and_off_adds_none(
+    device: torch.device, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Off, a collective op makes exactly its own collectives; on, one all-gather more (the
+    signature) and the same result."""
+    from cpattn_testing.simulated import SimulatedGroup
+
+    n, h = 2, 4
+    outs = torch.randn(n, B, h, D, device=device)
+    lses = torch.randn(n, B, h, device=device)
+    calls: list[str] = []
+    exchange = SimulatedGroup._exchange
+
+    def counted(self: Any, op: str, value: Any, **kwargs: Any) -> Any:
+        if self.rank_in_group == 0:
+            calls.append(op)
+        return exchange(self, op, value, **kwargs)
+
+    monkeypatch.setattr(SimulatedGroup, "_exchange", counted)
+    ops = {
+        "cp_lse_ag_out_rs": cp_lse_ag_out_rs,
+        "cp_lse_ag_out_ar": cp_lse_ag_out_ar,
+        "dcp_a2a_lse_reduce": dcp_a2a_lse_reduce,
+    }
+
+    def call(group: Any) -> torch.Tensor:
+        r = group.rank_in_group
+        if name == "dcp_gather_kv":
+            return dcp_gather_kv(torch.empty(n * B, D, device=device), outs[r, :, 0], group)
+        return ops[name](outs[r], lses[r], group)
+
+    world = SimulatedWorld(n, device)
+    off = world.run(call)
+    plain = list(calls)
+    calls.clear()
+    with check_mode():
+        on = world.run(call)
+    assert calls == ["all_gather_into_tensor", *plain]
+    for a, b in zip(off, on, strict=True):
+        torch.testing.assert_close(a, b)
