@@ -8,10 +8,14 @@ same kernel with the same arguments.
 ``spec.kernel[grid](*args, **spec.constexprs)``. Both are timed in the same process, in rounds
 that interleave their loops (``cpattn_testing.bench.measure_host_rounds``: the ratio is the
 median over rounds of ours / baseline, so a host whose speed drifts affects both alike).
+
+Check mode's cost, in the same rounds: the op with check mode on, and with it off the reads of
+its switch per call (counted) times the measured cost of one such read.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -68,6 +72,69 @@ def launch_baseline(result: object, inputs: object, launches: list[Launch]) -> C
     return baseline
 
 
+def count_check_reads(call: Callable[[], object]) -> int:
+    """Reads of the check-mode switch (``check_state.enabled``) during one ``call``."""
+    from cpattn_common.checks import check_state
+
+    cls = type(check_state)
+    slot = cls.__dict__["enabled"]  # the __slots__ descriptor
+    reads = 0
+
+    def read(state: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return slot.__get__(state, cls)
+
+    setattr(cls, "enabled", property(read, slot.__set__))  # noqa: B010
+    try:
+        call()
+    finally:
+        setattr(cls, "enabled", slot)  # noqa: B010
+    return reads
+
+
+_state: Any = None  # cpattn_common.checks.check_state while check_read_ns runs
+
+
+def _read_loop(reads: int) -> float:
+    start = time.perf_counter()
+    for _ in range(reads):
+        if _state.enabled:  # what an op does at each check site: a global, an attribute
+            pass
+    return time.perf_counter() - start
+
+
+def _empty_loop(reads: int) -> float:
+    start = time.perf_counter()
+    for _ in range(reads):
+        pass
+    return time.perf_counter() - start
+
+
+def check_read_ns(reads: int = 1_000_000) -> float:
+    """Host time of one check site with check mode off (``if check_state.enabled:``), less the
+    loop's own time; the median of 5 loops."""
+    global _state
+    from cpattn_common.checks import check_state
+
+    _state = check_state
+    samples = sorted(_read_loop(reads) - _empty_loop(reads) for _ in range(5))
+    return max(samples[2], 0.0) / reads * 1e9
+
+
+def _checks_on(call: Callable[[], object]) -> Callable[[], object]:
+    from cpattn_common.checks import check_state
+
+    def checked() -> object:
+        check_state.enabled = True
+        try:
+            return call()
+        finally:
+            check_state.enabled = False
+
+    return checked
+
+
 def host_rows(plan: Any, specs: list[Any], device: torch.device, results: Any) -> None:
     """One host row per op and head shape at B = 1 (``plan.host_shapes``, N = ``plan.host_n``)."""
     import bench_kernels as bk
@@ -75,6 +142,7 @@ def host_rows(plan: Any, specs: list[Any], device: torch.device, results: Any) -
 
     import cpattn_testing.bench as hb
 
+    read_ns = check_read_ns()
     for spec in specs:
         for h, d in plan.host_shapes:
             if spec.uses_n:
@@ -94,7 +162,7 @@ def host_rows(plan: Any, specs: list[Any], device: torch.device, results: Any) -
                     continue
                 baseline = launch_baseline(result, inp, launches)
                 timed = hb.measure_host_rounds(
-                    {"baseline": baseline, "ours": ours},
+                    {"baseline": baseline, "ours": ours, "checked": _checks_on(ours)},
                     calls=plan.host_calls,
                     rounds=plan.host_rounds,
                 )
@@ -102,5 +170,8 @@ def host_rows(plan: Any, specs: list[Any], device: torch.device, results: Any) -
                 row.baseline_us = timed.timing("baseline").median_ms * 1e3
                 row.ratio = timed.ratio("ours", "baseline")
                 row.launches = len(launches)
+                row.check_reads = count_check_reads(ours)
+                row.checks_off_ns = row.check_reads * read_ns
+                row.checks_on_us = timed.timing("checked").median_ms * 1e3
             except Exception as exc:
                 row.status = f"error: {type(exc).__name__}: {exc}".splitlines()[0][:160]

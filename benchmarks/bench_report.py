@@ -161,24 +161,30 @@ def _host_table(res: Results) -> list[str]:
         "the same kernel with the same arguments (taken from a recorded call of ours). Loops of "
         f"{res.references.host_calls} calls without synchronising, {res.references.host_rounds} "
         "rounds interleaving the two in one process; *ratio* = median over rounds of ours / "
-        "baseline.",
+        "baseline. Check mode (`cpattn_common.check_mode`), timed in the same rounds: "
+        "*off* = the reads of its switch per call times one read's measured cost (what the "
+        "switch adds to *ours*); *on µs* = our call with it on.",
         "",
     ]
     if not rows:
         return [*out, "Not measured.", ""]
     out += [
-        "| op | shape | ours µs | baseline µs | ratio |",
-        "| --- | --- | ---: | ---: | ---: |",
+        "| op | shape | ours µs | baseline µs | ratio | check mode off | on µs |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     rows.sort(key=lambda h: (bk.ORDER.index(h.kernel), -h.H, h.D))
     for h in rows:
         shape = _shape_label(h.H, h.D)
         if h.status != "ok":
-            out.append(f"| `{h.kernel}` | {shape} | {h.status} | | |")
+            out.append(f"| `{h.kernel}` | {shape} | {h.status} | | | | |")
             continue
+        off = "–"
+        if h.checks_off_ns is not None and h.host_us:
+            share = h.checks_off_ns / (10 * h.host_us)  # percent of ours
+            off = f"{h.check_reads} reads, {h.checks_off_ns:.0f} ns ({share:.2f}%)"
         out.append(
             f"| `{h.kernel}` | {shape} | {_num(h.host_us)} | {_num(h.baseline_us)} | "
-            f"{_num(h.ratio, '{:.2f}×')} |"
+            f"{_num(h.ratio, '{:.2f}×')} | {off} | {_num(h.checks_on_us)} |"
         )
     if all(h.baseline_us is None for h in rows):
         out += ["", "The baseline was not measured in this results file."]

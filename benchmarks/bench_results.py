@@ -58,7 +58,10 @@ class HostRow:
     """Host time of one eager call of an op, and of the engine pattern for the same work:
     ``torch.empty`` of the op's outputs plus a plain ``kernel[grid](...)`` launch of each
     kernel the op launched, with the same arguments (``baseline_us``); ``ratio`` = median over
-    rounds of ours / baseline; ``launches`` = kernel launches per call of the op."""
+    rounds of ours / baseline; ``launches`` = kernel launches per call of the op. Check mode
+    (``cpattn_common.checks``): ``check_reads`` = reads of the switch per call, ``checks_off_ns``
+    = their cost when it is off (reads x one read's time), ``checks_on_us`` = the op's host time
+    with it on."""
 
     kernel: str
     dtype: str
@@ -70,6 +73,9 @@ class HostRow:
     baseline_us: float | None = None
     ratio: float | None = None
     launches: int = 0
+    check_reads: int = 0
+    checks_off_ns: float | None = None
+    checks_on_us: float | None = None
     status: str = "ok"
 
 

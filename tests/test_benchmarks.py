@@ -264,6 +264,20 @@ def test_host_rows_time_each_op_against_its_recorded_launches() -> None:
         assert h.host_us
         assert h.baseline_us
         assert h.ratio
+        assert h.checks_on_us
+        assert h.checks_off_ns is not None
+    reads = {h.kernel: h.check_reads for h in res.host}
+    assert reads["mask_dcp_empty_shards_"] >= 1  # the ops that take seq_lens read the switch
+    assert reads["a2a_pack"] >= 1
+
+
+def test_check_reads_are_counted_and_the_switch_restored() -> None:
+    from cpattn_common.checks import check_state, checks_enabled
+
+    slot = type(check_state).__dict__["enabled"]
+    assert bench_host.count_check_reads(lambda: (checks_enabled(), checks_enabled())) == 2
+    assert type(check_state).__dict__["enabled"] is slot
+    assert bench_host.check_read_ns(10_000) >= 0.0
 
 
 def test_render_only_cli(tmp_path: Path) -> None:
