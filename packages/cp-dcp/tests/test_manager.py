@@ -457,6 +457,7 @@ def test_choice_is_logged_once(device: torch.device, caplog: pytest.LogCaptureFi
     assert f"combine={combine} (" in records[0].getMessage()
 
 
+@pytest.mark.no_checks  # one thread drives both ranks: check mode's all-gather would wait
 def test_direct_combine_dispatch_and_row_fallback(
     device: torch.device, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -743,6 +744,7 @@ def test_inputs_with_the_negative_bit_combine_on_the_nccl_paths(
     assert ms[1].last_combine_path == backend
 
 
+@pytest.mark.no_checks  # one thread drives both ranks: check mode's all-gather would wait
 @pytest.mark.parametrize("form", ["layout", "negative bit"])
 def test_rank_local_layouts_stay_on_the_direct_path(
     device: torch.device, patch_direct_gathers: Callable[[], None], form: str
@@ -809,6 +811,7 @@ def test_rank_local_layouts_stay_on_the_direct_path(
     assert ms[1].num_fallbacks == 0
 
 
+@pytest.mark.no_checks  # one thread drives both ranks: check mode's all-gather would wait
 def test_direct_gathers_dispatch_and_fallback(
     device: torch.device, monkeypatch: pytest.MonkeyPatch, patch_direct_gathers: Callable[[], None]
 ) -> None:

@@ -438,6 +438,7 @@ def test_forced_kv_gather_without_geometry_raises(
 # --- 4. validity of the direct query gather --------------------------------------------------
 
 
+@pytest.mark.no_checks  # one thread drives both ranks: check mode's all-gather would wait
 def test_direct_query_gather_is_valid_until_the_combine_only(
     device: torch.device, patch_direct_gathers: Callable[[], None]
 ) -> None:
@@ -597,6 +598,7 @@ def test_forced_kv_gather_on_one_rank_is_no_error(device: torch.device) -> None:
     assert m.kv_gather_path == "all_gather_into_tensor"
 
 
+@pytest.mark.no_checks  # one thread drives both ranks: check mode's all-gather would wait
 def test_direct_gathers_check_each_call_once(
     device: torch.device, monkeypatch: pytest.MonkeyPatch, patch_direct_gathers: Callable[[], None]
 ) -> None:
@@ -630,6 +632,7 @@ def test_direct_gathers_check_each_call_once(
     assert counts == {"q": 1, "kv": 1}
 
 
+@pytest.mark.no_checks  # one thread drives both ranks: check mode's all-gather would wait
 def test_an_empty_kv_gather_stays_on_the_direct_path(
     device: torch.device, patch_direct_gathers: Callable[[], None]
 ) -> None:
@@ -648,6 +651,7 @@ def test_an_empty_kv_gather_stays_on_the_direct_path(
     assert ms[1].num_fallbacks == 0
 
 
+@pytest.mark.no_checks  # one thread drives both ranks: check mode's all-gather would wait
 @pytest.mark.parametrize("bad", ["local_kv", "gathered_kv", "both"])
 def test_kv_gather_mends_only_the_rank_local_layout_that_is_off(
     device: torch.device,

@@ -396,7 +396,7 @@ def test_check_mode_refuses_ranks_whose_calls_disagree(
             args, method = (rows[:, :d].view(t, 1, d),), ws.gather
         else:
             gathered = torch.empty(n * t, d, device=device, dtype=torch.bfloat16)
-            args, method = (gathered, rows[:, :d]), ws.gather
+            args, method = (gathered, rows[:, :d].contiguous()), ws.gather
         with pytest.raises(ValueError, match="the ranks' calls disagree") as info:
             method(*args)
         return str(info.value)
