@@ -30,6 +30,7 @@ TEST_DIRS = [f"packages/{p}/tests" for p in PACKAGES] + ["tests"]
 TEST_DEPS = [
     "pytest>=8",
     "pytest-timeout>=2.2",
+    "pytest-xdist>=3.5",
     "hypothesis>=6.100",
     "import-linter>=2.1",
     "numpy",
@@ -70,7 +71,8 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy --strict, one run per package (configuration in the root pyproject.toml)."""
-    _install_packages(session, "mypy>=1.10", *TEST_DEPS, "numpy")
+    # numpy: the interpreter fixes of cpattn_testing import it lazily (it is not declared)
+    _install_packages(session, "mypy>=1.10", "numpy")
     for package in PACKAGES:
         session.run("mypy", f"packages/{package}/src")
 
@@ -85,14 +87,13 @@ def layers(session: nox.Session) -> None:
 
 def _run_tests(session: nox.Session, constraints: str) -> None:
     _install_packages(session, *TEST_DEPS, constraints=constraints)
-    args = session.posargs or ["-q", "--durations=20", "--timeout=900", *TEST_DIRS]
-    session.run(
-        "python",
-        "-m",
-        "pytest",
-        *args,
-        env={"TRITON_INTERPRET": "1", "CPATTN_TEST_DEVICE": "cpu", **NO_MULTICAST_ENV},
-    )
+    # One worker per core (at most 4: each worker and each rank it starts imports torch); a
+    # single-threaded torch in each, as the interpreter's numpy and the gloo ranks share the
+    # cores anyway.
+    workers = ["-n", "auto", "--maxprocesses", "4"]
+    args = session.posargs or ["-q", *workers, "--durations=20", "--timeout=900", *TEST_DIRS]
+    env = {"TRITON_INTERPRET": "1", "CPATTN_TEST_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+    session.run("python", "-m", "pytest", *args, env={**env, **NO_MULTICAST_ENV})
 
 
 @nox.session
@@ -135,42 +136,66 @@ def build(session: nox.Session) -> None:
 
     Each install resolves our own siblings only from the freshly built wheels (checked in pip's
     install report: a `cpattn-*` distribution that came from anywhere else fails the session),
-    third-party dependencies from the index with torch pinned to the local CPU build.
+    third-party dependencies from the index. torch, the one dependency every package declares
+    and the largest, is installed once (pinned to the local CPU build) into a venv of its own
+    that each fresh venv sees through a ``.pth`` file.
     """
-    session.install("build>=1.2")
+    session.install("build>=1.2", "hatchling>=1.21")
     dist = ROOT / "dist"
     shutil.rmtree(dist, ignore_errors=True)
     for package in PACKAGES:
-        session.run("python", "-m", "build", "--outdir", str(dist), f"packages/{package}")
-    for package in PACKAGES:
-        wheel = _wheel_for(dist, package)
-        with tempfile.TemporaryDirectory(prefix=f"cpattn-build-{package}-") as tmp:
-            venv = pathlib.Path(tmp) / "venv"
-            session.run(sys.executable, "-m", "venv", str(venv), external=True)
-            py = str(venv / "bin" / "python")
-            report = pathlib.Path(tmp) / "report.json"
-            session.run(
-                py, "-m", "pip", "install", "-q", "--report", str(report),
-                "--find-links", str(dist), "-c", CONSTRAINTS, str(wheel),
-                external=True,
-            )  # fmt: skip
-            installed = json.loads(report.read_text())["install"]
-            for item in installed:
-                name = item["metadata"]["name"]
-                url = item["download_info"]["url"]
-                if name.startswith("cpattn-") or name.startswith("cpattn_"):
-                    if not url.startswith(dist.as_uri()):
-                        session.error(f"{name} for {package} came from {url}, not from {dist}")
-                    session.log(f"{package}: {name} {item['metadata']['version']} <- {url}")
-                if name in ("cp-common", "cp_common"):
-                    session.error(f"{package} pulled the unrelated index project {name}")
-            module = IMPORT_NAMES[package]
-            check = f"import {module}; print({module}.__name__, {module}.__version__)"
-            # The installed wheel, not a source tree an outer PYTHONPATH may point at; no
-            # interpreter (it would need numpy, which the wheels do not declare).
-            session.run(
-                py, "-c", check, external=True, env={"PYTHONPATH": "", "TRITON_INTERPRET": "0"}
-            )
+        build = ["python", "-m", "build", "--no-isolation", "--outdir", str(dist)]
+        session.run(*build, f"packages/{package}")
+    with tempfile.TemporaryDirectory(prefix="cpattn-build-") as tmp:
+        torch_venv = pathlib.Path(tmp) / "torch"
+        session.run(sys.executable, "-m", "venv", str(torch_venv), external=True)
+        torch_py = str(torch_venv / "bin" / "python")
+        pip = ["-m", "pip", "install", "-q", "-c", CONSTRAINTS]
+        session.run(torch_py, *pip, "torch", external=True)
+        site = session.run(
+            torch_py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))",
+            external=True, silent=True,
+        )  # fmt: skip
+        for package in PACKAGES:
+            _install_alone(session, pathlib.Path(tmp) / package, dist, package, str(site).strip())
+
+
+def _install_alone(
+    session: nox.Session, where: pathlib.Path, dist: pathlib.Path, package: str, torch_site: str
+) -> None:
+    """``build``'s check of one wheel: a fresh venv (torch from ``torch_site``), the wheel
+    installed with pip, the provenance of our siblings checked, the package imported."""
+    venv = where / "venv"
+    session.run(sys.executable, "-m", "venv", str(venv), external=True)
+    py = str(venv / "bin" / "python")
+    purelib = session.run(
+        py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))",
+        external=True, silent=True,
+    )  # fmt: skip
+    (pathlib.Path(str(purelib).strip()) / "torch-site.pth").write_text(torch_site + "\n")
+    report = where / "report.json"
+    wheel = _wheel_for(dist, package)
+    session.run(
+        py, "-m", "pip", "install", "-q", "--report", str(report),
+        "--find-links", str(dist), "-c", CONSTRAINTS, str(wheel),
+        external=True,
+    )  # fmt: skip
+    for item in json.loads(report.read_text())["install"]:
+        name = item["metadata"]["name"]
+        url = item["download_info"]["url"]
+        if name == "torch":
+            session.error(f"{package} reinstalled torch ({url}): the shared build was not seen")
+        if name.startswith("cpattn-") or name.startswith("cpattn_"):
+            if not url.startswith(dist.as_uri()):
+                session.error(f"{name} for {package} came from {url}, not from {dist}")
+            session.log(f"{package}: {name} {item['metadata']['version']} <- {url}")
+        if name in ("cp-common", "cp_common"):
+            session.error(f"{package} pulled the unrelated index project {name}")
+    module = IMPORT_NAMES[package]
+    check = f"import {module}; print({module}.__name__, {module}.__version__)"
+    # The installed wheel, not a source tree an outer PYTHONPATH may point at; no interpreter
+    # (it would need numpy, which the wheels do not declare).
+    session.run(py, "-c", check, external=True, env={"PYTHONPATH": "", "TRITON_INTERPRET": "0"})
 
 
 @nox.session
