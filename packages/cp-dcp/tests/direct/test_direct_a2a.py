@@ -203,6 +203,7 @@ def _settle(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@pytest.mark.no_checks  # rank 1 never calls: check mode's all-gather would wait
 @pytest.mark.parametrize("interval", [1, 3])
 def test_lazy_error_check_without_explicit_check(
     sim_build: Build, device: torch.device, interval: int
@@ -251,6 +252,7 @@ def test_lazy_error_check_without_explicit_check(
     assert wss[0].epoch.tolist() == epochs == [1 + silent_calls]  # a refused call launches nothing
 
 
+@pytest.mark.no_checks  # rank 1 never calls: check mode's all-gather would wait
 def test_error_check_interval_zero_reports_only_through_check_error_on_cuda(
     sim_build: Build, device: torch.device
 ) -> None:
