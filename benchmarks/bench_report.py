@@ -181,7 +181,8 @@ def _host_table(res: Results) -> list[str]:
         off = "–"
         if h.checks_off_ns is not None and h.host_us:
             share = h.checks_off_ns / (10 * h.host_us)  # percent of ours
-            off = f"{h.check_reads} reads, {h.checks_off_ns:.0f} ns ({share:.2f}%)"
+            reads = f"{h.check_reads} read" + ("s" if h.check_reads > 1 else "")
+            off = f"{h.checks_off_ns:.0f} ns ({share:.2f}%), {reads}" if h.check_reads else "none"
         out.append(
             f"| `{h.kernel}` | {shape} | {_num(h.host_us)} | {_num(h.baseline_us)} | "
             f"{_num(h.ratio, '{:.2f}×')} | {off} | {_num(h.checks_on_us)} |"
