@@ -72,6 +72,34 @@ def test_simulated_peer_pointer_tables(
         ws.close()  # idempotent
 
 
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [
+        ("shape", "shape[1] is 3 on rank 0 but 4 on rank 1"),
+        ("dtype", "dtype is torch.bfloat16 on rank 0 but torch.float32 on rank 1"),
+    ],
+)
+def test_check_mode_refuses_ranks_allocating_different_buffers(
+    device: torch.device, field: str, message: str
+) -> None:
+    """Check mode (on in every test): the ranks compare shape and dtype before the symmetric
+    allocation; each raises, naming the field and the rank, and nothing is allocated."""
+
+    def allocate(group: Any) -> str:
+        r = group.rank_in_group
+        ws = DirectCPWorkspace(group, device, 2)
+        shape = (2, 3 + (r if field == "shape" else 0))
+        dtype = torch.float32 if field == "dtype" and r == 1 else torch.bfloat16
+        with pytest.raises(ValueError, match="the ranks' calls disagree") as info:
+            ws.allocate(shape, dtype)
+        assert ws.nbytes() == 0
+        return str(info.value)
+
+    for r, text in enumerate(SimulatedWorld(2, device).run(allocate)):
+        assert message in text
+        assert f"raised on rank {r} of 2" in text
+
+
 def test_validation(device: torch.device) -> None:
     group = SimulatedWorld(1, device).groups[0]
     with pytest.raises(ValueError, match="num_ubatches must be >= 1, got 0"):

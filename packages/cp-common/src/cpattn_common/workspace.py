@@ -17,9 +17,10 @@ from cpattn_common.agreement import (
     agree_on_local_step,
     agreed_symmetric_empty,
     agreement_flag,
+    check_ranks_agree,
 )
 from cpattn_common.capability import multicast_disabled_by_env, propagate_multicast_off
-from cpattn_common.checks import check_dtype
+from cpattn_common.checks import check_dtype, check_state
 from cpattn_common.device import indexed_device
 from cpattn_common.group import CPGroupLike, as_cp_group
 
@@ -109,6 +110,11 @@ class DirectCPWorkspace:
         if any(s < 1 for s in shape):
             raise ValueError(f"workspace shape {shape} has a non-positive dimension")
         check_dtype("dtype", dtype)
+        if check_state.enabled:  # check mode: every rank allocates the same buffer
+            sizes = {f"shape[{i}]": size for i, size in enumerate(shape[:6])}
+            fields = {"world size": self.world_size, "len(shape)": len(shape), **sizes}
+            check_ranks_agree("DirectCPWorkspace.allocate", self.group, self.device,
+                              {**fields, "dtype": dtype})  # fmt: skip
         allocate_symmetric = getattr(self.group, "allocate_symmetric", None)
         handle: Any = None
         if allocate_symmetric is not None:
