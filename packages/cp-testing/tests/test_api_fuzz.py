@@ -127,6 +127,36 @@ def _factory_args(*sizes: str) -> dict[str, Any]:
     return {**base, **dict.fromkeys(sizes, 2)}
 
 
+_DIRECT: dict[str, Any] = {}
+
+
+def _direct(kind: str) -> Any:
+    """Rank 0's direct workspace of a 2-rank simulated world (built once: collective). A bad
+    call raises in its checks, before it publishes or compares anything with rank 1."""
+    if not _DIRECT:
+        cpu = torch.device("cpu")
+        kw: dict[str, Any] = {"require_multicast": False}
+
+        def build(group: Any) -> tuple[Any, ...]:
+            return (
+                cpattn_dcp.DirectDCPA2AWorkspace(group, cpu, 4, 1, 8, torch.bfloat16, 2),
+                cpattn_dcp.DirectDCPQGatherWorkspace(group, cpu, 4, 1, 8, torch.bfloat16, **kw),
+                cpattn_dcp.DirectDCPKVGatherWorkspace(group, cpu, 8, 8, torch.bfloat16, **kw),
+                cpattn_common.DirectCPWorkspace(group, cpu, 2),
+            )
+
+        rank0 = SimulatedWorld(2, cpu).run(build)[0]
+        _DIRECT.update(zip(("a2a", "q", "kv", "workspace"), rank0, strict=True))
+    return _DIRECT[kind]
+
+
+def _bf16(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape).to(torch.bfloat16)
+
+
+UBATCH = ints(-1, 2, optional=True)
+
+
 @dataclass(frozen=True)
 class Op:
     call: Callable[[dict[str, Any]], Any]
@@ -284,6 +314,58 @@ OPS: dict[str, Op] = {
         _kw(direct_gather_unavailable_reason),
         lambda: {"group": _group(), "dtype": torch.bfloat16, "use_direct": None, "device": "cpu"},
         {"dtype": DTYPE, "use_direct": [1, "yes"], "device": DEVICE},
+    ),
+    "DirectDCPA2AWorkspace.lse_reduce": Op(
+        lambda a: _direct("a2a").lse_reduce(**a),
+        lambda: {
+            "partial_output": _bf16(3, 2, 8),
+            "partial_lse": torch.randn(3, 2),
+            "is_lse_base_on_e": True,
+            "seq_lens": torch.tensor([1, 2], dtype=I32),
+            "query_start_loc": torch.tensor([0, 1, 3], dtype=I32),
+            "return_lse": False,
+            "ubatch_id": None,
+        },
+        {
+            "partial_output": [*FLOAT, M(lambda t, _: t[..., :4]), M(lambda t, _: t.half())],
+            "partial_lse": [*FLOAT, META],
+            "is_lse_base_on_e": BOOL,
+            "seq_lens": [*INDEX, META],
+            "query_start_loc": [*INDEX, META, M(lambda t, a: t[:-1])],
+            "return_lse": BOOL,
+            "ubatch_id": UBATCH,
+        },
+    ),
+    "DirectDCPQGatherWorkspace.gather": Op(
+        lambda a: _direct("q").gather(**a),
+        lambda: {"local_query": _bf16(3, 1, 8), "ubatch_id": None},
+        {
+            "local_query": [*FLOAT, META, M(lambda t, _: t.half()), M(lambda t, _: t[:, :, :4])],
+            "ubatch_id": UBATCH,
+        },
+    ),
+    "DirectDCPKVGatherWorkspace.gather": Op(
+        lambda a: _direct("kv").gather(**a),
+        lambda: {"gathered_kv": torch.empty(6, 8, dtype=torch.bfloat16), "local_kv": _bf16(3, 8)},
+        {
+            "gathered_kv": [*FLOAT, META, M(lambda t, _: t[:2]), M(lambda t, _: t.half())],
+            "local_kv": [*FLOAT, META, M(lambda t, a: a["gathered_kv"][2:5])],
+        },
+    ),
+    "DirectCPWorkspace.allocate": Op(
+        lambda a: _direct("workspace").allocate(**a),
+        lambda: {"shape": (2, 3), "dtype": torch.bfloat16},
+        {"shape": [None, 3, "2,3", (3, 3), (2, 0), (2, 2.5), (2, "3"), ()], "dtype": DTYPE},
+    ),
+    "cp_layout": Op(
+        lambda a: cpattn_common.cp_layout(a.pop("world_size"), **a),
+        lambda: {"world_size": 8, "tp_size": 4, "pcp_size": 2, "dcp_size": 4},
+        {
+            "world_size": ints(0),
+            "tp_size": ints(0),
+            "pcp_size": ints(0),
+            "dcp_size": ints(0),
+        },
     ),
     "DCPConfig": Op(
         _kw(lambda **a: cpattn_dcp.DCPConfig(**a)),

@@ -21,9 +21,9 @@ def current_ubatch_id() -> int:
 
 def _check(ubatch_id: int) -> int:
     if isinstance(ubatch_id, bool) or not isinstance(ubatch_id, int):
-        raise TypeError(f"ubatch id must be an int, got {type(ubatch_id).__name__}")
+        raise TypeError(f"ubatch_id must be an int, got {type(ubatch_id).__name__}")
     if ubatch_id < 0:
-        raise ValueError(f"ubatch id must be >= 0, got {ubatch_id}")
+        raise ValueError(f"ubatch_id must be >= 0, got {ubatch_id}")
     return ubatch_id
 
 

@@ -496,7 +496,7 @@ def test_validation_errors(sim_build: Build, device: torch.device) -> None:
             o, lse, True, torch.ones(2, dtype=torch.int32, device=device),
             torch.tensor([0, 3], dtype=torch.int32, device=device),
         )  # fmt: skip
-    with pytest.raises(ValueError, match=r"ubatch 2 exceeds the 2 slot"):
+    with pytest.raises(ValueError, match=r"ubatch_id 2 exceeds the 2 slot"):
         ws.lse_reduce(o, lse, ubatch_id=2)
     assert int(ws.epoch.sum()) == 0  # nothing was launched by a rejected call
 

@@ -223,11 +223,11 @@ def test_q_gather_validation(sim_build: Build, device: torch.device) -> None:
     with pytest.raises(ValueError, match="at least two ranks"):
         sim_build(1, device, _q(device, 4, 1, 8, torch.bfloat16))
     _, wss = sim_build(2, device, _q(device, 4, 2, 8, torch.bfloat16))
-    with pytest.raises(ValueError, match="expected 2 local query heads"):
+    with pytest.raises(ValueError, match="local_query: expected 2 heads"):
         wss[0].gather(torch.zeros(1, 3, 8, device=device, dtype=torch.bfloat16))
-    with pytest.raises(ValueError, match="exceeds"):
+    with pytest.raises(ValueError, match="exceed the q-gather capacity"):
         wss[0].gather(torch.zeros(5, 2, 8, device=device, dtype=torch.bfloat16))
-    with pytest.raises(ValueError, match="ubatch 1 exceeds"):
+    with pytest.raises(ValueError, match="ubatch_id 1 exceeds"):
         wss[0].gather(torch.zeros(1, 2, 8, device=device, dtype=torch.bfloat16), ubatch_id=1)
 
 
@@ -271,9 +271,11 @@ def test_q_publish_and_wait_refuse_what_gather_refuses(
     held_before = [h.clone() for h in held]
     epochs = [ws.epoch.tolist() for ws in wss]
     with ubatch_context(0):
-        with pytest.raises(ValueError, match=r"q-gather: token count 3 exceeds .* capacity 2"):
+        with pytest.raises(
+            ValueError, match=r"q-gather: local_query: 3 tokens exceed .* capacity 2"
+        ):
             wss[0].publish(rows(9.0, 3))
-        with pytest.raises(ValueError, match="expected 1 local query heads of dim 8, got 2 x 8"):
+        with pytest.raises(ValueError, match="local_query: expected 1 heads of dim 8, got 2 x 8"):
             wss[0].publish(rows(9.0, 1, heads=2))
         with pytest.raises(ValueError, match=r"dtype torch\.float16 != workspace dtype"):
             wss[0].publish(rows(9.0, 1, dtype=torch.float16))
@@ -285,7 +287,7 @@ def test_q_publish_and_wait_refuse_what_gather_refuses(
             wss[0].wait(3)
         with pytest.raises(ValueError, match=r"num_tokens -1 not in \[0, 2\]"):
             wss[0].wait(-1)
-    with pytest.raises(ValueError, match="ubatch 2 exceeds the 2 slot"):
+    with pytest.raises(ValueError, match="ubatch_id 2 exceeds the 2 slot"):
         wss[0].publish(rows(9.0, 1), ubatch_id=2)
     for h, before in zip(held, held_before, strict=True):
         assert torch.equal(h, before)

@@ -261,10 +261,10 @@ class DirectWorkspaceBase:
     def _resolve_ubatch(self, ubatch_id: int | None) -> int:
         u = current_ubatch_id() if ubatch_id is None else ubatch_id
         if isinstance(u, bool) or not isinstance(u, int):
-            raise TypeError(f"{self.name}: ubatch id must be an int, got {type(u).__name__}")
+            raise TypeError(f"{self.name}: ubatch_id must be an int, got {type(u).__name__}")
         if not 0 <= u < self.num_ubatches:
             raise ValueError(
-                f"{self.name}: ubatch {u} exceeds the {self.num_ubatches} slot(s) of this workspace"
+                f"{self.name}: ubatch_id {u} exceeds the {self.num_ubatches} slot(s) of this workspace"
             )
         return u
 

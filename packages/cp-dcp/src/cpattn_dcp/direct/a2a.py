@@ -147,17 +147,19 @@ class DirectDCPA2AWorkspace(DirectWorkspaceBase):
             return "expected partial_output [T, H, D] and partial_lse [T, H]"
         t, h, d = partial_output.shape
         if t > self.max_num_tokens:
-            return f"{t} rows exceed the workspace capacity {self.max_num_tokens}"
+            return f"partial_output: {t} rows exceed the workspace capacity {self.max_num_tokens}"
         if h != self.num_heads or d != self.head_dim:
             return (
-                f"shape [T, {h}, {d}] != workspace geometry [T, {self.num_heads}, {self.head_dim}]"
+                f"partial_output shape [T, {h}, {d}] != workspace geometry "
+                f"[T, {self.num_heads}, {self.head_dim}]"
             )
         if partial_output.dtype != self.dtype:
-            return f"dtype {partial_output.dtype} != workspace dtype {self.dtype}"
+            return f"partial_output dtype {partial_output.dtype} != workspace dtype {self.dtype}"
         if partial_lse.dtype not in _LSE_DTYPES:
-            return f"LSE dtype {partial_lse.dtype} is not fp32/fp16/bf16"
-        if partial_output.device != self.device or partial_lse.device != self.device:
-            return f"inputs on {partial_output.device}/{partial_lse.device}, workspace on {self.device}"
+            return f"partial_lse dtype {partial_lse.dtype} is not fp32/fp16/bf16"
+        for name, t_ in (("partial_output", partial_output), ("partial_lse", partial_lse)):
+            if t_.device != self.device:
+                return f"{name} on {t_.device}, workspace on {self.device}"
         if not layout or t == 0:
             return None
         if partial_output.is_neg() or partial_lse.is_neg():

@@ -164,11 +164,14 @@ class DirectDCPQGatherWorkspace(DirectWorkspaceBase):
             return f"expected local_query [T, H_r, D], got {tuple(local_query.shape)}"
         t, h, d = local_query.shape
         if h != self.heads_per_rank or d != self.head_dim:
-            return f"expected {self.heads_per_rank} local query heads of dim {self.head_dim}, got {h} x {d}"
+            return (
+                f"local_query: expected {self.heads_per_rank} heads of dim {self.head_dim}, "
+                f"got {h} x {d}"
+            )
         if t > self.max_num_tokens:
-            return f"token count {t} exceeds the q-gather capacity {self.max_num_tokens}"
+            return f"local_query: {t} tokens exceed the q-gather capacity {self.max_num_tokens}"
         if local_query.dtype != self.dtype:
-            return f"dtype {local_query.dtype} != workspace dtype {self.dtype}"
+            return f"local_query dtype {local_query.dtype} != workspace dtype {self.dtype}"
         if local_query.device != self.device:
             return f"local_query on {local_query.device}, workspace on {self.device}"
         if not layout:
