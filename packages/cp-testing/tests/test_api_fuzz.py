@@ -367,6 +367,59 @@ OPS: dict[str, Op] = {
             "dcp_size": ints(0),
         },
     ),
+    "CPGroup": Op(
+        _kw(cpattn_common.CPGroup),
+        lambda: {"group": None, "native_collectives": True},
+        {"group": [3, "world", [0, 1], torch.zeros(2)], "native_collectives": BOOL[1:]},
+    ),
+    "as_cp_group": Op(
+        _kw(cpattn_common.as_cp_group),
+        lambda: {"x": _group(), "mesh_dim": None},
+        {"x": [3, "world", [0, 1], torch.zeros(2)]},
+        {"x": ("group", "x")},
+    ),
+    "direct_cp_disabled_reason": Op(
+        _kw(cpattn_common.direct_cp_disabled_reason),
+        lambda: {"group": _group(), "dtype": torch.bfloat16, "use_direct": None},
+        {"dtype": DTYPE, "use_direct": [1, "yes"], "supported_dtypes": [1, "bf16", [1]]},
+    ),
+    "empty_output": Op(
+        lambda a: cpattn_common.empty_output(a.pop("shape"), **a),
+        lambda: {"shape": (2, 3), "dtype": F32, "device": "cpu"},
+        {
+            "shape": [None, "2,3", 2.0, (2, -1), (2, 2.5), (2, "3")],
+            "dtype": DTYPE,
+            "device": DEVICE,
+        },
+    ),
+    "new_output": Op(
+        _kw(cpattn_common.new_output),
+        lambda: {"like": torch.zeros(2), "shape": (2, 3), "dtype": None},
+        {"like": NOT_TENSORS, "shape": [None, "2,3", (2, -1), (2, 2.5)], "dtype": DTYPE[::2]},
+    ),
+    "set_ubatch_id": Op(
+        _kw(cpattn_common.set_ubatch_id), lambda: {"ubatch_id": 0}, {"ubatch_id": ints(-1)}
+    ),
+    "set_check_mode": Op(
+        _kw(cpattn_common.set_check_mode), lambda: {"enabled": True}, {"enabled": BOOL}
+    ),
+    "set_output_poison": Op(
+        _kw(cpattn_common.set_output_poison),
+        lambda: {"value": None},
+        {"value": ["nan", [1.0], torch.zeros(1)]},
+    ),
+    "a2a_pack_dim": Op(
+        _kw(cpattn_dcp.a2a_pack_dim),
+        lambda: {"dtype": torch.bfloat16},
+        {"dtype": [*DTYPE, torch.int32]},
+    ),
+    "dcp_q_gather_group": Op(
+        lambda a: cpattn_pcp.dcp_q_gather_group(
+            a.pop("dcp_world_size"), a.pop("pcp_world_size"), **a
+        ),
+        lambda: {"dcp_world_size": 1, "pcp_world_size": 1, "dcp_group": _group()},
+        {"dcp_world_size": ints(0), "pcp_world_size": ints(0)},
+    ),
     "DCPConfig": Op(
         _kw(lambda **a: cpattn_dcp.DCPConfig(**a)),
         lambda: {"comm_backend": "a2a", "max_num_tokens": 4, "num_ubatches": 1},

@@ -31,6 +31,8 @@ def set_output_poison(value: float | None) -> None:
     ``poison_outputs`` contexts are open (of any thread: one process-wide stack) it lasts until
     the newest open one exits, as if that context had been entered with it."""
     global _base
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise TypeError(f"value must be a real number or None, got {value!r}")
     with _lock:
         v = None if value is None else float(value)
         if _open:
@@ -92,7 +94,13 @@ def empty_output(
 ) -> torch.Tensor:
     """A contiguous output tensor, uninitialised or filled with the poison value when on
     (integer outputs with the dtype's maximum, bool outputs with True)."""
-    out = torch.empty(shape, dtype=dtype, device=device)
+    if not isinstance(dtype, torch.dtype):  # torch.empty would take None as its default
+        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+    try:
+        out = torch.empty(shape, dtype=dtype, device=device)
+    except (TypeError, ValueError, RuntimeError):
+        _check_allocation(shape, dtype, device)  # names the bad argument
+        raise  # the arguments are right: out of memory, say
     return _poisoned(out)
 
 
@@ -101,8 +109,31 @@ def new_output(
 ) -> torch.Tensor:
     """``empty_output`` on ``like``'s device (in ``like``'s dtype unless ``dtype`` is given),
     through ``like.new_empty``: the cheapest eager allocation."""
-    out = like.new_empty(shape) if dtype is None else like.new_empty(shape, dtype=dtype)
+    try:
+        out = like.new_empty(shape) if dtype is None else like.new_empty(shape, dtype=dtype)
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        if not isinstance(like, torch.Tensor):
+            raise TypeError(f"like must be a torch.Tensor, got {type(like).__name__}") from None
+        _check_allocation(shape, like.dtype if dtype is None else dtype, None)
+        raise
     return _poisoned(out)
+
+
+def _check_allocation(shape: object, dtype: object, device: object) -> None:
+    """``TypeError`` / ``ValueError`` naming the argument of an allocation torch refused."""
+    from cpattn_common.checks import check_device, check_dtype
+
+    if isinstance(shape, int) and not isinstance(shape, bool):
+        shape = (shape,)  # torch's one-dimension form
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, (Sequence, torch.Size)):
+        raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
+    if any(isinstance(n, bool) or not isinstance(n, int) for n in shape):
+        raise TypeError(f"shape must hold ints, got {tuple(shape)!r}")
+    if any(n < 0 for n in shape):
+        raise ValueError(f"shape {tuple(shape)} has a negative size")
+    check_dtype("dtype", dtype)
+    if device is not None:
+        check_device("device", device)
 
 
 def _poisoned(out: torch.Tensor) -> torch.Tensor:

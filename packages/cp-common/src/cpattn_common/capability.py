@@ -20,6 +20,7 @@ from cpattn_common.agreement import (
     agreement_flag,
     gather_rank_values,
 )
+from cpattn_common.checks import check_dtype
 from cpattn_common.group import CPGroupLike, cache_owner, shared_cp_group
 from cpattn_common.identity_memo import IdentityMemo
 
@@ -315,6 +316,23 @@ def _check_use_direct(use_direct: object) -> None:
         raise TypeError(f"use_direct must be True, False or None, got {use_direct!r}")
 
 
+def _dtypes(supported_dtypes: Any) -> tuple[torch.dtype, ...] | None:
+    """``supported_dtypes`` read once into a tuple (``None``: any dtype)."""
+    if supported_dtypes is None:
+        return None
+    try:
+        supported = tuple(supported_dtypes)
+    except TypeError:
+        supported = ()
+        supported_dtypes = [supported_dtypes]  # for the message
+    if not supported or not all(isinstance(d, torch.dtype) for d in supported):
+        raise TypeError(
+            f"supported_dtypes must be a non-empty collection of torch.dtype or None, got "
+            f"{supported_dtypes!r}"
+        )
+    return supported
+
+
 def direct_cp_disabled_reason(
     group: Any,
     dtype: torch.dtype,
@@ -326,9 +344,11 @@ def direct_cp_disabled_reason(
     """Why the direct path (``multicast=True``: the multicast path) is off for ``group`` and
     ``dtype``; ``None`` if on. ``use_direct`` ``True`` / ``False`` forces the unicast decision
     (``None`` decides); ``supported_dtypes`` ``None`` means any. ``TypeError`` for a
-    ``use_direct`` other than ``True``, ``False`` or ``None``."""
+    ``use_direct`` other than ``True``, ``False`` or ``None``, a ``dtype`` that is not a
+    ``torch.dtype`` or ``supported_dtypes`` that are not."""
     _check_use_direct(use_direct)
-    supported = None if supported_dtypes is None else tuple(supported_dtypes)  # read once
+    check_dtype("dtype", dtype)
+    supported = _dtypes(supported_dtypes)
     if multicast:
         env_off = multicast_env_reason()
         if env_off is not None:
@@ -383,7 +403,7 @@ def direct_cp_multicast_enabled(
     _check_use_direct(use_direct)
     if multicast_disabled_by_env():
         return False
-    supported = None if supported_dtypes is None else tuple(supported_dtypes)  # read twice
+    supported = _dtypes(supported_dtypes)  # read once, used twice
     if not direct_cp_enabled(group, dtype, use_direct, supported):
         return False
     return direct_cp_disabled_reason(group, dtype, use_direct, supported, multicast=True) is None
