@@ -144,8 +144,8 @@ def build(session: nox.Session) -> None:
     dist = ROOT / "dist"
     shutil.rmtree(dist, ignore_errors=True)
     for package in PACKAGES:
-        build = ["python", "-m", "build", "--no-isolation", "--outdir", str(dist)]
-        session.run(*build, f"packages/{package}")
+        wheel_and_sdist = ["python", "-m", "build", "--no-isolation", "--outdir", str(dist)]
+        session.run(*wheel_and_sdist, f"packages/{package}")
     with tempfile.TemporaryDirectory(prefix="cpattn-build-") as tmp:
         torch_venv = pathlib.Path(tmp) / "torch"
         session.run(sys.executable, "-m", "venv", str(torch_venv), external=True)
