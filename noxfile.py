@@ -152,12 +152,15 @@ def build(session: nox.Session) -> None:
         torch_py = str(torch_venv / "bin" / "python")
         pip = ["-m", "pip", "install", "-q", "-c", CONSTRAINTS]
         session.run(torch_py, *pip, "torch", external=True)
-        site = session.run(
-            torch_py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))",
-            external=True, silent=True,
-        )  # fmt: skip
+        site = _purelib(session, torch_py)
         for package in PACKAGES:
-            _install_alone(session, pathlib.Path(tmp) / package, dist, package, str(site).strip())
+            _install_alone(session, pathlib.Path(tmp) / package, dist, package, site)
+
+
+def _purelib(session: nox.Session, python: str) -> str:
+    """The site-packages directory of the venv whose interpreter is ``python``."""
+    code = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    return str(session.run(python, "-c", code, external=True, silent=True)).strip()
 
 
 def _install_alone(
@@ -168,11 +171,7 @@ def _install_alone(
     venv = where / "venv"
     session.run(sys.executable, "-m", "venv", str(venv), external=True)
     py = str(venv / "bin" / "python")
-    purelib = session.run(
-        py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))",
-        external=True, silent=True,
-    )  # fmt: skip
-    (pathlib.Path(str(purelib).strip()) / "torch-site.pth").write_text(torch_site + "\n")
+    (pathlib.Path(_purelib(session, py)) / "torch-site.pth").write_text(torch_site + "\n")
     report = where / "report.json"
     wheel = _wheel_for(dist, package)
     session.run(

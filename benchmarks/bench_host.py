@@ -126,11 +126,11 @@ def _checks_on(call: Callable[[], object]) -> Callable[[], object]:
     from cpattn_common.checks import check_state
 
     def checked() -> object:
-        check_state.enabled = True
+        previous, check_state.enabled = check_state.enabled, True
         try:
             return call()
         finally:
-            check_state.enabled = False
+            check_state.enabled = previous
 
     return checked
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from cpattn_common.checks import check_device, check_dtype
+
 __all__ = [
     "empty_output",
     "get_output_poison",
@@ -121,8 +123,6 @@ def new_output(
 
 def _check_allocation(shape: object, dtype: object, device: object) -> None:
     """``TypeError`` / ``ValueError`` naming the argument of an allocation torch refused."""
-    from cpattn_common.checks import check_device, check_dtype
-
     if isinstance(shape, int) and not isinstance(shape, bool):
         shape = (shape,)  # torch's one-dimension form
     if isinstance(shape, (str, bytes)) or not isinstance(shape, (Sequence, torch.Size)):

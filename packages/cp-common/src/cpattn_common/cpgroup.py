@@ -231,6 +231,31 @@ class CPGroup:
             self._unsupported.add(name)
             return fallback()
 
+    def _out_of_place(
+        self,
+        name: str,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        check_args: Callable[[torch.Tensor, torch.Tensor, int], object],
+        native: Callable[[torch.Tensor, torch.Tensor], None],
+        fallback: Callable[[torch.Tensor, torch.Tensor], None],
+    ) -> None:
+        """The checks, world size 1 and contiguous staging around a collective from ``input``
+        into ``output``; ``native`` / ``fallback`` (``_dispatch``) get the staged
+        ``(out, inp)``."""
+        op = f"CPGroup.{name}"
+        check_tensors(op, output=output, input=input)
+        refuse_grad(op, output=output, input=input)
+        check_args(output, input, self._world_size)
+        if self._world_size == 1:
+            output.copy_(input)
+            return
+        inp = _resolved_contiguous(input)
+        out = _contiguous_target(output)
+        self._dispatch(name, lambda: native(out, inp), lambda: fallback(out, inp))
+        if out is not output:
+            output.copy_(out)
+
     def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
         """Gather ``input [T, ...]`` of every rank into ``output [N*T, ...]`` (rank-major).
 
@@ -238,25 +263,18 @@ class CPGroup:
             output: ``[N*T, *rest]``, same dtype/device as ``input``; any strides.
             input: ``[T, *rest]``; any strides.
         """
-        check_tensors("CPGroup.all_gather_into_tensor", output=output, input=input)
-        refuse_grad("CPGroup.all_gather_into_tensor", output=output, input=input)
         n = self._world_size
-        check_all_gather_into_tensor_args(output, input, n)
-        if n == 1:
-            output.copy_(input)
-            return
-        inp = _resolved_contiguous(input)
-        out = _contiguous_target(output)
 
-        def native() -> None:
+        def native(out: torch.Tensor, inp: torch.Tensor) -> None:
             _all_gather_single(out, inp, group=self._group)
 
-        def fallback() -> None:
+        def fallback(out: torch.Tensor, inp: torch.Tensor) -> None:
             dist.all_gather(list(out.chunk(n, dim=0)), inp, group=self._group)
 
-        self._dispatch("all_gather_into_tensor", native, fallback)
-        if out is not output:
-            output.copy_(out)
+        self._out_of_place(
+            "all_gather_into_tensor", output, input, check_all_gather_into_tensor_args,
+            native, fallback,
+        )  # fmt: skip
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> None:
         """Equal-split all-to-all along dim 0: chunk n of ``input`` goes to rank n.
@@ -265,28 +283,20 @@ class CPGroup:
             output: ``[N*C, *rest]``; chunk n (rows ``n*C:(n+1)*C``) is filled from rank n.
             input: ``[N*C, *rest]``, same shape/dtype/device as ``output``; any strides.
         """
-        check_tensors("CPGroup.all_to_all_single", output=output, input=input)
-        refuse_grad("CPGroup.all_to_all_single", output=output, input=input)
         n = self._world_size
-        check_all_to_all_single_args(output, input, n)
-        if n == 1:
-            output.copy_(input)
-            return
-        inp = _resolved_contiguous(input)
-        out = _contiguous_target(output)
 
-        def native() -> None:
+        def native(out: torch.Tensor, inp: torch.Tensor) -> None:
             dist.all_to_all_single(out, inp, group=self._group)
 
-        def fallback() -> None:
+        def fallback(out: torch.Tensor, inp: torch.Tensor) -> None:
             gathered = torch.empty((n, *inp.shape), dtype=inp.dtype, device=inp.device)
             dist.all_gather(list(gathered.unbind(0)), inp, group=self._group)
             # Rank p sent its chunk r to us: gathered[p] chunk r -> our chunk p.
             out.copy_(gathered.chunk(n, dim=1)[self._rank_in_group].reshape(out.shape))
 
-        self._dispatch("all_to_all_single", native, fallback)
-        if out is not output:
-            output.copy_(out)
+        self._out_of_place(
+            "all_to_all_single", output, input, check_all_to_all_single_args, native, fallback
+        )
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Elementwise sum over ranks, out of place.
